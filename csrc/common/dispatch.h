@@ -1,0 +1,60 @@
+// Backend and SIMD-level dispatch for op front ends.
+//
+// Every kernel entry point exists once per backend namespace with the same name and parameters:
+//   llmk::cpu_scalar / cpu_avx2 / cpu_avx512 :: name   (the *_cpu.cpp files, one build per level)
+//   llmk::gpu :: name                                  (the *.cu files; host-compiled in _simt)
+// LLMK_DECLARE_KERNEL declares all of them; LLMK_RUN picks one from the tensor's device and the
+// CPU's SIMD level.
+#pragma once
+#include <cstdint>
+
+#include "common/errors.h"
+#include "common/tensor.h"
+
+namespace llmk {
+
+enum class CpuIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+CpuIsa cpu_isa();               // best level this CPU supports, capped by LLMKERN_CPU_ISA
+const char* cpu_isa_name(CpuIsa isa);
+CpuIsa cpu_isa_supported();     // best level this CPU supports
+
+}  // namespace llmk
+
+#define LLMK_DECLARE_KERNEL(name, params)       \
+  namespace llmk {                              \
+  namespace cpu_scalar { void name params; }    \
+  namespace cpu_avx2 { void name params; }      \
+  namespace cpu_avx512 { void name params; }    \
+  namespace gpu { void name params; }          \
+  }
+
+#if LLMK_MULTI_ISA
+#define LLMK_CPU_CALL(name, ...)                                                  \
+  do {                                                                            \
+    switch (::llmk::cpu_isa()) {                                                  \
+      case ::llmk::CpuIsa::Avx512: ::llmk::cpu_avx512::name(__VA_ARGS__); break;  \
+      case ::llmk::CpuIsa::Avx2: ::llmk::cpu_avx2::name(__VA_ARGS__); break;      \
+      default: ::llmk::cpu_scalar::name(__VA_ARGS__); break;                      \
+    }                                                                             \
+  } while (0)
+#else
+#define LLMK_CPU_CALL(name, ...) ::llmk::cpu_scalar::name(__VA_ARGS__)
+#endif
+
+#if defined(LLMK_SIMT)
+// The emulator runs the CUDA sources on host memory: every call goes to the CUDA entry point.
+#define LLMK_RUN(device_tensor, name, ...) ::llmk::gpu::name(__VA_ARGS__)
+#elif defined(LLMK_WITH_CUDA)
+#define LLMK_RUN(device_tensor, name, ...)                                   \
+  do {                                                                       \
+    if ((device_tensor).is_cuda()) ::llmk::gpu::name(__VA_ARGS__);          \
+    else LLMK_CPU_CALL(name, __VA_ARGS__);                                   \
+  } while (0)
+#else
+#define LLMK_RUN(device_tensor, name, ...)                                               \
+  do {                                                                                   \
+    LLMK_CHECK(!(device_tensor).is_cuda(), RuntimeError,                                 \
+               "llmkern was built without CUDA; rebuild with nvcc on PATH (LLMKERN_CUDA=ON)"); \
+    LLMK_CPU_CALL(name, __VA_ARGS__);                                                    \
+  } while (0)
+#endif

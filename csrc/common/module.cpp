@@ -1,0 +1,87 @@
+// The extension module: llmkern._C (CPU + CUDA backends) or llmkern._simt (CUDA sources on the
+// SIMT emulator), chosen by LLMK_MODULE_NAME at build time.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "common/bindings.h"
+#include "common/device_memory.h"
+#include "common/dispatch.h"
+#include "common/errors.h"
+
+namespace py = pybind11;
+
+namespace {
+
+py::dict build_info() {
+  py::dict d;
+  d["version"] = LLMK_VERSION;
+#if defined(LLMK_SIMT)
+  d["backends"] = py::make_tuple("simt");
+#elif defined(LLMK_WITH_CUDA)
+  d["backends"] = py::make_tuple("cpu", "cuda");
+#else
+  d["backends"] = py::make_tuple("cpu");
+#endif
+  d["cuda_compiled"] = llmk::cuda_compiled();
+  d["cuda_archs"] = std::string(LLMK_CUDA_ARCHS);
+  d["cuda_device_count"] = llmk::cuda_device_count();
+  d["cpu_simd"] = llmk::cpu_isa_name(llmk::cpu_isa());
+  d["cpu_simd_supported"] = llmk::cpu_isa_name(llmk::cpu_isa_supported());
+#if LLMK_MULTI_ISA
+  d["cpu_simd_compiled"] = py::make_tuple("scalar", "avx2", "avx512");
+#else
+  d["cpu_simd_compiled"] = py::make_tuple("scalar");
+#endif
+#if defined(_OPENMP)
+  d["openmp"] = true;
+  d["num_threads"] = omp_get_max_threads();
+#else
+  d["openmp"] = false;
+  d["num_threads"] = 1;
+#endif
+  return d;
+}
+
+void set_num_threads(int n) {
+  LLMK_CHECK(n >= 1, ValueError, "n: number of threads must be >= 1, got ", n);
+#if defined(_OPENMP)
+  omp_set_num_threads(n);
+#endif
+}
+
+int get_num_threads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
+  m.doc() = "llmkern kernels (called through llmkern.ops; tensors cross as DLPack capsules)";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const llmk::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const llmk::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const llmk::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    } catch (const llmk::RuntimeError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+  m.def("build_info", &build_info);
+  m.def("set_num_threads", &set_num_threads);
+  m.def("get_num_threads", &get_num_threads);
+  llmk::bind_kvcache(m);
+  llmk::bind_attention(m);
+  llmk::bind_sampling(m);
+}

@@ -1,0 +1,10 @@
+#include "common/bindings.h"
+#include "kvcache/cache_ops.h"
+
+namespace llmk {
+void bind_kvcache(pybind11::module_& m) {
+  m.def("reshape_and_cache_flash", &reshape_and_cache_flash);
+  m.def("copy_blocks", &copy_blocks);
+  m.def("swap_blocks", &swap_blocks);
+}
+}  // namespace llmk

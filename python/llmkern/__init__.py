@@ -1,0 +1,44 @@
+"""llmkern: hand-written CPU and CUDA kernels for LLM inference, and a small runtime on top.
+
+Kernels (drop-in signatures of flash-attn 2, vLLM and FlashInfer) live in ``llmkern.ops``; the
+runtime's entry point is ``llmkern.LLM``.
+"""
+from __future__ import annotations
+
+from . import _C
+from ._backend import simt_available, simt_backend
+
+__version__ = _C.build_info()["version"]
+
+
+def build_info() -> dict:
+    """What this build contains and what the running machine offers.
+
+    Keys: version, backends (compiled), cuda_compiled, cuda_archs, cuda_device_count,
+    cpu_simd (level in use), cpu_simd_supported, cpu_simd_compiled, openmp, num_threads,
+    simt (whether the emulated-CUDA test backend llmkern._simt is installed)."""
+    info = dict(_C.build_info())
+    info["backends"] = list(info["backends"])
+    info["cpu_simd_compiled"] = list(info["cpu_simd_compiled"])
+    info["simt"] = simt_available()
+    return info
+
+
+def set_num_threads(n: int) -> None:
+    """Threads used by the CPU kernels (OpenMP)."""
+    _C.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return _C.get_num_threads()
+
+
+from .ops import *  # noqa: E402,F401,F403  (flash_attn_varlen_func, reshape_and_cache_flash, ...)
+
+
+def __getattr__(name):  # the runtime is imported on first use: kernels alone stay light
+    if name in ("LLM", "SamplingParams"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'llmkern' has no attribute {name!r}")

@@ -1,0 +1,2 @@
+"""Sampling ops (FlashInfer signatures) -> csrc/sampling/."""
+__all__: list = []

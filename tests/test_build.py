@@ -1,0 +1,70 @@
+"""The build: module contents, build_info, SIMD dispatch."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import llmkern
+from llmkern import _C
+
+
+def test_build_info_keys():
+    info = llmkern.build_info()
+    for key in ("version", "backends", "cuda_compiled", "cuda_archs", "cpu_simd", "openmp", "simt"):
+        assert key in info
+    assert "cpu" in info["backends"]
+    assert info["cpu_simd"] in info["cpu_simd_compiled"]
+    assert info["version"] == llmkern.__version__
+
+
+def test_cuda_compiled_when_nvcc_present():
+    # CI machines have nvcc: the CUDA sources must have been compiled, for the default archs.
+    import shutil
+
+    if shutil.which("nvcc") is None or os.environ.get("LLMKERN_CUDA") == "OFF":
+        pytest.skip("no nvcc on PATH")
+    info = llmkern.build_info()
+    assert info["cuda_compiled"] and "cuda" in info["backends"]
+    assert info["cuda_archs"]
+
+
+def test_every_op_is_registered_with_torch_library():
+    for name in llmkern.ops.__all__:
+        assert hasattr(getattr(llmkern.ops, name), "op"), name
+        assert hasattr(torch.ops.llmkern, name), name
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_each_simd_level_runs(isa):
+    # Each SIMD build of the CPU kernels gives the same bytes (subprocess: the level is read once).
+    code = (
+        "import torch, llmkern\n"
+        "torch.manual_seed(0)\n"
+        "kc = torch.zeros(6, 5, 2, 16, dtype=torch.bfloat16); vc = torch.zeros_like(kc)\n"
+        "k = torch.randn(9, 2, 16).bfloat16(); v = torch.randn(9, 2, 16).bfloat16()\n"
+        "s = torch.randperm(30)[:9]\n"
+        "llmkern.reshape_and_cache_flash(k, v, kc, vc, s)\n"
+        "assert torch.equal(kc.view(-1, 2, 16)[s], k)\n"
+        "print(llmkern.build_info()['cpu_simd'])\n"
+    )
+    env = dict(os.environ, LLMKERN_CPU_ISA=isa)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    supported = llmkern.build_info()["cpu_simd_supported"]
+    order = ["scalar", "avx2", "avx512"]
+    expect = isa if order.index(isa) <= order.index(supported) else supported
+    if isa not in llmkern.build_info()["cpu_simd_compiled"]:
+        expect = "scalar"
+    assert out.stdout.strip() == expect
+
+
+def test_numpy_arrays_cross_via_dlpack():
+    import numpy as np
+
+    kc = np.zeros((2, 4, 1, 8), np.float32)
+    vc = np.zeros_like(kc)
+    k = np.arange(24, dtype=np.float32).reshape(3, 1, 8)
+    _C.reshape_and_cache_flash(k, k, kc, vc, np.array([1, -1, 6], np.int64), "auto", None, None, 0)
+    assert (kc.reshape(-1, 1, 8)[1] == k[0]).all() and (kc.reshape(-1, 1, 8)[6] == k[2]).all()
