@@ -1,0 +1,68 @@
+// Attention ops (flash-attn 2 signatures): flash_attn_varlen_func (dense or paged K/V) and
+// flash_attn_with_kvcache (decode / multi-token append, dense or paged cache).
+//
+// Both fronts reduce their arguments to one AttnParams; the CPU and CUDA kernels consume only it.
+#pragma once
+#include <cstdint>
+
+#include "common/dispatch.h"
+#include "common/tensor.h"
+
+namespace llmk {
+
+struct AttnParams {
+  // Query rows. Varlen: q is [total_q, Hq, D] and sequence b owns rows cu_seqlens_q[b] ..
+  // cu_seqlens_q[b+1]. kvcache: q is [b, s, Hq, D] viewed as rows b*s + i (cu_seqlens_q null,
+  // seqlen_q = s). Strides are in elements.
+  const void* q = nullptr;
+  int64_t q_row_stride = 0, q_head_stride = 0;
+  void* out = nullptr;  // same layout as q
+  int64_t o_row_stride = 0, o_head_stride = 0;
+
+  // Keys/values. Dense (block_table null): rows [total_k, Hkv, D]; sequence b owns rows
+  // k_start(b) = cu_seqlens_k[b] (varlen) or b * k_batch_stride_rows (kvcache, k_batch_stride).
+  // Paged (block_table set): caches [num_blocks, block_size, Hkv, D]; logical row j of sequence b
+  // lives in block block_table[b * block_table_stride + j / block_size], slot j % block_size.
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t k_row_stride = 0, k_head_stride = 0, k_block_stride = 0, k_batch_stride = 0;
+  int64_t v_row_stride = 0, v_head_stride = 0, v_block_stride = 0, v_batch_stride = 0;
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int block_size = 0;
+
+  // Lengths: seqlen_q(b) = cu_seqlens_q ? cu_seqlens_q[b+1]-cu_seqlens_q[b] : seqlen_q;
+  // seqlen_k(b) = seqused_k ? seqused_k[b] : cu_seqlens_k[b+1]-cu_seqlens_k[b].
+  // (Paged varlen and kvcache set seqused_k: the number of valid cached tokens, including any
+  // appended in this call.)
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+  int seqlen_q = 0;
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+
+  int batch = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  DType dtype = DType::F32;  // q, k, v and out share it
+
+  float softmax_scale = 1.f;
+  float softcap = 0.f;                 // 0 = off; else s = softcap * tanh(s / softcap)
+  bool causal = false;                 // bottom-right aligned
+  int window_left = -1, window_right = -1;  // -1 = unbounded (causal sets window_right = 0)
+  const float* alibi_slopes = nullptr; // [Hq] or [b, Hq] (alibi_batch_stride 0 or Hq)
+  int64_t alibi_batch_stride = 0;
+
+  // Log-sum-exp (natural log), float32, or null. Varlen: [Hq, total_q]; kvcache: [b, Hq, s].
+  float* lse = nullptr;
+  int64_t lse_head_stride = 0, lse_row_stride = 0, lse_batch_stride = 0;
+
+  // Split-KV (flash-decoding): num_splits > 1 partitions each sequence's keys; partial results
+  // (un-normalised out as float32 [num_splits, rows, Hq, D] and lse [num_splits, rows, Hq]) are
+  // merged by the combine step. Workspace is allocated by the caller (no allocation in kernels).
+  int num_splits = 1;
+  float* split_out = nullptr;
+  float* split_lse = nullptr;
+};
+
+}  // namespace llmk
+
+LLMK_DECLARE_KERNEL(flash_attn, (const AttnParams& p, int64_t stream))
