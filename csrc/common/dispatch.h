@@ -58,3 +58,17 @@ CpuIsa cpu_isa_supported();     // best level this CPU supports
     LLMK_CPU_CALL(name, __VA_ARGS__);                                                    \
   } while (0)
 #endif
+
+// For ops whose CUDA kernel does not exist yet: CPU dispatch, NotImplementedError elsewhere
+// (including the SIMT emulator, which only runs CUDA sources).
+#if defined(LLMK_SIMT)
+#define LLMK_RUN_CPU(device_tensor, name, ...) \
+  throw ::llmk::NotImplementedError(#name ": no CUDA kernel yet (SIMT emulation unavailable)")
+#else
+#define LLMK_RUN_CPU(device_tensor, name, ...)                                           \
+  do {                                                                                   \
+    LLMK_CHECK(!(device_tensor).is_cuda(), NotImplementedError, #name,                   \
+               ": no CUDA kernel yet; pass CPU tensors");                               \
+    LLMK_CPU_CALL(name, __VA_ARGS__);                                                    \
+  } while (0)
+#endif
