@@ -29,6 +29,7 @@ namespace rowcpu {
 constexpr int64_t kBlock = 2048;  // elements per block: 8 KB of fp32, stays in L1 between two loops
 constexpr int kL = 16;            // lanes of the vectorised loops (one AVX-512 register of fp32)
 constexpr int kMaxPiv = 4;
+constexpr int64_t kSplitRowMinVocab = 1 << 18;  // rows this long are shared by all threads
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 struct Team {
@@ -162,82 +163,128 @@ struct PivotStats {
 
 // ---- block loops (the vectorised inner work) -----------------------------------------------------
 
+// These helpers pass 64-byte vectors by value; they are inline and private to one SIMD build, so
+// the ABI note GCC emits for the non-AVX-512 builds does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// 16-lane vectors (GCC vector extensions: one zmm on AVX-512, two ymm on AVX2, four xmm on the
+// scalar build). Lane-wise semantics are the same on every ISA, so every SIMD build gives the same
+// bits.
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+
+inline vf vload(const float* p) {
+  vf v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <typename T>
+inline vf vload_conv(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return vload(p);
+  } else {
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = to_f(p[l]);
+    return vload(tmp);
+  }
+}
+inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+inline vi vseli(vi m, vi a, vi b) { return (m & a) | (~m & b); }
+inline vf vsplat(float x) { return vf{} + x; }
+
+// Fixed-order lane reductions (the same tree on every build).
+inline float hsum(vf v) {
+  float a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  for (int h = kL / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) a[l] += a[l + h];
+  return a[0];
+}
+inline int32_t hsum_i(vi v) {
+  int32_t a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  int32_t s = 0;
+  for (int l = 0; l < kL; ++l) s += a[l];
+  return s;
+}
+inline float hmin(vf v) {
+  float a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  float m = a[0];
+  for (int l = 1; l < kL; ++l) m = a[l] < m ? a[l] : m;
+  return m;
+}
+
 // Per pivot: sum, count and minimum of the elements strictly above it, over w[lo, hi).
-template <int P>
+template <int P, bool WantMin = true>
 inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv, float* mass,
                         int32_t* cnt, float* mn) {
-  float m[P][kL], mi[P][kL];
-  int32_t c[P][kL];
-  for (int p = 0; p < P; ++p)
-    for (int l = 0; l < kL; ++l) {
-      m[p][l] = 0.0f;
-      mi[p][l] = kInf;
-      c[p][l] = 0;
-    }
-  float pv[P];
-  for (int p = 0; p < P; ++p) pv[p] = piv[p];
+  vf m[P], mi[P], pv[P];
+  vi c[P];
+  for (int p = 0; p < P; ++p) {
+    m[p] = vf{};
+    mi[p] = vsplat(kInf);
+    c[p] = vi{};
+    pv[p] = vsplat(piv[p]);
+  }
   int64_t j = lo;
   for (; j + kL <= hi; j += kL) {
+    const vf x = vload(w + j);
     for (int p = 0; p < P; ++p) {
-      for (int l = 0; l < kL; ++l) {
-        const float x = w[j + l];
-        const bool g = x > pv[p];
-        m[p][l] += g ? x : 0.0f;
-        c[p][l] += g ? 1 : 0;
-        mi[p][l] = (g && x < mi[p][l]) ? x : mi[p][l];
-      }
+      const vi g = x > pv[p];
+      m[p] += (vf)(g & (vi)x);
+      c[p] -= g;
+      if constexpr (WantMin) mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
     }
   }
-  for (; j < hi; ++j) {
-    const float x = w[j];
+  if (j < hi) {  // tail: pad with -inf (never above a pivot)
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = j + l < hi ? w[j + l] : -kInf;
+    const vf x = vload(tmp);
     for (int p = 0; p < P; ++p) {
-      const bool g = x > pv[p];
-      m[p][0] += g ? x : 0.0f;
-      c[p][0] += g ? 1 : 0;
-      mi[p][0] = (g && x < mi[p][0]) ? x : mi[p][0];
+      const vi g = x > pv[p];
+      m[p] += (vf)(g & (vi)x);
+      c[p] -= g;
+      mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
     }
   }
   for (int p = 0; p < P; ++p) {
-    // fixed-shape tree over the lanes
-    for (int s = kL / 2; s > 0; s /= 2)
-      for (int l = 0; l < s; ++l) {
-        m[p][l] += m[p][l + s];
-        c[p][l] += c[p][l + s];
-        mi[p][l] = mi[p][l + s] < mi[p][l] ? mi[p][l + s] : mi[p][l];
-      }
-    mass[p] = m[p][0];
-    cnt[p] = c[p][0];
-    mn[p] = mi[p][0];
+    mass[p] = hsum(m[p]);
+    cnt[p] = hsum_i(c[p]);
+    mn[p] = hmin(mi[p]);
   }
 }
 
 // Maximum (NaN ignored) and the first index reaching it, over x[lo, hi) converted to fp32.
 template <typename T>
 inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {
-  float lm[kL];
-  for (int l = 0; l < kL; ++l) lm[l] = -kInf;
+  vf lm = vsplat(-kInf);
+  vi li = vi{} - 1;
+  vi iota;
+  for (int l = 0; l < kL; ++l) iota[l] = l;
   int64_t j = lo;
-  for (; j + kL <= hi; j += kL)
-    for (int l = 0; l < kL; ++l) {
-      const float v = to_f(x[j + l]);
-      lm[l] = v > lm[l] ? v : lm[l];
-    }
+  for (; j + kL <= hi; j += kL) {
+    const vf v = vload_conv(x + j);
+    const vi gt = v > lm;  // strict: the first index of a lane's maximum is kept
+    lm = vsel(gt, v, lm);
+    li = vseli(gt, iota + static_cast<int32_t>(j), li);
+  }
   float best = -kInf;
-  for (int l = 0; l < kL; ++l) best = lm[l] > best ? lm[l] : best;
+  int64_t a = -1;
+  for (int l = 0; l < kL; ++l)
+    if (li[l] >= 0 && (lm[l] > best || (lm[l] == best && li[l] < a))) {
+      best = lm[l];
+      a = li[l];
+    }
   for (; j < hi; ++j) {
     const float v = to_f(x[j]);
-    best = v > best ? v : best;
-  }
-  // first index holding the maximum (second, cheap pass: the block is in L1)
-  int64_t a = -1;
-  for (int64_t e = lo; e < hi; ++e)
-    if (to_f(x[e]) == best) {
-      a = e;
-      break;
+    if (v > best || (a < 0 && v == best)) {
+      best = v;
+      a = j;
     }
-  mx = best;
+  }
+  mx = a < 0 ? -kInf : best;
   arg = static_cast<int32_t>(a < 0 ? lo : a);
-  if (a < 0) mx = -kInf;  // all NaN (or -inf with no match): no maximum in this block
 }
 
 // w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi).
@@ -257,11 +304,8 @@ inline void block_convert(const T* x, int64_t lo, int64_t hi, float* w) {
 
 // Sum of w > low over a 16-element chunk.
 inline float chunk_mass(const float* w, float low) {
-  float s[kL];
-  for (int l = 0; l < kL; ++l) s[l] = w[l] > low ? w[l] : 0.0f;
-  for (int h = kL / 2; h > 0; h /= 2)
-    for (int l = 0; l < h; ++l) s[l] += s[l + h];
-  return s[0];
+  const vf x = vload(w);
+  return hsum((vf)((x > vsplat(low)) & (vi)x));
 }
 
 // ---- the row: a team's view of one row ----------------------------------------------------------
@@ -282,7 +326,7 @@ class Row {
   bool leader() const { return t_.tid == 0; }
 
   // Statistics of P pivots over the span (per-block partials left in the shared buffers).
-  template <int P>
+  template <int P, bool WantMin = true>
   void stats(const float* piv, PivotStats* out) {
     sync();  // everyone is done reading the partials of the previous pass
     const int64_t nb = span.nblocks();
@@ -291,7 +335,7 @@ class Row {
     for_blocks(nb, [&](int64_t b) {
       float mass[P], mn[P];
       int32_t cnt[P];
-      block_stats<P>(w, b * kBlock, std::min(n, (b + 1) * kBlock), piv, mass, cnt, mn);
+      block_stats<P, WantMin>(w, b * kBlock, std::min(n, (b + 1) * kBlock), piv, mass, cnt, mn);
       for (int p = 0; p < P; ++p) {
         s_.bmass[p * nb + b] = mass[p];
         s_.bcnt[p * nb + b] = cnt[p];
@@ -434,7 +478,9 @@ template <typename F>
 inline void run_rows(int64_t batch, int64_t V, F&& row_fn) {
   if (batch <= 0) return;
   const int nt = max_threads();
-  const bool split_rows = nt > 1 && batch < nt && V >= 32768;
+  // Splitting a row costs a few team barriers per pass: worth it for very long rows only (and
+  // painful when the machine is oversubscribed, where a barrier can wait for a descheduled thread).
+  const bool split_rows = nt > 1 && batch < nt && V >= kSplitRowMinVocab;
   if (!split_rows) {
     parallel_for(batch, 1, [&](int64_t b, int64_t e) {
       Shared& s = thread_shared(V);

@@ -272,10 +272,11 @@ RowResult sample_loaded(Row& r, const Loaded& L, RowFilter f, const RowRng& rng)
     if (pos < 0) return {L.argmax, false};
     const float v0 = r.span.w[pos];
     if (!(v0 < high)) return {r.span.token(pos), true};  // at or above a known-accepted weight
-    float piv[3] = {v0, v0 + (high - v0) * 0.5f, key_midpoint(v0, high)};
+    // candidate, key midpoint (bounds the rounds), arithmetic midpoint (fast for peaked rows)
+    float piv[3] = {v0, round_pivot(v0, high), v0 + (high - v0) * 0.5f};
     sort_pivots<3>(piv);
     PivotStats st[3];
-    r.stats<3>(piv, st);
+    r.stats<3, false>(piv, st);
     const int fa = first_accepted<3>(st, piv, accepts);
     if (fa == 0) return {r.span.token(pos), true};
     low = piv[fa - 1];
