@@ -4,6 +4,7 @@
 // Both fronts reduce their arguments to one AttnParams; the CPU and CUDA kernels consume only it.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "common/dispatch.h"
 #include "common/tensor.h"
@@ -68,7 +69,7 @@ struct AttnParams {
   // Each split's out is normalised by its own softmax sum and its lse is that split's
   // log-sum-exp (-inf when the split saw no key); attn_combine_splits() in attention_math.h
   // merges them with weights exp(lse_s - lse). The CPU kernel allocates its own workspace when
-  // split_out is null.
+  // split_out is null. num_splits <= 0 = the kernel chooses (auto), as flash-attn's 0.
   int num_splits = 1;
   float* split_out = nullptr;
   float* split_lse = nullptr;
@@ -98,3 +99,26 @@ struct AppendKvParams {
 
 LLMK_DECLARE_KERNEL(flash_attn, (const AttnParams& p, int64_t stream))
 LLMK_DECLARE_KERNEL(append_kv, (const AppendKvParams& p, int64_t stream))
+
+namespace llmk {
+
+// Front ends (flash_attn.cpp): check every argument, build the params, dispatch. The Python
+// wrapper allocates out / lse, fills defaults and converts int64 index tensors to int32.
+// window_left/right: -1 = unbounded. lse: float32 [Hq, total_q] (varlen) / [b, Hq, s] (kvcache).
+void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView cu_seqlens_q,
+                           TensorView cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                           double softmax_scale, bool causal, int64_t window_left,
+                           int64_t window_right, double softcap,
+                           std::optional<TensorView> alibi_slopes,
+                           std::optional<TensorView> block_table, TensorView out,
+                           std::optional<TensorView> softmax_lse, int64_t stream);
+// cache_seqlens is required here (the wrapper fills it with the cache length when None).
+void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache,
+                            std::optional<TensorView> k, std::optional<TensorView> v,
+                            TensorView cache_seqlens, std::optional<TensorView> block_table,
+                            double softmax_scale, bool causal, int64_t window_left,
+                            int64_t window_right, double softcap,
+                            std::optional<TensorView> alibi_slopes, int64_t num_splits,
+                            TensorView out, std::optional<TensorView> softmax_lse, int64_t stream);
+
+}  // namespace llmk
