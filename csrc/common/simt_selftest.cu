@@ -219,7 +219,7 @@ __global__ void convert_kernel(const float* x, int n, unsigned short* h, unsigne
     }
     const float a = fabsf(v) + 0.5f;
     math[0 * n + i] = __expf(fminf(v, 10.0f));
-    math[1 * n + i] = exp2f(fmaxf(v, -10.0f));
+    math[1 * n + i] = exp2f(fminf(fmaxf(v, -10.0f), 10.0f));
     math[2 * n + i] = __logf(a);
     math[3 * n + i] = rsqrtf(a);
     math[4 * n + i] = __fdividef(v, a);

@@ -49,7 +49,9 @@ void selftest_mma(const TensorView& a, const TensorView& b, const TensorView& c,
 void selftest_ldmatrix_mma(const TensorView& a, const TensorView& b, const TensorView& out,
                            bool fp16, int64_t stream);
 // x float [n] -> half int16 [n], bf16 int16 [n], back float [2, n], pairs int32 [2, n / 2]
-// (__floats2half2_rn / __floats2bfloat162_rn of x[2i], x[2i+1]), math float [8, n].
+// (__floats2half2_rn / __floats2bfloat162_rn of x[2i], x[2i+1]), math float [8, n]: __expf(min(x, 10)),
+// exp2f(clamp(x, -10, 10)), __logf(a), rsqrtf(a), __fdividef(x, a), tanhf(x), __fmaf_rn(x, a, 1),
+// -x + sqrtf(a) through the bit casts, with a = |x| + 0.5.
 void selftest_convert(const TensorView& x, const TensorView& half, const TensorView& bf16,
                       const TensorView& back, const TensorView& pairs, const TensorView& math,
                       int64_t stream);
