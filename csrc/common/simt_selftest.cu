@@ -244,8 +244,9 @@ __global__ void fault_kernel(int kind, int* sink) {
     case 1:  // __syncthreads inside a divergent branch, other threads exit
       if (t < 16) __syncthreads();
       break;
-    case 2:  // full-mask shuffle reached by half of the warp
+    case 2:  // full-mask shuffle reached by half of the warp, the other half waits at a barrier
       if (t % 32 < 16) v = __shfl_xor_sync(0xffffffffu, v, 1);
+      __syncthreads();
       break;
     case 3:  // calling lane outside its own mask
       v = __shfl_sync(0x0000ffffu, v, 0);
@@ -256,6 +257,10 @@ __global__ void fault_kernel(int kind, int* sink) {
       break;
     case 5:  // invalid shuffle width
       v = __shfl_xor_sync(0xffffffffu, v, 1, 12);
+      break;
+    case 7:  // full-mask shuffle reading a lane that has exited
+      if (t % 32 >= 16) return;
+      v = __shfl_xor_sync(0xffffffffu, v, 16);
       break;
     default:  // misaligned cp.async destination
       simt::cp_async_16(reinterpret_cast<char*>(sink) + 4, sink, 16);
