@@ -1,7 +1,7 @@
 // Device-side building blocks shared by the CUDA attention kernels (flash_prefill*.cu,
 // flash_decode.cu, flash_fp32.cu, flash_combine.cu): per-sequence geometry, K/V row addressing
-// (dense or paged), swizzled shared-memory tiles filled by cp.async, mask ranges, score
-// transforms (scale, softcap, ALiBi) and the split-KV partial-result writers.
+// (dense or paged), swizzled shared-memory tiles filled by cp.async, and the log2-domain forms
+// of the shared math in attention_math.h (masks, softcap, ALiBi, LSE) that the kernels use.
 //
 // Written only against the SIMT portability layer (common/simt.h), so the same code runs on the
 // GPU and under emulation.
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "attention/attention_math.h"
 #include "attention/flash_attn.h"
 #include "common/macros.h"
 #include "common/simt.h"
@@ -102,14 +103,9 @@ struct SeqInfo {
 
 LLMK_DEVICE SeqInfo seq_info(const AttnParams& p, int b) {
   SeqInfo s;
-  if (p.cu_seqlens_q) {
-    s.q_row0 = p.cu_seqlens_q[b];
-    s.seqlen_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-  } else {
-    s.q_row0 = int64_t(b) * p.seqlen_q;
-    s.seqlen_q = p.seqlen_q;
-  }
-  s.seqlen_k = p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  s.q_row0 = attn_q_start(p, b);
+  s.seqlen_q = attn_seqlen_q(p, b);
+  s.seqlen_k = attn_seqlen_k(p, b);
   if (p.block_table) {
     s.table = p.block_table + int64_t(b) * p.block_table_stride;
   } else if (p.cu_seqlens_k) {
@@ -122,7 +118,8 @@ LLMK_DEVICE SeqInfo seq_info(const AttnParams& p, int b) {
   return s;
 }
 
-// Element offsets of key j's row (for one kv head, added separately) in K and V.
+// Element offsets of key j's row (for one kv head, added separately) in K and V: the same
+// addressing as attn_kv_offset, with the page division done by FastDiv.
 struct KvRow {
   int64_t k, v;
 };
@@ -139,75 +136,66 @@ LLMK_DEVICE KvRow kv_row(const KernelArgs& a, const SeqInfo& s, int j) {
   return {s.k_base + int64_t(j) * p.k_row_stride, s.v_base + int64_t(j) * p.v_row_stride};
 }
 
-// ---- masks -----------------------------------------------------------------------------------
-// Query position i of a sequence sees keys [key_lo(i), key_hi(i)): bottom-right aligned causal /
-// sliding window (window_left/right, -1 = unbounded), clipped to [0, seqlen_k).
+// ---- masks and scores (log2 domain) ------------------------------------------------------------
+// Query i of a sequence sees keys attn_key_range(i, sq, sk, window_left, window_right); the
+// kernels keep sq, sk and the window here and test whole tiles against the range of the first
+// and last query of a tile.
 
 struct MaskRule {
-  int sk = 0, shift = 0;  // shift = seqlen_k - seqlen_q: query i sits at key position i + shift
-  int left = -1, right = -1;
-  LLMK_DEVICE int lo(int i) const {
-    if (left < 0) return 0;
-    const int v = i + shift - left;
-    return v < 0 ? 0 : v;
-  }
+  int sq = 0, sk = 0, left = -1, right = -1;
+  LLMK_DEVICE KeyRange range(int i) const { return attn_key_range(i, sq, sk, left, right); }
+  LLMK_DEVICE int lo(int i) const { return range(i).lo; }
   LLMK_DEVICE int hi(int i) const {
-    if (right < 0) return sk;
-    const int v = i + shift + right + 1;
-    return v < 0 ? 0 : (v > sk ? sk : v);
+    const int h = range(i).hi;
+    return h < 0 ? 0 : h;
   }
 };
 
 LLMK_DEVICE MaskRule mask_rule(const AttnParams& p, const SeqInfo& s) {
   MaskRule m;
+  m.sq = s.seqlen_q;
   m.sk = s.seqlen_k;
-  m.shift = s.seqlen_k - s.seqlen_q;
   m.left = p.window_left;
-  m.right = p.causal ? 0 : p.window_right;
+  m.right = p.window_right;  // the front sets 0 for causal
   return m;
 }
 
-// Score transform into the log2 domain used by the online softmax:
-//   x = scale * q.k, softcapped (softcap * tanh(x / softcap)), minus slope * |i + shift - j|,
-//   all times log2(e) so that exp(x) = exp2(x * log2e).
+// Scores in the log2 domain of the online softmax (exp(x) = exp2(x * log2e)):
+//   x = attn_softcap(scale * q.k, softcap) * log2e  (+ attn_alibi with a log2e-scaled slope).
 struct ScoreXform {
-  float mul = 0.f;         // no softcap: scale * log2e; softcap: scale / softcap
-  float cap_log2 = 0.f;    // softcap * log2e (0 = no softcap)
-  LLMK_DEVICE float apply(float s) const {
-    return cap_log2 != 0.f ? cap_log2 * tanhf(s * mul) : s * mul;
+  float scale = 1.f, cap = 0.f;
+  LLMK_DEVICE float apply(float qk) const {
+    return cap > 0.f ? attn_softcap(qk * scale, cap) * kLog2e : qk * (scale * kLog2e);
   }
 };
 
 LLMK_DEVICE ScoreXform score_xform(const AttnParams& p) {
   ScoreXform x;
-  if (p.softcap > 0.f) {
-    x.mul = p.softmax_scale / p.softcap;
-    x.cap_log2 = p.softcap * kLog2e;
-  } else {
-    x.mul = p.softmax_scale * kLog2e;
-  }
+  x.scale = p.softmax_scale;
+  x.cap = p.softcap;
   return x;
 }
 
-// ALiBi slope of query head h (times log2e), 0 when off.
+// ALiBi slope of query head h times log2e (0 when off): attn_alibi(slope_log2, ...) is then the
+// bias in the log2 domain.
 LLMK_DEVICE float alibi_slope_log2(const AttnParams& p, int b, int h) {
   if (!p.alibi_slopes) return 0.f;
   return p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] * kLog2e;
 }
 
-// exp2 of (x - m) that is 0 (not NaN) when the running max is still -inf.
-LLMK_DEVICE float exp2_shifted(float x, float m) {
-  return exp2f(x - (m == -INFINITY ? 0.f : m));
-}
+// exp2(x - m) with the running max m still -inf giving 0, not NaN (attn_exp_base's rule).
+LLMK_DEVICE float exp2_shifted(float x, float m) { return exp2f(x - attn_exp_base(m)); }
 
 // Rescale factor of the accumulators when the running max moves from m_old to m_new.
 LLMK_DEVICE float rescale(float m_old, float m_new) {
   return m_old == -INFINITY ? 0.f : exp2f(m_old - m_new);
 }
 
-// Natural-log LSE from the log2-domain running max and the row sum (-inf for an empty row).
-LLMK_DEVICE float lse_of(float m_log2, float l) {
-  return l > 0.f ? (m_log2 + __log2f(l)) * kLn2 : -INFINITY;
+// Natural-log LSE from the log2-domain running max and the row sum. A row that saw no key gets
+// `empty`: +inf in the final output (flash-attn's convention, attn_lse), -inf in a split partial
+// (weight 0 in attn_combine_weights).
+LLMK_DEVICE float lse_of(float m_log2, float l, float empty) {
+  return l > 0.f ? (m_log2 + __log2f(l)) * kLn2 : empty;
 }
 
 // ---- swizzled tiles in shared memory ---------------------------------------------------------
@@ -252,11 +240,9 @@ LLMK_DEVICE float* split_lse_at(const AttnParams& p, int64_t total_rows, int spl
   return p.split_lse + (int64_t(split) * total_rows + row) * p.num_heads + head;
 }
 
-// LSE output address: varlen [Hq, total_q] (row = global row), kvcache [b, Hq, s] (row = i).
-LLMK_DEVICE float* lse_at(const AttnParams& p, int b, int head, int64_t q_row0, int i) {
-  const int64_t r = p.cu_seqlens_q ? q_row0 + i : i;
-  return p.lse + int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride +
-         r * p.lse_row_stride;
+// LSE output address of (sequence b, head, query i): attn_lse_offset.
+LLMK_DEVICE float* lse_at(const AttnParams& p, int b, int head, int i) {
+  return p.lse + attn_lse_offset(p, b, head, i);
 }
 
 // Total query rows (for the split workspace): kvcache batch * s; varlen needs cu_seqlens_q[b].

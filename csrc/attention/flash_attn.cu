@@ -20,26 +20,15 @@ namespace gpu {
 
 namespace attn {
 
-void allow_dynamic_smem(const void* kernel, int bytes) {
-#if defined(__CUDACC__)
-  if (bytes <= 48 * 1024) return;
+bool first_use_on_device(const void* kernel) {
   int dev = 0;
+#if defined(__CUDACC__)
   if (cudaGetDevice(&dev) != cudaSuccess) throw RuntimeError("flash_attn: cudaGetDevice failed");
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, dev})) return;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e != cudaSuccess)
-    throw RuntimeError(str_cat("flash_attn: cannot allow ", bytes,
-                               " bytes of shared memory per block on this GPU: ",
-                               cudaGetErrorString(e)));
-  done.insert({kernel, dev});
-#else
-  (void)kernel;
-  (void)bytes;
 #endif
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen.insert({kernel, dev}).second;
 }
 
 namespace {

@@ -22,9 +22,9 @@ namespace attn {
 
 constexpr int kTableCap = 1024;     // block-table entries staged in shared memory
 
-// Row facts shared by the warps: key position each row aligns with and its ALiBi slope.
+// Row facts shared by the warps: each row's query index in its sequence and its ALiBi slope.
 struct RowFacts {
-  int pos[kDecodeRows];
+  int qi[kDecodeRows];
   float slope[kDecodeRows];
 };
 
@@ -47,7 +47,7 @@ struct MmaTile {
   uint32_t qf[kQRegs ? kKS : 1][4];
   float o[kDT][4];
   float m[2], l[2];
-  int pos[2];
+  int qi[2];
   float slope[2];
 
   LLMK_DEVICE void init(const char* sQ, const RowFacts& rf, int lane) {
@@ -56,7 +56,7 @@ struct MmaTile {
     for (int hh = 0; hh < 2; ++hh) {
       m[hh] = -INFINITY;
       l[hh] = 0.f;
-      pos[hh] = rf.pos[(lane >> 2) + 8 * hh];
+      qi[hh] = rf.qi[(lane >> 2) + 8 * hh];
       slope[hh] = rf.slope[(lane >> 2) + 8 * hh];
     }
     if (kQRegs) {
@@ -90,10 +90,7 @@ struct MmaTile {
     const int jb = j0 + (lane & 3) * 2;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int ps = pos[hh];
-      const int lo = mk.rule.left < 0 ? 0 : ps - mk.rule.left;
-      const int hi = mk.rule.right < 0 ? mk.rule.sk
-                                       : (ps + mk.rule.right + 1 < mk.rule.sk ? ps + mk.rule.right + 1 : mk.rule.sk);
+      const KeyRange kr = mk.rule.range(qi[hh]);
       float mx = m[hh];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -101,8 +98,8 @@ struct MmaTile {
         for (int e = 0; e < 2; ++e) {
           float x = xf.apply(s[nt][hh * 2 + e]);
           const int j = jb + nt * 8 + e;
-          if (mk.alibi) x -= slope[hh] * float(ps > j ? ps - j : j - ps);
-          if (mk.need && (j < lo || j >= hi)) x = -INFINITY;
+          if (mk.alibi) x += attn_alibi(slope[hh], qi[hh], j, mk.rule.sq, mk.rule.sk);
+          if (mk.need && (j < kr.lo || j >= kr.hi)) x = -INFINITY;
           s[nt][hh * 2 + e] = x;
           mx = fmaxf(mx, x);
         }
@@ -210,14 +207,12 @@ struct FmaTile {
     float alpha[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int ps = rf->pos[r];
+      const int qi = rf->qi[r];
       float x = xf.apply(s[r]);
-      if (mk.alibi) x -= rf->slope[r] * float(ps > j ? ps - j : j - ps);
+      if (mk.alibi) x += attn_alibi(rf->slope[r], qi, j, mk.rule.sq, mk.rule.sk);
       if (mk.need) {
-        const int lo = mk.rule.left < 0 ? 0 : ps - mk.rule.left;
-        const int hi = mk.rule.right < 0 ? mk.rule.sk
-                                         : (ps + mk.rule.right + 1 < mk.rule.sk ? ps + mk.rule.right + 1 : mk.rule.sk);
-        if (j < lo || j >= hi) x = -INFINITY;
+        const KeyRange kr = mk.rule.range(qi);
+        if (j < kr.lo || j >= kr.hi) x = -INFINITY;
       }
       float mx = x;
 #pragma unroll
@@ -339,7 +334,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
   llmk::simt::cp_async_commit();
   if (tid < kDecodeRows) {
     const int R = row0 + tid;
-    sFacts->pos[tid] = R / a.group + rule.shift;
+    sFacts->qi[tid] = R / a.group;
     sFacts->slope[tid] = alibi_slope_log2(p, b, head0 + R % a.group);
   }
   const int key_end = n_hi * kWarpN < s.seqlen_k ? n_hi * kWarpN : s.seqlen_k;
@@ -439,7 +434,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
   const int R = row0 + r, i = R / a.group, h = head0 + R % a.group;
-  const float lse = lse_of(M, L);
+  const float lse = lse_of(M, L, a.num_splits > 1 ? -INFINITY : INFINITY);
   constexpr int kCols = kD / kPerRow;
   const int c0 = part * kCols;
   if (a.num_splits > 1) {
@@ -460,7 +455,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
       for (int w = 0; w < kDecodeWarps; ++w) acc += mw[w] * sO[(w * kDecodeRows + r) * kD + c];
       dst[c] = Elem<T>::from_float(acc * inv);
     }
-    if (part == 0 && p.lse) *lse_at(p, b, h, s.q_row0, i) = lse;
+    if (part == 0 && p.lse) *lse_at(p, b, h, i) = lse;
   }
 }
 

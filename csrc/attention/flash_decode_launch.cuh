@@ -26,9 +26,9 @@ void launch_decode(KernelArgs a, int64_t stream) {
   a.pack = a.group;
   a.m_blocks = (p.max_seqlen_q * a.group + kDecodeRows - 1) / kDecodeRows;
   const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_kv_heads), unsigned(p.batch));
-  auto kern = &flash_decode_kernel<T, typename Tn::Tile, Tn::kStages>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kern), Cfg::kSmem);
-  LLMK_LAUNCH(kern, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+  auto flash_decode = &flash_decode_kernel<T, typename Tn::Tile, Tn::kStages>;
+  allow_dynamic_smem(flash_decode, Cfg::kSmem);
+  LLMK_LAUNCH(flash_decode, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
 }
 
 }  // namespace attn

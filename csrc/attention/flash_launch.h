@@ -18,9 +18,15 @@ constexpr int kDecodeRows = 16;  // decode kernel: query rows (positions x group
 // Query rows per CTA of the tensor-core prefill kernel, per padded head dim.
 constexpr int prefill_block_m(int padded_head_dim) { return padded_head_dim <= 128 ? 128 : 64; }
 
-// Allow `bytes` of dynamic shared memory for `kernel` (needed above 48 KiB on the GPU; a no-op
-// under emulation). Cached per device.
-void allow_dynamic_smem(const void* kernel, int bytes);
+// True the first time `kernel` is asked about on the current device.
+bool first_use_on_device(const void* kernel);
+
+// Opt `kernel` in to `bytes` of dynamic shared memory (needed above 48 KiB), once per device.
+template <typename Kernel>
+void allow_dynamic_smem(Kernel* kernel, int bytes) {
+  if (bytes > 48 * 1024 && first_use_on_device(reinterpret_cast<const void*>(kernel)))
+    llmk::simt::set_max_dynamic_smem(kernel, bytes);
+}
 
 // Tensor-core prefill (fp16 / bf16). Sets a.m_blocks from the row count and launches.
 template <typename T, int kD>

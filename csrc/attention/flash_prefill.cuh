@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
   char* sQ = smem;
   char* sK = smem + Cfg::kSmemQ;
   char* sV = sK + 2 * Cfg::kSmemKV;
-  int* sPos = reinterpret_cast<int*>(sV + 2 * Cfg::kSmemKV);
-  float* sSlope = reinterpret_cast<float*>(sPos + kBlockM);
+  int* sQi = reinterpret_cast<int*>(sV + 2 * Cfg::kSmemKV);
+  float* sSlope = reinterpret_cast<float*>(sQi + kBlockM);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -104,12 +104,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
   if (n_hi > n_lo) load_v(n_hi - 1, 0);
   llmk::simt::cp_async_commit();  // group: first V
 
-  // ---- row facts (visible after the first barrier of the loop): the key index each query row
-  // aligns with (position + seqlen_k - seqlen_q) and its ALiBi slope * log2e ----
+  // ---- row facts (visible after the first barrier of the loop): each row's query index within
+  // its sequence and its ALiBi slope * log2e ----
   const int warp_row0 = warp * kMT * 16;
   for (int r = tid; r < kBlockM; r += kThreads) {
     const int R = row0 + r;
-    sPos[r] = R / a.pack + rule.shift;
+    sQi[r] = R / a.pack;
     sSlope[r] = alibi_slope_log2(p, b, head0 + R % a.pack);
   }
   const ScoreXform xf = score_xform(p);
@@ -192,14 +192,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int rloc = warp_row0 + mt * 16 + g + hh * 8;
-        int pos = 0;
+        int qi = 0;
         float slope = 0.f;
         if (need_mask || has_alibi) {
-          pos = sPos[rloc];
+          qi = sQi[rloc];
           slope = sSlope[rloc];
         }
-        const int lo = rule.left < 0 ? 0 : pos - rule.left;
-        const int hi = rule.right < 0 ? rule.sk : (pos + rule.right + 1 < rule.sk ? pos + rule.right + 1 : rule.sk);
+        const KeyRange kr = rule.range(qi);
         float mx = m_run[mt][hh];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
@@ -207,8 +206,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
           for (int e = 0; e < 2; ++e) {
             float x = xf.apply(sacc[mt][nt][hh * 2 + e]);
             const int j = j_base + nt * 8 + e;
-            if (has_alibi) x -= slope * float(pos > j ? pos - j : j - pos);
-            if (need_mask && (j < lo || j >= hi)) x = -INFINITY;
+            if (has_alibi) x += attn_alibi(slope, qi, j, rule.sq, rule.sk);
+            if (need_mask && (j < kr.lo || j >= kr.hi)) x = -INFINITY;
             sacc[mt][nt][hh * 2 + e] = x;
             mx = fmaxf(mx, x);
           }
@@ -282,7 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
       const int R = row0 + r;
       const bool valid = R < rows_total;
       const int i = R / a.pack, h = head0 + R % a.pack;
-      const float lse = lse_of(m_run[mt][hh], l);
+      const float lse = lse_of(m_run[mt][hh], l, to_split ? -INFINITY : INFINITY);
       if (to_split) {
         if (valid) {
           float* dst = split_out_row(p, split_rows, split, s.q_row0 + i, h);
@@ -303,7 +302,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
           *reinterpret_cast<uint32_t*>(sQ + swz<kRowBytes>(r, col >> 3) + (col & 7) * 2) =
               Elem<T>::pack(o[mt][nt][hh * 2] * inv, o[mt][nt][hh * 2 + 1] * inv);
         }
-        if (valid && p.lse && t4 == 0) *lse_at(p, b, h, s.q_row0, i) = lse;
+        if (valid && p.lse && t4 == 0) *lse_at(p, b, h, i) = lse;
       }
     }
   }

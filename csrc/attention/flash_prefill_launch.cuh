@@ -27,9 +27,9 @@ void launch_prefill(KernelArgs a, int64_t stream) {
   const AttnParams& p = a.p;
   a.m_blocks = (p.max_seqlen_q * a.pack + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_heads / a.pack), unsigned(p.batch));
-  auto kern = &flash_prefill_kernel<T, Cfg>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kern), Cfg::kSmem);
-  LLMK_LAUNCH(kern, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+  auto flash_prefill = &flash_prefill_kernel<T, Cfg>;
+  allow_dynamic_smem(flash_prefill, Cfg::kSmem);
+  LLMK_LAUNCH(flash_prefill, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
 }
 
 }  // namespace attn
