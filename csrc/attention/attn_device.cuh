@@ -14,6 +14,13 @@
 #include "common/macros.h"
 #include "common/simt.h"
 
+// `LLMK_ATTN_UNROLL` for nvcc; nothing for the host compiler of the SIMT build (which would warn).
+#if defined(__CUDACC__)
+#define LLMK_ATTN_UNROLL _Pragma("unroll")
+#else
+#define LLMK_ATTN_UNROLL
+#endif
+
 namespace llmk {
 namespace gpu {
 namespace attn {

@@ -61,7 +61,7 @@ struct MmaTile {
     }
     if (kQRegs) {
       const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_chk = lane >> 4;
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int kk = 0; kk < kKS; ++kk)
         llmk::simt::ldmatrix_x4(qf[kQRegs ? kk : 0], sQ + swz<kRowBytes>(a_row, kk * 2 + a_chk));
     }
@@ -72,12 +72,12 @@ struct MmaTile {
     const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_chk = lane >> 4;
     const int k_row = (lane & 7) + 8 * (lane >> 4), k_chk = (lane >> 3) & 1;
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int kk = 0; kk < kKS; ++kk) {
       if (kk * 16 >= D) break;
       uint32_t qa[4];
       if (kQRegs) {
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int e = 0; e < 4; ++e) qa[e] = qf[kQRegs ? kk : 0][e];
       } else {
         llmk::simt::ldmatrix_x4(qa, sQ + swz<kRowBytes>(a_row, kk * 2 + a_chk));
@@ -88,13 +88,13 @@ struct MmaTile {
       Elem<T>::mma(s[1], qa, kb + 2);
     }
     const int jb = j0 + (lane & 3) * 2;
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int hh = 0; hh < 2; ++hh) {
       const KeyRange kr = mk.rule.range(qi[hh]);
       float mx = m[hh];
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int e = 0; e < 2; ++e) {
           float x = xf.apply(s[nt][hh * 2 + e]);
           const int j = jb + nt * 8 + e;
@@ -108,16 +108,16 @@ struct MmaTile {
       const float alpha = rescale(m[hh], mx);
       m[hh] = mx;
       float sum = 0.f;
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int e = 0; e < 2; ++e) {
           const float pr = exp2_shifted(s[nt][hh * 2 + e], mx);
           s[nt][hh * 2 + e] = pr;
           sum += pr;
         }
       l[hh] = l[hh] * alpha + sum;
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int nt = 0; nt < kDT; ++nt) {
         o[nt][hh * 2] *= alpha;
         o[nt][hh * 2 + 1] *= alpha;
@@ -125,7 +125,7 @@ struct MmaTile {
     }
     uint32_t pa[4] = {Elem<T>::pack(s[0][0], s[0][1]), Elem<T>::pack(s[0][2], s[0][3]),
                       Elem<T>::pack(s[1][0], s[1][1]), Elem<T>::pack(s[1][2], s[1][3])};
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int nt2 = 0; nt2 < kDT / 2; ++nt2) {
       if (nt2 * 16 >= D) break;
       uint32_t vb[4];
@@ -138,13 +138,13 @@ struct MmaTile {
   // Unnormalised O into sO [16][kD] (float) and (max, sum) per row into sML [16][2].
   LLMK_DEVICE void dump(float* sO, float* sML, int lane) {
     const int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int hh = 0; hh < 2; ++hh) {
       float lsum = l[hh];
       lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
       lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
       const int r = g + 8 * hh;
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int nt = 0; nt < kDT; ++nt) {
         sO[r * kD + nt * 8 + t4 * 2] = o[nt][hh * 2];
         sO[r * kD + nt * 8 + t4 * 2 + 1] = o[nt][hh * 2 + 1];
@@ -189,23 +189,23 @@ struct FmaTile {
                         const ScoreXform& xf, const TileMask& mk, float* sP, int lane) {
     const int key = lane % kWarpN, part = lane / kWarpN;
     float s[kR];
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int r = 0; r < kR; ++r) s[r] = 0.f;
     for (int c = part; c < kChunks && c * 4 < D; c += kParts) {
       const float4 k4 = *reinterpret_cast<const float4*>(sK + swz<kRowBytes>(key, c));
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int r = 0; r < kR; ++r) {
         const float4 q4 = *reinterpret_cast<const float4*>(sQ + swz<kRowBytes>(r, c));
         s[r] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
       }
     }
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int off = kWarpN; off < 32; off <<= 1)
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int r = 0; r < kR; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
     const int j = j0 + key;
     float alpha[kR];
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int r = 0; r < kR; ++r) {
       const int qi = rf->qi[r];
       float x = xf.apply(s[r]);
@@ -215,7 +215,7 @@ struct FmaTile {
         if (j < kr.lo || j >= kr.hi) x = -INFINITY;
       }
       float mx = x;
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int off = 1; off < kWarpN; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       mx = fmaxf(mx, m[r]);
       alpha[r] = rescale(m[r], mx);
@@ -225,11 +225,11 @@ struct FmaTile {
       if (part == 0) sP[r * kWarpN + key] = pr;
     }
     __syncwarp(0xffffffffu);
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int c = 0; c < kOC; ++c) {
       const int ch = lane + 32 * c;
       if (ch >= kChunks || ch * 4 >= D) continue;
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int r = 0; r < kR; ++r) {
         o[r][c].x *= alpha[r];
         o[r][c].y *= alpha[r];
@@ -238,7 +238,7 @@ struct FmaTile {
       }
       for (int k = 0; k < kWarpN; ++k) {
         const float4 v4 = *reinterpret_cast<const float4*>(sV + swz<kRowBytes>(k, ch));
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int r = 0; r < kR; ++r) {
           const float pr = sP[r * kWarpN + k];
           o[r][c].x += pr * v4.x;
@@ -252,12 +252,12 @@ struct FmaTile {
   }
 
   LLMK_DEVICE void dump(float* sO, float* sML, int lane) {
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int r = 0; r < kR; ++r) {
       float lsum = l[r];
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int off = 1; off < 32; off <<= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int c = 0; c < kOC; ++c) {
         const int ch = lane + 32 * c;
         if (ch < kChunks) *reinterpret_cast<float4*>(sO + r * kD + ch * 4) = o[r][c];
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
   // ---- per-warp pipeline over tiles n_lo + warp, n_lo + warp + 4, ... ----
   const int my_first = n_lo + warp;
   const int my_count = n_hi > my_first ? (n_hi - my_first + kDecodeWarps - 1) / kDecodeWarps : 0;
-#pragma unroll
+LLMK_ATTN_UNROLL
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < my_count) issue(my_first + st * kDecodeWarps, st);
     llmk::simt::cp_async_commit();
@@ -421,13 +421,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
   const int r = tid / kPerRow, part = tid % kPerRow;
   if (r >= rows) return;
   float mw[kDecodeWarps], M = -INFINITY;
-#pragma unroll
+LLMK_ATTN_UNROLL
   for (int w = 0; w < kDecodeWarps; ++w) {
     mw[w] = sML[(w * kDecodeRows + r) * 2];
     M = fmaxf(M, mw[w]);
   }
   float L = 0.f;
-#pragma unroll
+LLMK_ATTN_UNROLL
   for (int w = 0; w < kDecodeWarps; ++w) {
     mw[w] = mw[w] == -INFINITY ? 0.f : exp2f(mw[w] - M);  // now the warp's weight
     L += mw[w] * sML[(w * kDecodeRows + r) * 2 + 1];
@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
     float* dst = split_out_row(p, split_rows, split, s.q_row0 + i, h);
     for (int c = c0; c < c0 + kCols && c < D; ++c) {
       float acc = 0.f;
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int w = 0; w < kDecodeWarps; ++w) acc += mw[w] * sO[(w * kDecodeRows + r) * kD + c];
       dst[c] = acc * inv;
     }
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
     T* dst = static_cast<T*>(p.out) + (s.q_row0 + i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
     for (int c = c0; c < c0 + kCols && c < D; ++c) {
       float acc = 0.f;
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int w = 0; w < kDecodeWarps; ++w) acc += mw[w] * sO[(w * kDecodeRows + r) * kD + c];
       dst[c] = Elem<T>::from_float(acc * inv);
     }

@@ -117,11 +117,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
 
   float o[kMT][kDT][4];
   float m_run[kMT][2], l_run[kMT][2];
-#pragma unroll
+LLMK_ATTN_UNROLL
   for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int nt = 0; nt < kDT; ++nt)
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
     m_run[mt][0] = m_run[mt][1] = -INFINITY;
     l_run[mt][0] = l_run[mt][1] = 0.f;
@@ -140,9 +140,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
     llmk::simt::cp_async_wait<1>();  // K tile n (and Q) landed
     __syncthreads();
     if (Cfg::kQRegs && n == n_hi - 1) {
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int kk = 0; kk < kKS; ++kk)
           llmk::simt::ldmatrix_x4(qf[Cfg::kQRegs ? mt : 0][Cfg::kQRegs ? kk : 0],
                                   sQ + swz<kRowBytes>(warp_row0 + mt * 16 + a_row, kk * 2 + a_chk));
@@ -152,31 +152,31 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
 
     // ---- S = Q K^T ----
     float sacc[kMT][kNT][4];
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int e = 0; e < 4; ++e) sacc[mt][nt][e] = 0.f;
     const char* sKs = sK + stage * Cfg::kSmemKV;
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int kk = 0; kk < kKS; ++kk) {
       if (kk * 16 >= D) break;  // zero columns of a padded head dim
       uint32_t qa[kMT][4];
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
         if (Cfg::kQRegs) {
-#pragma unroll
+LLMK_ATTN_UNROLL
           for (int e = 0; e < 4; ++e) qa[mt][e] = qf[Cfg::kQRegs ? mt : 0][Cfg::kQRegs ? kk : 0][e];
         } else {
           llmk::simt::ldmatrix_x4(qa[mt], sQ + swz<kRowBytes>(warp_row0 + mt * 16 + a_row, kk * 2 + a_chk));
         }
       }
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int nt2 = 0; nt2 < kNT / 2; ++nt2) {
         uint32_t kb[4];
         llmk::simt::ldmatrix_x4(kb, sKs + swz<kRowBytes>(nt2 * 16 + k_row, kk * 2 + k_chk));
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {
           Elem<T>::mma(sacc[mt][2 * nt2], qa[mt], kb);
           Elem<T>::mma(sacc[mt][2 * nt2 + 1], qa[mt], kb + 2);
@@ -187,9 +187,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
     // ---- scores -> log2 domain, mask, online softmax ----
     const int j_base = n * kBlockN + t4 * 2;
     const bool need_mask = !(n * kBlockN >= safe_lo && (n + 1) * kBlockN <= safe_hi);
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int hh = 0; hh < 2; ++hh) {
         const int rloc = warp_row0 + mt * 16 + g + hh * 8;
         int qi = 0;
@@ -200,9 +200,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
         }
         const KeyRange kr = rule.range(qi);
         float mx = m_run[mt][hh];
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
+LLMK_ATTN_UNROLL
           for (int e = 0; e < 2; ++e) {
             float x = xf.apply(sacc[mt][nt][hh * 2 + e]);
             const int j = j_base + nt * 8 + e;
@@ -216,16 +216,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
         const float alpha = rescale(m_run[mt][hh], mx);
         m_run[mt][hh] = mx;
         float sum = 0.f;
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
+LLMK_ATTN_UNROLL
           for (int e = 0; e < 2; ++e) {
             const float pr = exp2_shifted(sacc[mt][nt][hh * 2 + e], mx);
             sacc[mt][nt][hh * 2 + e] = pr;
             sum += pr;
           }
         l_run[mt][hh] = l_run[mt][hh] * alpha + sum;
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int nt = 0; nt < kDT; ++nt) {
           o[mt][nt][hh * 2] *= alpha;
           o[mt][nt][hh * 2 + 1] *= alpha;
@@ -240,22 +240,22 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
 
     // ---- O += P V (P re-packed from the S accumulators into A fragments) ----
     const char* sVs = sV + stage * Cfg::kSmemKV;
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t pa[kMT][4];
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
         pa[mt][0] = Elem<T>::pack(sacc[mt][2 * kk][0], sacc[mt][2 * kk][1]);
         pa[mt][1] = Elem<T>::pack(sacc[mt][2 * kk][2], sacc[mt][2 * kk][3]);
         pa[mt][2] = Elem<T>::pack(sacc[mt][2 * kk + 1][0], sacc[mt][2 * kk + 1][1]);
         pa[mt][3] = Elem<T>::pack(sacc[mt][2 * kk + 1][2], sacc[mt][2 * kk + 1][3]);
       }
-#pragma unroll
+LLMK_ATTN_UNROLL
       for (int nt2 = 0; nt2 < kDT / 2; ++nt2) {
         if (nt2 * 16 >= D) break;
         uint32_t vb[4];
         llmk::simt::ldmatrix_x4_trans(vb, sVs + swz<kRowBytes>(kk * 16 + a_row, nt2 * 2 + a_chk));
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {
           Elem<T>::mma(o[mt][2 * nt2], pa[mt], vb);
           Elem<T>::mma(o[mt][2 * nt2 + 1], pa[mt], vb + 2);
@@ -269,9 +269,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
   __syncthreads();  // Q staging done everywhere before sQ is reused for the output
   const bool to_split = a.num_splits > 1;
   const int64_t split_rows = to_split ? total_q_rows(p) : 0;
-#pragma unroll
+LLMK_ATTN_UNROLL
   for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
+LLMK_ATTN_UNROLL
     for (int hh = 0; hh < 2; ++hh) {
       float l = l_run[mt][hh];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
       if (to_split) {
         if (valid) {
           float* dst = split_out_row(p, split_rows, split, s.q_row0 + i, h);
-#pragma unroll
+LLMK_ATTN_UNROLL
           for (int nt = 0; nt < kDT; ++nt) {
             const int col = nt * 8 + t4 * 2;
             if (col < D) {
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
           if (t4 == 0) *split_lse_at(p, split_rows, split, s.q_row0 + i, h) = lse;
         }
       } else {
-#pragma unroll
+LLMK_ATTN_UNROLL
         for (int nt = 0; nt < kDT; ++nt) {
           const int col = nt * 8 + t4 * 2;
           *reinterpret_cast<uint32_t*>(sQ + swz<kRowBytes>(r, col >> 3) + (col & 7) * 2) =
