@@ -91,7 +91,7 @@ void dispatch<float, 256>(attn::KernelArgs& a, int64_t stream) {
 }  // namespace
 }  // namespace attn
 
-void flash_attn(const AttnParams& p, int64_t stream) {
+void flash_attn_check(const AttnParams& p) {
   LLMK_CHECK(p.dtype == DType::F32 || p.dtype == DType::F16 || p.dtype == DType::BF16, TypeError,
              "q: expected float32, float16 or bfloat16, got ", dtype_name(p.dtype));
   LLMK_CHECK(p.head_dim % 8 == 0 && p.head_dim <= 256, NotImplementedError,
@@ -107,7 +107,10 @@ void flash_attn(const AttnParams& p, int64_t stream) {
                            {p.k_row_stride, p.k_head_stride, p.k_block_stride, p.k_batch_stride});
   attn::check_rows_aligned("v", p.v, es,
                            {p.v_row_stride, p.v_head_stride, p.v_block_stride, p.v_batch_stride});
+}
 
+void flash_attn(const AttnParams& p, int64_t stream) {
+  flash_attn_check(p);
   attn::KernelArgs a;
   a.p = p;
   if (!p.cu_seqlens_q && a.p.max_seqlen_q < p.seqlen_q) a.p.max_seqlen_q = p.seqlen_q;
