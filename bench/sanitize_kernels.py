@@ -128,14 +128,17 @@ def _():
         "top_p_renorm_probs": lambda f: f(probs, 0.9),
         "top_k_renorm_probs": lambda f: f(probs, 10),
     }
+    draft = torch.softmax(torch.randn(2, 3, 100, device=DEV), -1)
+    target = torch.softmax(torch.randn(2, 4, 100, device=DEV), -1)
+    ids = torch.multinomial(draft.view(-1, 100), 1).view(2, 3).int()
+    tries["chain_speculative_sampling"] = lambda f: f(draft, ids, target)
     for name in SAMPLING:
-        if name in tries:
+        if name not in tries:
+            continue
+        try:
             tries[name](getattr(llmkern, name))
-    if "chain_speculative_sampling" in SAMPLING:
-        draft = torch.softmax(torch.randn(2, 3, 100, device=DEV), -1)
-        target = torch.softmax(torch.randn(2, 4, 100, device=DEV), -1)
-        ids = torch.multinomial(draft.view(-1, 100), 1).view(2, 3).int()
-        llmkern.chain_speculative_sampling(draft, ids, target)
+        except NotImplementedError as e:  # an op without a CUDA kernel in this build: nothing to check
+            print(f"      {name}: skipped ({str(e).splitlines()[0][:80]})")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ PREFILL_CASES = [
     # id, dtype, D, lens_q, lens_k, hq, hkv, page, kwargs
     ("bf16-hd64-causal", BF16, 64, [40, 3], [40, 70], 4, 2, None, dict(causal=True)),
     ("fp16-hd128-causal", FP16, 128, [150], [170], 2, 2, None, dict(causal=True)),
+    ("fp16-hd256-causal", FP16, 256, [70], [70], 2, 2, None, dict(causal=True)),
     ("bf16-hd256-softcap", BF16, 256, [20, 70], [20, 100], 2, 1, None, dict(causal=True, softcap=5.0)),
     ("bf16-hd80-ragged-empty", BF16, 80, [33, 0, 17, 5], [50, 9, 0, 5], 6, 2, None, dict(causal=True)),
     ("fp16-hd96-window", FP16, 96, [65], [65], 3, 1, None, dict(window=(10, 3))),
@@ -211,6 +212,23 @@ def test_kvcache(gpu_backend, case):
     _, dtype, D, lens, s, hq, hkv, page, append, ns, kw = case
     run_kvcache(gpu_backend.device, dtype, D, lens, s, hq, hkv, page=page, append=append,
                 num_splits=ns, **dict(kw))
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_append_from_unaligned_views(gpu_backend, dtype):
+    # New k/v rows that are views 1 element off a 16-byte boundary take the element-wise append.
+    dev = gpu_backend.device
+    b, s, hkv, d = 2, 3, 2, 64
+    kc = torch.randn(b, 20, hkv, d, device=dev).to(dtype)
+    vc = torch.randn_like(kc)
+    base_k = torch.randn(b, s, hkv, d + 1, device=dev).to(dtype)
+    base_v = torch.randn(b, s, hkv, d + 1, device=dev).to(dtype)
+    kn, vn = base_k[..., 1:], base_v[..., 1:]
+    lens = torch.tensor([4, 11], dtype=torch.int32, device=dev)
+    q = torch.randn(b, s, 4, d, device=dev).to(dtype)
+    _, _, kc_ref, vc_ref = ref_kvcache(q.cpu(), kc.cpu(), vc.cpu(), lens.cpu(), d ** -0.5, k=kn.cpu(), v=vn.cpu())
+    llmkern.flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, cache_seqlens=lens, causal=True)
+    assert torch.equal(kc.cpu(), kc_ref) and torch.equal(vc.cpu(), vc_ref)
 
 
 def test_misaligned_rows_rejected_on_gpu(gpu_backend):
