@@ -122,7 +122,7 @@ r = find("attention/paged decode", "64x4096", "gather")
 if r: tg["paged decode 64x4k: fraction of copy bandwidth (>= 0.8)"] = r["limit_fraction"]
 for recs in s["benchmarks"].values():
     for r in recs if isinstance(recs, list) else []:
-        if r["bench"].startswith("sampling") and "128" in r["case"] and "64" in r["case"]:
+        if r["bench"].startswith("sampling") and re.match(r"64 x 12\d{4}\b", r["case"]) and "sort" in r["peer"]:
             tg[f"{r['bench']} {r['case']} vs {r['peer']} (>= 10x)"] = r["ratio"]
 s["targets"] = tg
 json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1, default=str)
