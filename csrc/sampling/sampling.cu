@@ -92,34 +92,31 @@ __global__ void __launch_bounds__(kMaxThreads) renorm_rows_kernel(RenormK a) {
   float lo;
   double inv = 0.0;
   Stats st[1];
+  const int64_t k = a.param.i64(i);
   if (mask) {
     // exact top-k threshold on the logits themselves (signed; -inf and NaN never counted)
-    const RowMax mx = row_load(src, -INFINITY, st, sm);
-    const int64_t k = a.param.i64(i);
-    lo = -INFINITY;
-    if (k > 0 && k < st[0].cnt) {
-      Search S{-INFINITY, st[0].min_gt, mx.max_w, 0.0, 0.0, st[0].cnt, 0};
-      TopKAcc acc{k};
-      exact_search(src, S, acc, nullptr, 0, true, sm);
-      lo = S.lo;
-    }
+    row_load(src, -INFINITY, st, sm);
+    lo = (k > 0 && k < st[0].cnt) ? float_below(radix_kth_largest(src, -INFINITY, k, sm)) : -INFINITY;
   } else {
     const RowMax mx = row_load(src, 0.0f, st, sm);
     const bool degenerate = degenerate_mass(st[0].mass);
     double kept = st[0].mass;
     lo = 0.0f;
-    if (!degenerate) {
-      Search S{0.0f, st[0].min_gt, mx.max_w, st[0].mass, 0.0, st[0].cnt, 0};
-      const RowRng rng = RowRng::make(0x9e3779b97f4a7c15ull, 0, static_cast<uint32_t>(i));
-      if (a.kind == static_cast<int>(RenormKind::TopK)) {
-        TopKAcc acc{a.param.i64(i)};
-        if (acc.k > 0 && acc.k < st[0].cnt) exact_search(src, S, acc, &rng, 0, true, sm);
-      } else {
-        TopPAcc acc{static_cast<float>(a.param.f(i)), st[0].mass};
-        if (acc.p < 1.0f) exact_search(src, S, acc, &rng, 0, true, sm);
+    if (!degenerate && a.kind == static_cast<int>(RenormKind::TopK)) {
+      if (k > 0 && k < st[0].cnt) {
+        lo = float_below(radix_kth_largest(src, 0.0f, k, sm));
+        Stats sk[1];
+        row_stats<1, false>(src, &lo, sk, sm);
+        kept = sk[0].mass;
       }
-      lo = S.lo;
-      kept = S.mass_lo;
+    } else if (!degenerate) {
+      TopPAcc acc{static_cast<float>(a.param.f(i)), st[0].mass};
+      if (acc.p < 1.0f) {
+        Search S{0.0f, st[0].min_gt, mx.max_w, st[0].mass, 0.0, st[0].cnt, 0};
+        exact_search(src, S, acc, RowRng::make(0x9e3779b97f4a7c15ull, 0, static_cast<uint32_t>(i)), sm);
+        lo = S.lo;
+        kept = S.mass_lo;
+      }
     }
     inv = (degenerate || !(kept > 0.0)) ? 0.0 : 1.0 / kept;
   }

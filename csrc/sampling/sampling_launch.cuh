@@ -19,12 +19,12 @@ inline DParam dparam(const RowParam& r) {
   return d;
 }
 
-// Threads of a row CTA: about four 16-byte vectors per thread per pass, a multiple of 32 in
+// Threads of a row CTA: about eight 16-byte vectors per thread per pass, a multiple of 32 in
 // [32, 1024] (long rows use the full CTA; short ones do not pay for idle warps).
 inline int row_threads(int64_t V, int elem_size) {
   const int64_t n = 16 / elem_size;
   const int64_t nvec = (V + n - 1) / n;
-  int64_t t = ((nvec + 3) / 4 + 31) / 32 * 32;
+  int64_t t = ((nvec + 7) / 8 + 31) / 32 * 32;
   if (t < 32) t = 32;
   if (t > kMaxThreads) t = kMaxThreads;
   return static_cast<int>(t);

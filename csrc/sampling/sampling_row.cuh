@@ -146,6 +146,8 @@ struct RowSmem {
   unsigned long long ured[32];
   long long sel_pos;
   float sel_w;
+  int hist[256];
+  int digit, remaining;
 };
 
 // Warp sums of (mass, count) travel as one 64-bit shuffle.
@@ -352,11 +354,13 @@ LLMK_DEVICE int first_accepted(const Stats* st, Acc& accepts) {
   return P;
 }
 
-// Exact search of the kept set {w > lo} of a monotone filter (state as in ThresholdSearch:
-// lo rejected, next_lo = smallest weight above lo, hi accepted). Four pivots per pass: next_lo,
-// a drawn candidate (rng) or the quarter point, the arithmetic and the key midpoints above them.
-// bracket_draw: candidates are drawn from (lo, hi] (only the result matters, e.g. renormalisation);
-// otherwise from {w > lo} with the CPU kernels' draw sequence.
+// Exact search of the kept set {w > lo} of a monotone mass filter (top-p). State as in
+// ThresholdSearch: lo rejected, next_lo = smallest weight above lo, hi accepted, mass_hi = mass
+// above hi. Four pivots per pass: next_lo, a candidate drawn by mass from the bracket (lo, hi]
+// (a mass quantile of the bracket), and the key and arithmetic midpoints of [next_lo, hi]. The key
+// midpoint halves the bracket's key range every pass, so a row needs at most ~33 passes; typical
+// rows need about ten. Only the final set matters, so the pivot path is free to differ from the
+// CPU kernels'.
 struct Search {
   float lo, next_lo, hi;
   double mass_lo, mass_hi;
@@ -364,27 +368,15 @@ struct Search {
 };
 
 template <typename Src, typename Acc>
-LLMK_DEVICE void exact_search(const Src& src, Search& S, Acc& accepts, const RowRng* rng, uint32_t draw_base,
-                              bool bracket_draw, RowSmem& sm) {
-  for (int pass = 0; pass < 200; ++pass) {
+LLMK_DEVICE void exact_search(const Src& src, Search& S, Acc& accepts, const RowRng& rng, RowSmem& sm) {
+  for (uint32_t pass = 0; pass < 80; ++pass) {
     if (!(S.next_lo < S.hi)) return;  // every element above lo is accepted
     const float a = S.next_lo;
-    float c = a;
-    if (rng) {
-      const double mass = bracket_draw ? S.mass_lo - S.mass_hi : S.mass_lo;
-      const float top = bracket_draw ? S.hi : INFINITY;
-      const Pick pk = row_select(src, S.lo, top, static_cast<double>(rng->uniform(draw_base + pass)) * mass, sm);
-      if (pk.pos >= 0) c = fminf(fmaxf(pk.w, a), S.hi);
-    }
-    const float base = fmaxf(a, c);
-    float span_mid = base + (S.hi - base) * 0.5f;
-    if (!finite_f(span_mid) || !(span_mid >= base) || !(span_mid <= S.hi)) span_mid = key_midpoint(base, S.hi);
-    float piv[kMaxPivots];
-    piv[0] = a;
-    piv[1] = rng ? c : a + (S.hi - a) * 0.25f;
-    piv[2] = span_mid;
-    piv[3] = key_midpoint(base, S.hi);
-    if (!finite_f(piv[1]) || piv[1] < a || piv[1] > S.hi) piv[1] = key_midpoint(a, S.hi);
+    const Pick pk = row_select(src, S.lo, S.hi, static_cast<double>(rng.uniform(pass)) * (S.mass_lo - S.mass_hi), sm);
+    const float c = pk.pos >= 0 ? fminf(fmaxf(pk.w, a), S.hi) : a;
+    float amid = a + (S.hi - a) * 0.5f;
+    if (!finite_f(amid) || !(amid >= a) || !(amid <= S.hi)) amid = a;
+    float piv[kMaxPivots] = {a, c, key_midpoint(a, S.hi), amid};
     sort_pivots<kMaxPivots>(piv);
     Stats st[kMaxPivots];
     row_stats<kMaxPivots, true>(src, piv, st, sm);
@@ -403,10 +395,62 @@ LLMK_DEVICE void exact_search(const Src& src, Search& S, Acc& accepts, const Row
   }
 }
 
-struct TopKAcc {
-  int64_t k;
-  LLMK_DEVICE bool operator()(const Stats& s) const { return topk_accepts(k, s.cnt); }
-};
+// The k-th largest weight among those above dom_lo (1 <= k <= their count), by radix selection on
+// the order-preserving keys: four passes, one 8-bit digit each, with a shared-memory histogram of
+// the elements that match the digits chosen so far. The top-k set (ties included) is then
+// {w >= result} = {w > float_below(result)}.
+template <typename Src>
+LLMK_DEVICE float radix_kth_largest(const Src& src, float dom_lo, int64_t k, RowSmem& sm) {
+  constexpr int N = Src::N;
+  const int tid = threadIdx.x, lane = simt::lane_id();
+  const int64_t nv = src.nvec();
+  uint32_t prefix = 0, mask = 0;
+  int remaining = static_cast<int>(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += blockDim.x) sm.hist[i] = 0;
+    __syncthreads();
+    for (int64_t v = tid; v < nv; v += blockDim.x) {
+      float w[N];
+      src.load(v, w);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        if (w[e] > dom_lo) {
+          const uint32_t key = order_key(w[e]);
+          if ((key & mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & 255u], 1);
+        }
+      }
+    }
+    __syncthreads();
+    if (simt::warp_id() == 0) {
+      // lane l owns bins 255 - 8l down to 248 - 8l: the warp scans the histogram from the top
+      int cnt[8], local = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        cnt[j] = sm.hist[255 - 8 * lane - j];
+        local += cnt[j];
+      }
+      const int incl = warp_inclusive_scan(local);
+      const int first = simt::warp_allreduce(incl >= remaining ? lane : 32, simt::MinOp());
+      if (lane == first) {
+        int above = incl - local;
+        for (int j = 0; j < 8; ++j) {
+          if (above + cnt[j] >= remaining) {
+            sm.digit = 255 - 8 * lane - j;
+            sm.remaining = remaining - above;
+            break;
+          }
+          above += cnt[j];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(sm.digit) << shift;
+    mask |= 255u << shift;
+    remaining = sm.remaining;
+  }
+  return key_to_float(prefix);
+}
+
 struct TopPAcc {
   float p;
   double ref;
@@ -456,13 +500,13 @@ LLMK_DEVICE RowResult sample_loaded(const Src& src, const Loaded& L, const RowFi
     }
   }
   if (need_k && need_p && f.k_first) {
-    // top_k_first: the top-p mass is relative to the top-k set, found exactly first.
-    Search S{0.0f, L.min_pos, L.max_w, L.mass, 0.0, L.cnt, 0};
-    TopKAcc acc{f.k};
-    exact_search(src, S, acc, &rng, 0x80000000u, /*bracket_draw=*/false, sm);
-    low = S.lo;
-    mass_low = S.mass_lo;
-    ref = S.mass_lo;
+    // top_k_first: the top-p mass is relative to the top-k set, found exactly first (radix
+    // selection here; the set, and so the sample, is the one the CPU kernels find by pivots).
+    low = float_below(radix_kth_largest(src, 0.0f, f.k, sm));
+    Stats st[1];
+    row_stats<1, false>(src, &low, st, sm);
+    mass_low = st[0].mass;
+    ref = st[0].mass;
     need_k = false;
   }
   if (!need_k && !need_p) {
