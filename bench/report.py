@@ -1,0 +1,363 @@
+"""Benchmark report: JSON of all figures, a Markdown report and PNG plots.
+
+    python bench/report.py RESULTS.json [--out DIR]    # re-render a saved run
+                                                       # (or a pytest-benchmark --benchmark-json file)
+
+Plots (matplotlib, optional: `pip install "llmkern[bench]"`): latency vs sequence length for
+attention, GB/s vs batch for paged decode and for sampling, tok/s vs request count for
+end-to-end runs. A plot whose data is missing is skipped with a note in the report.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+from typing import Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from common import Record, fmt_seconds  # noqa: E402
+
+MATPLOTLIB_NOTE = ("matplotlib is not installed, so no plots were drawn "
+                   "(install it with `pip install \"llmkern[bench]\"` or `pip install matplotlib`).")
+
+# ---- x values of records -----------------------------------------------------------------------
+_NUM = r"(\d+(?:\.\d+)?[kKmM]?)"
+_AXIS_PATTERNS = {
+    "seqlen": [
+        rf"(?<![A-Za-z])(?:seqlen|seq_len|seq|sk|sq|ctx|context|len|s)\s*[=:]?\s*{_NUM}(?![\w.])",
+        rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:ctx|context|tokens|tok|seqlen)\b",
+    ],
+    "batch": [
+        rf"(?<![A-Za-z])(?:batch|bsz|b|rows|seqs|reqs)\s*[=:]?\s*{_NUM}(?![\w.])",
+        rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:rows|seqs|sequences|batch|reqs)\b",
+        rf"(?<![\w./]){_NUM}\s*[x\u00d7]\s*(?=\d)",
+    ],
+    "requests": [
+        rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:requests|request|reqs|req|prompts)\b",
+        rf"(?<![A-Za-z])(?:requests|reqs|req|offline|n)\s*[-=:_]?\s*{_NUM}(?![\w.])",
+    ],
+}
+
+
+def _num(s: str) -> float:
+    mult = {"k": 1024, "m": 1024 * 1024}.get(s[-1].lower(), 1)
+    return float(s.rstrip("kKmM")) * mult
+
+
+def axis_value(r: Record, axis: str) -> tuple:
+    """(x, series label) of record r on axis, or (None, None) when the record does not say."""
+    series = r.extra.get("series")
+    if r.extra.get(axis) is not None:
+        return float(r.extra[axis]), series or r.case
+    for pat in _AXIS_PATTERNS[axis]:
+        m = re.search(pat, r.case, re.I)
+        if m:
+            rest = (r.case[:m.start()] + " " + r.case[m.end():]).strip(" ,;-x\u00d7")
+            return _num(m.group(1)), series or re.sub(r"\s+", " ", rest) or r.bench
+    return None, None
+
+
+# ---- plots ---------------------------------------------------------------------------------------
+def _is_decode(r: Record) -> bool:
+    return "decode" in r.bench or "kvcache" in r.bench.split("/")[-1]
+
+
+PLOTS = [
+    {"file": "attention_latency.png", "title": "Attention: latency vs sequence length",
+     "select": lambda r: r.bench.startswith("attention") and not _is_decode(r),
+     "x": "seqlen", "xlabel": "sequence length (tokens, log scale)", "y": "time",
+     "ylabel": "latency per call (ms, log scale)"},
+    {"file": "decode_bandwidth.png", "title": "Paged decode: KV-cache read bandwidth vs batch",
+     "select": lambda r: r.bench.startswith("attention") and _is_decode(r),
+     "x": "batch", "xlabel": "batch (sequences, log scale)", "y": "GB/s",
+     "ylabel": "achieved bandwidth (GB/s)"},
+    {"file": "sampling_bandwidth.png", "title": "Sampling: bandwidth vs batch",
+     "select": lambda r: r.bench.startswith("sampling"),
+     "x": "batch", "xlabel": "batch (rows, log scale)", "y": "GB/s",
+     "ylabel": "logits / probabilities read (GB/s)"},
+    {"file": "e2e_throughput.png", "title": "End-to-end: output throughput vs request count",
+     "select": lambda r: r.bench.startswith("e2e") or r.metric == "tok/s",
+     "x": "requests", "xlabel": "requests (log scale)", "y": "tok/s",
+     "ylabel": "output tokens / s"},
+]
+
+
+def _series(spec: dict, records: list) -> tuple:
+    """{(bench, series): [(x, llmkern y, peer y, peer name)]} for a plot, and a note if empty."""
+    picked = [r for r in records if spec["select"](r)]
+    if not picked:
+        return {}, "no records for it in this run"
+    if spec["y"] != "time":
+        picked = [r for r in picked if r.metric == spec["y"] and r.llmkern_value is not None]
+        if not picked:
+            return {}, f"no records report {spec['y']}"
+    out: dict = {}
+    for r in picked:
+        x, label = axis_value(r, spec["x"])
+        if x is None:
+            continue
+        if spec["y"] == "time":
+            y, yp = r.llmkern_s * 1e3, (r.peer_s * 1e3 if r.peer_s else None)
+        else:
+            y, yp = r.llmkern_value, r.peer_value
+        out.setdefault((r.bench, label), []).append((x, y, yp, r.peer))
+    if not out:
+        return {}, f"no record says its {spec['x']} (set Record.extra[{spec['x']!r}])"
+    return out, ""
+
+
+def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tuple:
+    """Write the PNGs; returns ([(title, file name)], [notes about skipped plots])."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], [MATPLOTLIB_NOTE]
+    made, notes = [], []
+    limits = limits or {}
+    for spec in PLOTS:
+        data, note = _series(spec, records)
+        if not data:
+            notes.append(f"{spec['title']}: skipped, {note}.")
+            continue
+        fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, ((bench, label), pts) in enumerate(sorted(data.items())):
+            pts.sort()
+            c = colors[i % len(colors)]
+            xs = [p[0] for p in pts]
+            name = f"{bench.split('/', 1)[-1]} {label}".strip()
+            ax.plot(xs, [p[1] for p in pts], "-o", color=c, label=f"llmkern {name}")
+            peer = [(p[0], p[2]) for p in pts if p[2] is not None]
+            if peer:
+                ax.plot([p[0] for p in peer], [p[1] for p in peer], "--s", color=c, alpha=0.75,
+                        markerfacecolor="none", label=f"{pts[0][3]} {name}")
+        if spec["y"] == "GB/s" and limits.get("read_bandwidth_Bps"):
+            ax.axhline(limits["read_bandwidth_Bps"] / 1e9, color="gray", ls=":", lw=1.5,
+                       label=f"measured read bandwidth {limits['read_bandwidth_Bps'] / 1e9:.1f} GB/s")
+        ax.set_xscale("log", base=2)
+        if spec["y"] == "time":
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel(spec["xlabel"])
+        ax.set_ylabel(spec["ylabel"])
+        ax.set_title(spec["title"] + "\n(solid: llmkern, dashed: peer, same run)", fontsize=11)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, spec["file"]))
+        plt.close(fig)
+        made.append((spec["title"], spec["file"]))
+    return made, notes
+
+
+# ---- tables --------------------------------------------------------------------------------------
+def _fmt_value(v: Optional[float], metric: str) -> str:
+    if v is None:
+        return ""
+    if abs(v) >= 100:
+        return f"{v:,.0f} {metric}"
+    return f"{v:.3g} {metric}" if abs(v) < 10 else f"{v:.1f} {metric}"
+
+
+def _cells(r: Record) -> list:
+    lk = fmt_seconds(r.llmkern_s)
+    if r.llmkern_value is not None and r.metric not in ("s", "ms", "us"):
+        lk += f" ({_fmt_value(r.llmkern_value, r.metric)})"
+    peer = f"{r.peer}: {fmt_seconds(r.peer_s)}" if r.peer_s else (r.peer or "-")
+    if r.peer_s and r.peer_value is not None and r.metric not in ("s", "ms", "us"):
+        peer += f" ({_fmt_value(r.peer_value, r.metric)})"
+    ratio = f"**{r.ratio:.2f}x**" if r.ratio else "-"
+    frac = r.limit_fraction
+    lim = f"{100 * frac:.0f}% of {_fmt_value(r.limit, r.metric)}" if frac is not None else "-"
+    return [f"`{r.bench}`", r.case, lk, peer, ratio, lim]
+
+
+def _table(rows: list, header: list) -> list:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rows]
+    return lines
+
+
+def headline_records(records: list) -> list:
+    """One record per benchmark: the case marked extra["headline"], else the last (largest)."""
+    by_bench: dict = {}
+    for r in records:
+        by_bench.setdefault(r.bench, []).append(r)
+    out = []
+    for recs in by_bench.values():
+        marked = [r for r in recs if r.extra.get("headline")]
+        out.append(marked[0] if marked else recs[-1])
+    return out
+
+
+def _ratio_span(records: list, bench: str) -> str:
+    rs = [r.ratio for r in records if r.bench == bench and r.ratio]
+    if len(rs) < 2:
+        return ""
+    g = math.exp(sum(math.log(x) for x in rs) / len(rs))
+    return f"{g:.2f}x ({min(rs):.2f}-{max(rs):.2f}x, {len(rs)} cases)"
+
+
+def headline_table(records: list) -> list:
+    header = ["benchmark", "case", "llmkern", "peer", "ratio", "% of machine limit", "ratio over all cases (geomean, range)"]
+    rows = [_cells(r) + [_ratio_span(records, r.bench) or "-"] for r in headline_records(records)]
+    return _table(rows, header)
+
+
+def _gb(v) -> str:
+    return f"{v / 1e9:.1f} GB/s" if v else "-"
+
+
+def machine_lines(res: dict) -> list:
+    m, lim = res.get("machine", {}), res.get("limits", {})
+    rows = []
+    cores = f"{m.get('cpu_count')} logical CPUs"
+    if m.get("cpu_affinity") and m.get("cpu_affinity") != m.get("cpu_count"):
+        cores += f", {m['cpu_affinity']} usable"
+    threads = f"torch {m.get('torch_threads')} / llmkern {m.get('llmkern_threads')} threads"
+    rows.append(["CPU", f"{m.get('cpu_model', '?')} ({cores}; {threads})"])
+    if m.get("simd"):
+        rows.append(["SIMD", f"{m['simd']} in use (CPU supports {m.get('simd_supported')}; built: "
+                             f"{', '.join(m.get('simd_compiled') or [])})"])
+    mem = m.get("memory_bytes")
+    rows.append(["Memory", (f"{mem / 2**30:.1f} GiB" if mem else "?") + f", last-level cache {m.get('llc_bytes', 0) >> 20} MiB"])
+    for g in m.get("gpus") or []:
+        clocks = ""
+        if g.get("max_sm_clock_mhz"):
+            clocks = (f", SM clock {g['sm_clock_mhz']}/{g['max_sm_clock_mhz']} MHz, memory clock "
+                      f"{g['mem_clock_mhz']}/{g['max_mem_clock_mhz']} MHz, power limit {g['power_limit_w']} W, driver {g['driver']}")
+        rows.append(["GPU", f"{g['name']} (sm_{g['capability'].replace('.', '')}, {g['sms']} SMs, {g['memory_gib']} GiB{clocks})"])
+    if not m.get("gpus"):
+        rows.append(["GPU", "none"])
+    if lim:
+        rows.append([f"Measured copy bandwidth ({lim.get('device')})", _gb(lim.get("copy_bandwidth_Bps")) + " (bytes read + written; best of torch copy_ and memcpy over 256 MiB)"])
+        rows.append([f"Measured read bandwidth ({lim.get('device')})", _gb(lim.get("read_bandwidth_Bps")) + " (torch sum over 256 MiB, best batch)"])
+        mm = [f"{k.split('_')[1]} {v / 1e9:,.0f} GFLOP/s" for k, v in lim.items() if k.startswith("matmul_")]
+        rows.append([f"Measured matmul ({lim.get('device')})", ", ".join(mm) + " (torch.mm 1024^3, best batch)"])
+    if m.get("loadavg"):
+        rows.append(["Load average at start", ", ".join(f"{x:.2f}" for x in m["loadavg"])])
+    if m.get("platform"):
+        rows.append(["Platform", m["platform"]])
+    vers = m.get("versions") or {}
+    rows.append(["Versions", ", ".join(f"{k} {v}" for k, v in vers.items())])
+    return _table(rows, ["", ""])
+
+
+def command_line(res: dict) -> str:
+    if res.get("command"):
+        return res["command"]
+    parts = ["llmkern bench", res.get("suite", "all")]
+    if res.get("quick"):
+        parts.append("--quick")
+    if res.get("device", "cpu") != "cpu":
+        parts.append(f"--device {res['device']}")
+    if res.get("only"):
+        parts.append("--only " + ",".join(res["only"]))
+    return " ".join(parts)
+
+
+def markdown(res: dict, records: list, plots: list, plot_notes: list) -> str:
+    mode = "quick" if res.get("quick") else "full"
+    lines = ["# llmkern benchmark report", "",
+             f"`{command_line(res)}` - {res.get('started', '?')} - {mode} mode on {res.get('device', 'cpu')}"
+             + (f" - {res['elapsed_s']:.0f} s" if res.get("elapsed_s") is not None else ""), "",
+             "Every figure is llmkern next to a named peer measured in the same process. "
+             "**ratio** = peer time / llmkern time (> 1: llmkern is faster). **% of machine limit** = "
+             "llmkern's figure over the limit measured in this run (memory bandwidth for cache ops, "
+             "decode and sampling; matmul FLOP/s for prefill; see each module for its byte/FLOP count).", "",
+             "## Machine", ""]
+    lines += machine_lines(res)
+    lines += ["", "## Headline", ""]
+    lines += headline_table(records) if records else ["No figures were produced."]
+    lines += ["", "## All figures", ""]
+    if records:
+        lines += _table([_cells(r) for r in records],
+                        ["benchmark", "case", "llmkern", "peer", "ratio", "% of machine limit"])
+    lines += ["", "## Plots", ""]
+    for title, fn in plots:
+        lines += [f"### {title}", "", f"![{title}]({fn})", ""]
+    for n in plot_notes:
+        lines.append(f"- {n}")
+    mods = res.get("modules") or []
+    if mods:
+        lines += ["", "## Modules", ""]
+        lines += _table([[f"`{m['name']}`", m.get("suite", ""), m["status"], f"{m.get('seconds', 0):.1f} s",
+                          m.get("records", ""), m.get("note", "")] for m in mods],
+                        ["module", "suite", "status", "time", "figures", "note"])
+    lines += ["", "Timings are medians over batches of calls after warm-up; on a shared machine "
+              "other load adds noise (see the load average above)."]
+    return "\n".join(lines) + "\n"
+
+
+# ---- files -----------------------------------------------------------------------------------------
+def to_json(res: dict, records: list) -> dict:
+    out = {k: v for k, v in res.items() if k != "records"}
+    out["records"] = [r.as_dict() for r in records]
+    return out
+
+
+def write_report(res: dict, out_dir: str, plots: bool = True) -> dict:
+    """Write results.json, report.md and the plots into out_dir; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    records = [r if isinstance(r, Record) else Record.from_dict(r) for r in res.get("records", [])]
+    made, notes = draw_plots(records, out_dir, res.get("limits")) if plots else ([], ["plots disabled (--no-plots)."])
+    paths = {"json": os.path.join(out_dir, "results.json"), "markdown": os.path.join(out_dir, "report.md")}
+    with open(paths["json"], "w") as f:
+        json.dump(to_json(res, records), f, indent=1, default=str)
+    with open(paths["markdown"], "w") as f:
+        f.write(markdown(res, records, made, notes))
+    paths["plots"] = [os.path.join(out_dir, fn) for _, fn in made]
+    paths["notes"] = notes
+    return paths
+
+
+def load(path: str) -> dict:
+    """A result dict from a saved results.json or from a pytest-benchmark --benchmark-json file
+    (whose per-module tests keep the figures in extra_info)."""
+    with open(path) as f:
+        data = json.load(f)
+    if "benchmarks" in data and "records" not in data:
+        res = {"suite": "pytest", "command": "pytest bench/ --benchmark-json=" + os.path.basename(path),
+               "started": data.get("datetime", "?"), "modules": [], "records": [], "limits": {},
+               "machine": {}, "quick": None}
+        for b in data["benchmarks"]:
+            ei = b.get("extra_info", {})
+            res["records"] += ei.get("records", [])
+            res["limits"] = ei.get("limits") or res["limits"]
+            res["machine"] = ei.get("machine") or res["machine"]
+            res["device"] = ei.get("device", res.get("device", "cpu"))
+            res["quick"] = ei.get("quick", res["quick"])
+            res["modules"].append({"name": b.get("name"), "suite": ei.get("suite", ""), "status": ei.get("status", "ok"),
+                                   "seconds": b.get("stats", {}).get("mean", 0.0), "records": len(ei.get("records", [])),
+                                   "note": ei.get("note", "")})
+        return res
+    return data
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Render a benchmark report from a saved JSON.")
+    ap.add_argument("results", help="results.json of a run, or a pytest-benchmark JSON")
+    ap.add_argument("--out", default=None, help="output folder (default: next to the JSON)")
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args(argv)
+    out = a.out or os.path.dirname(os.path.abspath(a.results))
+    paths = write_report(load(a.results), out, plots=not a.no_plots)
+    print(f"wrote {paths['markdown']}, {paths['json']}" + "".join(f", {p}" for p in paths["plots"]))
+    for n in paths["notes"]:
+        print("note:", n)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
