@@ -26,22 +26,26 @@ MATPLOTLIB_NOTE = ("matplotlib is not installed, so no plots were drawn "
                    "(install it with `pip install \"llmkern[bench]\"` or `pip install matplotlib`).")
 
 # ---- x values of records -----------------------------------------------------------------------
-_NUM = r"(\d+(?:\.\d+)?[kKmM]?)"
+# Fallback when Record.extra has no axis key: (pattern with group v = the value, what replaces the
+# match in the series label). A "k" suffix means x1024 (LLM sizes: 2k = 2048 tokens).
+_NUM = r"(?P<v>\d+(?:\.\d+)?[kKmM]?)"
 _AXIS_PATTERNS = {
     "seqlen": [
-        rf"(?<![A-Za-z])(?:seqlen|seq_len|seq|sk|sq|ctx|context|len|s)\s*[=:]?\s*{_NUM}(?![\w.])",
-        rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:ctx|context|tokens|tok|seqlen)\b",
+        (rf"(?<![A-Za-z])(?:seqlen|seq_len|seq|sk|sq|ctx|context|len|s)\s*[=:]?\s*{_NUM}(?![\w.])", None),
+        (rf"(?<![\w./])(?P<b>\d+)\s*[x\u00d7]\s*{_NUM}(?![\w./])", lambda m: f"b{m['b']}"),
+        (rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:ctx|context|tokens|tok|seqlen)\b", None),
     ],
     "batch": [
-        rf"(?<![A-Za-z])(?:batch|bsz|b|rows|seqs|reqs)\s*[=:]?\s*{_NUM}(?![\w.])",
-        rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:rows|seqs|sequences|batch|reqs)\b",
-        rf"(?<![\w./]){_NUM}\s*[x\u00d7]\s*(?=\d)",
+        (rf"(?<![A-Za-z])(?:batch|bsz|b|rows|seqs|reqs)\s*[=:]?\s*{_NUM}(?![\w.])", None),
+        (rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:rows|seqs|sequences|batch|reqs)\b", None),
+        (rf"(?<![\w./]){_NUM}\s*[x\u00d7]\s*(?=\d)", None),
     ],
     "requests": [
-        rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:requests|request|reqs|req|prompts)\b",
-        rf"(?<![A-Za-z])(?:requests|reqs|req|offline|n)\s*[-=:_]?\s*{_NUM}(?![\w.])",
+        (rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:requests|request|reqs|req|prompts)\b", None),
+        (rf"(?<![A-Za-z])(?:requests|reqs|req|offline|n)\s*[-=:_]?\s*{_NUM}(?![\w.])", None),
     ],
 }
+_EDGE = {"x", "\u00d7", "-", ",", ";", "/", "over", "at", "with"}
 
 
 def _num(s: str) -> float:
@@ -49,17 +53,35 @@ def _num(s: str) -> float:
     return float(s.rstrip("kKmM")) * mult
 
 
+def _label(text: str) -> str:
+    toks = text.replace(",", " , ").split()
+    while toks and toks[0].lower() in _EDGE:
+        toks.pop(0)
+    while toks and toks[-1].lower() in _EDGE:
+        toks.pop()
+    return " ".join(toks).replace(" , ", ", ")
+
+
 def axis_value(r: Record, axis: str) -> tuple:
     """(x, series label) of record r on axis, or (None, None) when the record does not say."""
     series = r.extra.get("series")
-    if r.extra.get(axis) is not None:
-        return float(r.extra[axis]), series or r.case
-    for pat in _AXIS_PATTERNS[axis]:
+    given = r.extra.get(axis)
+    for pat, keep in _AXIS_PATTERNS[axis]:
         m = re.search(pat, r.case, re.I)
-        if m:
-            rest = (r.case[:m.start()] + " " + r.case[m.end():]).strip(" ,;-x\u00d7")
-            return _num(m.group(1)), series or re.sub(r"\s+", " ", rest) or r.bench
+        if m and (given is None or _num(m.group("v")) == float(given)):
+            rest = r.case[:m.start()] + " " + (keep(m) if keep else "") + " " + r.case[m.end():]
+            return _num(m.group("v")), series or _label(rest) or r.bench.split("/")[-1]
+    if given is not None:  # the case string shows the value some other way: drop it from the label
+        v = float(given)
+        rest = re.sub(rf"(?<![\w.]){int(v) if v == int(v) else v}(?![\w.])", " ", r.case) if v >= 0 else r.case
+        return v, series or _label(rest) or r.bench.split("/")[-1]
     return None, None
+
+
+def _tick(x: float) -> str:
+    if x >= 1024 and x % 1024 == 0:
+        return f"{int(x) // 1024}k"
+    return f"{x:g}"
 
 
 # ---- plots ---------------------------------------------------------------------------------------
@@ -71,19 +93,19 @@ PLOTS = [
     {"file": "attention_latency.png", "title": "Attention: latency vs sequence length",
      "select": lambda r: r.bench.startswith("attention") and not _is_decode(r),
      "x": "seqlen", "xlabel": "sequence length (tokens, log scale)", "y": "time",
-     "ylabel": "latency per call (ms, log scale)"},
+     "ylabel": "latency per call (ms"},
     {"file": "decode_bandwidth.png", "title": "Paged decode: KV-cache read bandwidth vs batch",
      "select": lambda r: r.bench.startswith("attention") and _is_decode(r),
      "x": "batch", "xlabel": "batch (sequences, log scale)", "y": "GB/s",
-     "ylabel": "achieved bandwidth (GB/s)"},
+     "ylabel": "achieved bandwidth (GB/s"},
     {"file": "sampling_bandwidth.png", "title": "Sampling: bandwidth vs batch",
      "select": lambda r: r.bench.startswith("sampling"),
      "x": "batch", "xlabel": "batch (rows, log scale)", "y": "GB/s",
-     "ylabel": "logits / probabilities read (GB/s)"},
+     "ylabel": "logits / probabilities read (GB/s"},
     {"file": "e2e_throughput.png", "title": "End-to-end: output throughput vs request count",
      "select": lambda r: r.bench.startswith("e2e") or r.metric == "tok/s",
      "x": "requests", "xlabel": "requests (log scale)", "y": "tok/s",
-     "ylabel": "output tokens / s"},
+     "ylabel": "output throughput (tokens/s"},
 ]
 
 
@@ -105,7 +127,10 @@ def _series(spec: dict, records: list) -> tuple:
             y, yp = r.llmkern_s * 1e3, (r.peer_s * 1e3 if r.peer_s else None)
         else:
             y, yp = r.llmkern_value, r.peer_value
-        out.setdefault((r.bench, label), []).append((x, y, yp, r.peer))
+        curve = out.setdefault((r.bench, label), {"llmkern": {}, "peers": {}})
+        curve["llmkern"].setdefault(x, y)  # several peers may share one llmkern measurement
+        if yp is not None:
+            curve["peers"].setdefault(r.peer, {})[x] = yp
     if not out:
         return {}, f"no record says its {spec['x']} (set Record.extra[{spec['x']!r}])"
     return out, ""
@@ -118,6 +143,7 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker  # noqa: F401
     except ImportError:
         return [], [MATPLOTLIB_NOTE]
     made, notes = [], []
@@ -129,27 +155,36 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
             continue
         fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for i, ((bench, label), pts) in enumerate(sorted(data.items())):
-            pts.sort()
+        for i, ((bench, label), curve) in enumerate(sorted(data.items())):
             c = colors[i % len(colors)]
-            xs = [p[0] for p in pts]
             name = f"{bench.split('/', 1)[-1]} {label}".strip()
-            ax.plot(xs, [p[1] for p in pts], "-o", color=c, label=f"llmkern {name}")
-            peer = [(p[0], p[2]) for p in pts if p[2] is not None]
-            if peer:
-                ax.plot([p[0] for p in peer], [p[1] for p in peer], "--s", color=c, alpha=0.75,
-                        markerfacecolor="none", label=f"{pts[0][3]} {name}")
+            pts = sorted(curve["llmkern"].items())
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=c, label=f"llmkern {name}")
+            for j, (peer, vals) in enumerate(sorted(curve["peers"].items())):
+                pts = sorted(vals.items())
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ("--", ":", "-.")[j % 3] + "sD^v"[j % 4],
+                        color=c, alpha=0.75, markerfacecolor="none", label=f"{peer} {name}")
         if spec["y"] == "GB/s" and limits.get("read_bandwidth_Bps"):
             ax.axhline(limits["read_bandwidth_Bps"] / 1e9, color="gray", ls=":", lw=1.5,
                        label=f"measured read bandwidth {limits['read_bandwidth_Bps'] / 1e9:.1f} GB/s")
         ax.set_xscale("log", base=2)
-        if spec["y"] == "time":
-            ax.set_yscale("log")
+        xs_all = sorted({x for cv in data.values() for x in cv["llmkern"]})
+        if len(xs_all) <= 12:
+            ax.set_xticks(xs_all, [_tick(x) for x in xs_all])
+            ax.minorticks_off()
+        ys = [y for cv in data.values() for d in [cv["llmkern"], *cv["peers"].values()] for y in d.values() if y]
+        if spec["y"] == "time" or (ys and max(ys) > 20 * min(ys)):
+            ax.set_yscale("log")  # peers an order of magnitude apart stay readable
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ylabel = spec["ylabel"] + ", log scale)"
         else:
             ax.set_ylim(bottom=0)
+            ylabel = spec["ylabel"] + ")"
         ax.set_xlabel(spec["xlabel"])
-        ax.set_ylabel(spec["ylabel"])
-        ax.set_title(spec["title"] + "\n(solid: llmkern, dashed: peer, same run)", fontsize=11)
+        ax.set_ylabel(ylabel)
+        ax.set_title(spec["title"] + "\n(solid: llmkern; dashed / dotted: peers measured in the same run)", fontsize=11)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
@@ -188,10 +223,10 @@ def _table(rows: list, header: list) -> list:
 
 
 def headline_records(records: list) -> list:
-    """One record per benchmark: the case marked extra["headline"], else the last (largest)."""
+    """One record per benchmark and peer: the case marked extra["headline"], else the last."""
     by_bench: dict = {}
     for r in records:
-        by_bench.setdefault(r.bench, []).append(r)
+        by_bench.setdefault((r.bench, r.peer), []).append(r)
     out = []
     for recs in by_bench.values():
         marked = [r for r in recs if r.extra.get("headline")]
@@ -199,8 +234,8 @@ def headline_records(records: list) -> list:
     return out
 
 
-def _ratio_span(records: list, bench: str) -> str:
-    rs = [r.ratio for r in records if r.bench == bench and r.ratio]
+def _ratio_span(records: list, bench: str, peer: str) -> str:
+    rs = [r.ratio for r in records if r.bench == bench and r.peer == peer and r.ratio]
     if len(rs) < 2:
         return ""
     g = math.exp(sum(math.log(x) for x in rs) / len(rs))
@@ -209,7 +244,7 @@ def _ratio_span(records: list, bench: str) -> str:
 
 def headline_table(records: list) -> list:
     header = ["benchmark", "case", "llmkern", "peer", "ratio", "% of machine limit", "ratio over all cases (geomean, range)"]
-    rows = [_cells(r) + [_ratio_span(records, r.bench) or "-"] for r in headline_records(records)]
+    rows = [_cells(r) + [_ratio_span(records, r.bench, r.peer) or "-"] for r in headline_records(records)]
     return _table(rows, header)
 
 
