@@ -175,8 +175,11 @@ def read_bandwidth(device="cpu", nbytes: int = 256 << 20) -> float:
 
 
 @_measured_once
-def matmul_flops(dtype=torch.float32, device="cpu", n: int = 1024) -> float:
-    """Measured dense matmul FLOP/s for dtype (torch.mm, square n x n)."""
+def matmul_flops(dtype=torch.float32, device="cpu", n: Optional[int] = None) -> float:
+    """Measured dense matmul FLOP/s for dtype (torch.mm, square n x n; n defaults to 1024 on CPU
+    and 8192 on a GPU, where a 1024^3 product is too small to reach the tensor cores' peak)."""
+    if n is None:
+        n = 8192 if str(device).startswith("cuda") else 1024
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     timeit(lambda: a @ b, device, min_time=0.5)
