@@ -191,7 +191,43 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
         fig.savefig(os.path.join(out_dir, spec["file"]))
         plt.close(fig)
         made.append((spec["title"], spec["file"]))
+    if _draw_speedups(plt, records, out_dir):
+        made.insert(0, ("Speed-up over the peer (headline cases)", SPEEDUP_FILE))
     return made, notes
+
+
+SPEEDUP_FILE = "speedup.png"
+
+
+def _draw_speedups(plt, records: list, out_dir: str) -> bool:
+    """Horizontal bars: ratio (peer time / llmkern time) of each headline case, log scale."""
+    heads = [r for r in headline_records(records) if r.ratio]
+    if not heads:
+        return False
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(heads) + 1.6), dpi=110)
+    labels = [f"{r.bench} vs {r.peer}\n{r.case}" for r in heads]
+    ratios = [r.ratio for r in heads]
+    ys = list(range(len(heads)))[::-1]
+    ax.barh(ys, ratios, color=["tab:green" if x >= 1 else "tab:red" for x in ratios])
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib_ticker().FuncFormatter(lambda v, _: f"{v:g}x"))
+    for y, x in zip(ys, ratios):
+        ax.text(x, y, f" {x:.2f}x", va="center", fontsize=8)
+    ax.set_yticks(ys, labels, fontsize=7)
+    ax.set_xlabel("speed-up: peer time / llmkern time (log scale, > 1 = llmkern faster)")
+    ax.set_title("llmkern vs peers, same run", fontsize=11)
+    ax.set_xlim(min(0.5, min(ratios) / 1.5), max(2.0, max(ratios) * 3))
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, SPEEDUP_FILE))
+    plt.close(fig)
+    return True
+
+
+def matplotlib_ticker():
+    import matplotlib.ticker
+
+    return matplotlib.ticker
 
 
 # ---- tables --------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_report_files_and_rows(tmp_path):
     assert "64x49152 top-p 0.9" in headline and "1x49152" not in headline  # the marked case
     assert "not present in this build" in md
 
-    expected = {"attention_latency.png", "decode_bandwidth.png", "sampling_bandwidth.png", "e2e_throughput.png"}
+    expected = {"speedup.png", "attention_latency.png", "decode_bandwidth.png", "sampling_bandwidth.png", "e2e_throughput.png"}
     assert {os.path.basename(p) for p in paths["plots"]} == expected
     for fn in expected:
         assert (tmp_path / fn).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -94,7 +94,7 @@ def test_report_files_and_rows(tmp_path):
 def test_missing_plot_data_is_a_note(tmp_path):
     pytest.importorskip("matplotlib")
     paths = report.write_report(result([real_cache_op()]), str(tmp_path))
-    assert paths["plots"] == []
+    assert [os.path.basename(p) for p in paths["plots"]] == ["speedup.png"]
     md = (tmp_path / "report.md").read_text()
     assert "Attention: latency vs sequence length: skipped" in md
     assert "End-to-end: output throughput vs request count: skipped" in md
