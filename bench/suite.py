@@ -205,8 +205,10 @@ def run_module(name: str, quick: bool, device: str, bench_dir: str = HERE) -> tu
 
 
 def run_suite(which: str = "all", quick: bool = False, device: str = "cpu", only=None,
-              log: Callable[[str], None] = print, bench_dir: str = HERE, measure_limits: bool = True) -> dict:
-    """Run the chosen modules; returns the result dict that report.write_report renders."""
+              log: Callable[[str], None] = print, bench_dir: str = HERE, measure_limits: bool = True,
+              on_module: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run the chosen modules; returns the result dict that report.write_report renders.
+    on_module(result so far) is called after each module (the CLI saves partial results)."""
     common.configure(quick=quick)
     chosen = select(which, only, bench_dir)
     t_start = time.time()
@@ -233,6 +235,8 @@ def run_suite(which: str = "all", quick: bool = False, device: str = "cpu", only
         result["modules"].append({"name": name, "suite": group, "status": status, "seconds": round(dt, 2),
                                   "records": len(records), "note": note})
         result["records"].extend(records)
+        if on_module is not None:
+            on_module(result)
     result["elapsed_s"] = round(time.time() - t_start, 1)
     return result
 

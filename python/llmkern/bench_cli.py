@@ -130,8 +130,15 @@ def main(argv: Optional[list] = None) -> int:
         llmkern.set_num_threads(a.threads)
     out = a.out or _default_out(suite.HERE)
     only = [s for s in a.only.split(",") if s.strip()] or None
-    res = suite.run_suite(a.which, quick=a.quick, device=a.device, only=only)
-    res["command"] = "llmkern bench " + " ".join(argv) if argv else "llmkern bench"
+    command = "llmkern bench " + " ".join(argv) if argv else "llmkern bench"
+    os.makedirs(out, exist_ok=True)
+
+    def save_partial(res: dict) -> None:  # a crash in a later module keeps what ran so far
+        res["command"] = command
+        report.write_report(res, out, plots=False)
+
+    res = suite.run_suite(a.which, quick=a.quick, device=a.device, only=only, on_module=save_partial)
+    res["command"] = command
     suite.common.print_records(res["records"])
     paths = report.write_report(res, out, plots=not a.no_plots)
     print()
