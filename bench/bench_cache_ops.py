@@ -6,7 +6,8 @@ Bandwidth accounting: bytes moved = bytes read + bytes written by the op itself 
 not the small index tensors), the same convention as copy_bandwidth. Successive calls rotate
 through several distinct working sets (different inputs / slots / block pairs) whose total is
 well above the last-level cache, so the figures are memory bandwidth, comparable with the
-measured limit, and not cache bandwidth.
+measured limit, and not cache bandwidth. llmkern and the peer are timed in alternating batches
+(timeit_pair), so that other load on the machine weighs on both alike.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llmkern  # noqa: E402
-from common import Record, Rotation, copy_bandwidth, print_records, timeit, working_sets  # noqa: E402
+from common import Record, Rotation, copy_bandwidth, print_records, timeit, timeit_pair, working_sets  # noqa: E402
 
 
 def _transfer_limit(src_device: str) -> float:
@@ -45,14 +46,14 @@ def bench_reshape_and_cache(quick: bool, device: str, bw: float) -> list:
         vs = [torch.randn_like(k) for k in ks]
         perm = torch.randperm(nb * bs, device=device)
         slots = [perm[i * tokens:(i + 1) * tokens].clone() for i in range(n)]
-        t = timeit(Rotation(lambda i: llmkern.reshape_and_cache_flash(ks[i], vs[i], kc, vc, slots[i]), n), device)
         kflat, vflat = kc.view(-1, heads, hd), vc.view(-1, heads, hd)
 
         def peer(i):
             kflat.index_copy_(0, slots[i], ks[i])
             vflat.index_copy_(0, slots[i], vs[i])
 
-        tp = timeit(Rotation(peer, n), device)
+        t, tp = timeit_pair(Rotation(lambda i: llmkern.reshape_and_cache_flash(ks[i], vs[i], kc, vc, slots[i]), n),
+                            Rotation(peer, n), device)
         out.append(Record("kvcache/reshape_and_cache_flash", f"{tokens}tok {heads}x{hd} bf16 bs{bs}", t,
                           "torch index_copy_", tp, "GB/s", moved / t / 1e9, bw,
                           {"working_sets": n, "bytes_per_call": moved, "headline": tokens == 2048}))
@@ -75,14 +76,12 @@ def bench_copy_blocks(quick: bool, device: str, bw: float) -> list:
         perm = torch.randperm(nb)
         maps = [torch.stack([perm[2 * i * pairs:(2 * i + 1) * pairs], perm[(2 * i + 1) * pairs:(2 * i + 2) * pairs]], 1).to(device)
                 for i in range(n)]
-        t = timeit(Rotation(lambda i: llmkern.copy_blocks(kcs, vcs, maps[i]), n), device)
-
         def peer(i):
             src, dst = maps[i][:, 0], maps[i][:, 1]
             for c in kcs + vcs:
                 c[dst] = c[src]
 
-        tp = timeit(Rotation(peer, n), device)
+        t, tp = timeit_pair(Rotation(lambda i: llmkern.copy_blocks(kcs, vcs, maps[i]), n), Rotation(peer, n), device)
         out.append(Record("kvcache/copy_blocks", f"{layers}L {pairs} pairs bf16 bs{bs}", t,
                           "torch index assign", tp, "GB/s", moved / t / 1e9, bw,
                           {"working_sets": n, "bytes_per_call": moved, "headline": pairs == 256}))
@@ -104,14 +103,13 @@ def bench_swap_blocks(quick: bool, device: str) -> list:
         src = torch.randn(nb, bs, heads, hd, device=device).to(dtype)
         dst = torch.empty(nb, bs, heads, hd, dtype=dtype, pin_memory=device != "cpu")
         maps = [torch.stack([torch.randperm(nb)[:pairs], torch.randperm(nb)[:pairs]], 1) for _ in range(n)]
-        t = timeit(Rotation(lambda i: llmkern.swap_blocks(src, dst, maps[i]), n), device)
         idx = [(m[:, 0].to(device), m[:, 1]) for m in maps]
 
         def peer(i):
             s_idx, d_idx = idx[i]
             dst[d_idx] = src[s_idx].to("cpu")
 
-        tp = timeit(Rotation(peer, n), device)
+        t, tp = timeit_pair(Rotation(lambda i: llmkern.swap_blocks(src, dst, maps[i]), n), Rotation(peer, n), device)
         out.append(Record("kvcache/swap_blocks", f"{pairs} blocks {device}->cpu bf16", t,
                           "torch index + copy", tp, "GB/s", moved / t / 1e9, limit,
                           {"working_sets": n, "bytes_per_call": moved, "headline": pairs in (256, 512)}))

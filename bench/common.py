@@ -79,6 +79,49 @@ def timeit(fn: Callable[[], object], device="cpu", min_time: Optional[float] = N
     return med
 
 
+def timeit_pair(fn, peer_fn, device="cpu", min_time: Optional[float] = None, warmup: int = 2,
+                max_iters: int = 1000) -> tuple:
+    """(median s per call of fn, of peer_fn), timing batches of the two alternately so that
+    load that comes and goes on a shared machine affects both sides alike and the ratio stays
+    fair. Each side gets at least min_time seconds of timed calls."""
+    if min_time is None:
+        min_time = _settings["min_time"]
+    fns = (fn, peer_fn)
+    per_batch = []
+    for f in fns:
+        for _ in range(warmup):
+            f()
+        sync(device)
+        t0 = time.perf_counter()
+        f()
+        sync(device)
+        per_batch.append(max(1, min(max_iters, int(0.05 / max(time.perf_counter() - t0, 1e-7)))))
+    samples, spent = ([], []), [0.0, 0.0]
+
+    def done(i):
+        return len(samples[i]) >= 50 or (spent[i] >= min_time and len(samples[i]) >= 3)
+
+    while not (done(0) and done(1)):
+        for i, f in enumerate(fns):
+            if done(i):
+                continue
+            t0 = time.perf_counter()
+            for _ in range(per_batch[i]):
+                f()
+            sync(device)
+            dt = time.perf_counter() - t0
+            samples[i].append(dt / per_batch[i])
+            spent[i] += dt
+    meds = []
+    for x in samples:
+        x.sort()
+        meds.append(x[len(x) // 2])
+    _last_stats.clear()
+    _last_stats.update(median=meds[0], min=samples[0][0], max=samples[0][-1], batches=len(samples[0]),
+                       calls_per_batch=per_batch[0], peer_median=meds[1], peer_min=samples[1][0])
+    return meds[0], meds[1]
+
+
 def last_timing() -> dict:
     """Spread of the latest timeit call: median, min, max (s), batches, calls_per_batch."""
     return dict(_last_stats)

@@ -46,9 +46,9 @@ def real_cache_op() -> Record:
     vc = torch.zeros_like(kc)
     k, v = torch.randn(tokens, heads, hd), torch.randn(tokens, heads, hd)
     slots = torch.randperm(8 * bs)[:tokens]
-    t = common.timeit(lambda: llmkern.reshape_and_cache_flash(k, v, kc, vc, slots), min_time=0.02)
-    tp = common.timeit(lambda: (kc.view(-1, heads, hd).index_copy_(0, slots, k),
-                                vc.view(-1, heads, hd).index_copy_(0, slots, v)), min_time=0.02)
+    t, tp = common.timeit_pair(lambda: llmkern.reshape_and_cache_flash(k, v, kc, vc, slots),
+                               lambda: (kc.view(-1, heads, hd).index_copy_(0, slots, k),
+                                        vc.view(-1, heads, hd).index_copy_(0, slots, v)), min_time=0.02)
     torch.testing.assert_close(kc.view(-1, heads, hd)[slots], k)  # it did the work it was timed on
     moved = 2 * 2 * k.numel() * 4
     return Record("kvcache/reshape_and_cache_flash", f"{tokens}tok {heads}x{hd} fp32 bs{bs}", t,
