@@ -316,7 +316,9 @@ def machine_lines(res: dict) -> list:
         side = 8192 if str(lim.get("device", "cpu")).startswith("cuda") else 1024
         rows.append([f"Measured matmul ({lim.get('device')})", ", ".join(mm) + f" (torch.mm {side}^3, best batch)"])
     if m.get("loadavg"):
-        rows.append(["Load average at start", ", ".join(f"{x:.2f}" for x in m["loadavg"])])
+        end = res.get("loadavg_end")
+        rows.append(["Load average (1, 5, 15 min)", "start " + ", ".join(f"{x:.2f}" for x in m["loadavg"])
+                     + ("; end " + ", ".join(f"{x:.2f}" for x in end) if end else "")])
     if m.get("platform"):
         rows.append(["Platform", m["platform"]])
     vers = m.get("versions") or {}
@@ -337,6 +339,19 @@ def command_line(res: dict) -> str:
     return " ".join(parts)
 
 
+def _busy_note(res: dict) -> str:
+    """A warning when other work competed for the CPUs during the run (1-minute load average
+    above the CPU count, at the start or at the end)."""
+    m = res.get("machine", {})
+    cpus = m.get("cpu_affinity") or m.get("cpu_count") or 0
+    loads = [la[0] for la in (m.get("loadavg"), res.get("loadavg_end")) if la]
+    if not cpus or not loads or max(loads) <= cpus + 0.5:
+        return ""
+    return (f"**Note: the machine was busy** (1-minute load average {max(loads):.1f} on {cpus} CPUs): other "
+            "work competed for the cores, so absolute figures and the fractions of the machine limit are low and "
+            "noisy; ratios suffer less (llmkern and its peer ran in the same conditions) but are noisy too.")
+
+
 def markdown(res: dict, records: list, plots: list, plot_notes: list) -> str:
     mode = "quick" if res.get("quick") else "full"
     lines = ["# llmkern benchmark report", "",
@@ -346,7 +361,11 @@ def markdown(res: dict, records: list, plots: list, plot_notes: list) -> str:
              "**ratio** = peer time / llmkern time (> 1: llmkern is faster). **% of machine limit** = "
              "llmkern's figure over the limit measured in this run (memory bandwidth for cache ops, "
              "decode and sampling; matmul FLOP/s for prefill; see each module for its byte/FLOP count).", "",
-             "## Machine", ""]
+             ]
+    busy = _busy_note(res)
+    if busy:
+        lines += [busy, ""]
+    lines += ["## Machine", ""]
     lines += machine_lines(res)
     lines += ["", "## Headline", ""]
     lines += headline_table(records) if records else ["No figures were produced."]

@@ -238,6 +238,8 @@ def run_suite(which: str = "all", quick: bool = False, device: str = "cpu", only
         if on_module is not None:
             on_module(result)
     result["elapsed_s"] = round(time.time() - t_start, 1)
+    if hasattr(os, "getloadavg"):
+        result["loadavg_end"] = list(os.getloadavg())
     return result
 
 
