@@ -110,7 +110,8 @@ PLOTS = [
 
 
 def _series(spec: dict, records: list) -> tuple:
-    """{(bench, series): [(x, llmkern y, peer y, peer name)]} for a plot, and a note if empty."""
+    """({(bench, series): {"llmkern": {x: y}, "peers": {peer name: {x: y}}}}, note) for a plot;
+    the note says why nothing (or not everything) could be drawn."""
     picked = [r for r in records if spec["select"](r)]
     if not picked:
         return {}, "no records for it in this run"
@@ -119,9 +120,11 @@ def _series(spec: dict, records: list) -> tuple:
         if not picked:
             return {}, f"no records report {spec['y']}"
     out: dict = {}
+    left_out = 0
     for r in picked:
         x, label = axis_value(r, spec["x"])
         if x is None:
+            left_out += 1
             continue
         if spec["y"] == "time":
             y, yp = r.llmkern_s * 1e3, (r.peer_s * 1e3 if r.peer_s else None)
@@ -133,7 +136,8 @@ def _series(spec: dict, records: list) -> tuple:
             curve["peers"].setdefault(r.peer, {})[x] = yp
     if not out:
         return {}, f"no record says its {spec['x']} (set Record.extra[{spec['x']!r}])"
-    return out, ""
+    return out, (f"{left_out} of {len(picked)} records left out: their {spec['x']} is not known"
+                 if left_out else "")
 
 
 def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tuple:
@@ -143,7 +147,7 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        import matplotlib.ticker  # noqa: F401
+        from matplotlib import ticker
     except ImportError:
         return [], [MATPLOTLIB_NOTE]
     made, notes = [], []
@@ -153,6 +157,8 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
         if not data:
             notes.append(f"{spec['title']}: skipped, {note}.")
             continue
+        if note:
+            notes.append(f"{spec['title']}: {note}.")
         fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         for i, ((bench, label), curve) in enumerate(sorted(data.items())):
@@ -175,9 +181,8 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
         ys = [y for cv in data.values() for d in [cv["llmkern"], *cv["peers"].values()] for y in d.values() if y]
         if spec["y"] == "time" or (ys and max(ys) > 20 * min(ys)):
             ax.set_yscale("log")  # peers an order of magnitude apart stay readable
-            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-            ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(ticker.NullFormatter())
             ylabel = spec["ylabel"] + ", log scale)"
         else:
             ax.set_ylim(bottom=0)
@@ -191,7 +196,7 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
         fig.savefig(os.path.join(out_dir, spec["file"]))
         plt.close(fig)
         made.append((spec["title"], spec["file"]))
-    if _draw_speedups(plt, records, out_dir):
+    if _draw_speedups(plt, ticker, records, out_dir):
         made.insert(0, ("Speed-up over the peer (headline cases)", SPEEDUP_FILE))
     return made, notes
 
@@ -199,7 +204,7 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
 SPEEDUP_FILE = "speedup.png"
 
 
-def _draw_speedups(plt, records: list, out_dir: str) -> bool:
+def _draw_speedups(plt, ticker, records: list, out_dir: str) -> bool:
     """Horizontal bars: ratio (peer time / llmkern time) of each headline case, log scale."""
     heads = [r for r in headline_records(records) if r.ratio]
     if not heads:
@@ -211,7 +216,7 @@ def _draw_speedups(plt, records: list, out_dir: str) -> bool:
     ax.barh(ys, ratios, color=["tab:green" if x >= 1 else "tab:red" for x in ratios])
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(matplotlib_ticker().FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
     for y, x in zip(ys, ratios):
         ax.text(x, y, f" {x:.2f}x", va="center", fontsize=8)
     ax.set_yticks(ys, labels, fontsize=7)
@@ -222,12 +227,6 @@ def _draw_speedups(plt, records: list, out_dir: str) -> bool:
     fig.savefig(os.path.join(out_dir, SPEEDUP_FILE))
     plt.close(fig)
     return True
-
-
-def matplotlib_ticker():
-    import matplotlib.ticker
-
-    return matplotlib.ticker
 
 
 # ---- tables --------------------------------------------------------------------------------------
