@@ -132,3 +132,21 @@ def test_cli_rerenders_saved_json(tmp_path, capsys):
     assert rc == 0
     md = (tmp_path / "again" / "report.md").read_text()
     assert "sampling/top_p_sampling_from_probs" in md and "64x49152 top-p 0.9" in md
+
+
+@pytest.mark.parametrize("bench,case,axis,x", [
+    ("attention/prefill causal", "bf16 1x2048 smollm2 9/3x64", "seqlen", 2048),
+    ("attention/prefill causal", "b8 s512 h32/8 d128", "seqlen", 512),
+    ("attention/paged decode", "bf16 64x1024 32/8x128 bs16", "batch", 64),
+    ("attention/paged decode", "4 seqs x 16k ctx bs16", "batch", 4),
+    ("attention/paged prefill", "bf16 512 over 4k 32/8x128 bs16", "seqlen", None),
+    ("sampling/top-p 0.9", "64 x 49152", "batch", 64),
+    ("sampling/plain", "rows=256 vocab=128k", "batch", 256),
+    ("e2e/offline", "offline-32 SmolLM2 fp32", "requests", 32),
+    ("e2e/offline", "256 requests", "requests", 256),
+])
+def test_axis_from_case_string(bench, case, axis, x):
+    got, label = report.axis_value(Record(bench, case, 1.0, "peer", 2.0), axis)
+    assert got == x
+    if x is not None:
+        assert label and str(x) not in label.split()
