@@ -45,22 +45,32 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def _warm(fn, device, warmup: int, min_time: float) -> None:
+    """Warm-up calls; after one call slower than min_time, more warm-up buys nothing (the first
+    call has paid the one-time costs) and would only lengthen the run."""
+    for k in range(warmup):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        if time.perf_counter() - t0 > min_time:
+            break
+
+
 def timeit(fn: Callable[[], object], device="cpu", min_time: Optional[float] = None, warmup: int = 2,
            max_iters: int = 1000) -> float:
     """Median seconds per call of fn (after warm-up), timing batches of calls for at least
     min_time seconds in total (default: the configured budget, 0.3 s; 0.1 s in quick runs)."""
     if min_time is None:
         min_time = _settings["min_time"]
-    for _ in range(warmup):
-        fn()
-    sync(device)
+    _warm(fn, device, warmup, min_time)
     t0 = time.perf_counter()
     fn()
     sync(device)
     one = max(time.perf_counter() - t0, 1e-7)
     per_batch = max(1, min(max_iters, int(0.05 / one)))
-    samples = []
-    spent = 0.0
+    # a call slow enough to be its own batch: the calibration call is already a sample
+    samples = [one] if per_batch == 1 else []
+    spent = one if per_batch == 1 else 0.0
     while spent < min_time or len(samples) < 3:
         t0 = time.perf_counter()
         for _ in range(per_batch):
@@ -87,16 +97,17 @@ def timeit_pair(fn, peer_fn, device="cpu", min_time: Optional[float] = None, war
     if min_time is None:
         min_time = _settings["min_time"]
     fns = (fn, peer_fn)
-    per_batch = []
-    for f in fns:
-        for _ in range(warmup):
-            f()
-        sync(device)
+    per_batch, samples, spent = [], ([], []), [0.0, 0.0]
+    for i, f in enumerate(fns):
+        _warm(f, device, warmup, min_time)
         t0 = time.perf_counter()
         f()
         sync(device)
-        per_batch.append(max(1, min(max_iters, int(0.05 / max(time.perf_counter() - t0, 1e-7)))))
-    samples, spent = ([], []), [0.0, 0.0]
+        one = max(time.perf_counter() - t0, 1e-7)
+        per_batch.append(max(1, min(max_iters, int(0.05 / one))))
+        if per_batch[-1] == 1:  # as in timeit: a slow call's calibration is a sample
+            samples[i].append(one)
+            spent[i] += one
 
     def done(i):
         return len(samples[i]) >= 50 or (spent[i] >= min_time and len(samples[i]) >= 3)

@@ -159,39 +159,34 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
             continue
         if note:
             notes.append(f"{spec['title']}: {note}.")
-        fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for i, ((bench, label), curve) in enumerate(sorted(data.items())):
-            c = colors[i % len(colors)]
-            name = f"{bench.split('/', 1)[-1]} {label}".strip()
-            pts = sorted(curve["llmkern"].items())
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=c, label=f"llmkern {name}")
-            for j, (peer, vals) in enumerate(sorted(curve["peers"].items())):
-                pts = sorted(vals.items())
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], ("--", ":", "-.")[j % 3] + "sD^v"[j % 4],
-                        color=c, alpha=0.75, markerfacecolor="none", label=f"{peer} {name}")
-        if spec["y"] == "GB/s" and limits.get("read_bandwidth_Bps"):
-            ax.axhline(limits["read_bandwidth_Bps"] / 1e9, color="gray", ls=":", lw=1.5,
-                       label=f"measured read bandwidth {limits['read_bandwidth_Bps'] / 1e9:.1f} GB/s")
-        ax.set_xscale("log", base=2)
         xs_all = sorted({x for cv in data.values() for x in cv["llmkern"]})
-        if len(xs_all) <= 12:
-            ax.set_xticks(xs_all, [_tick(x) for x in xs_all])
-            ax.minorticks_off()
         ys = [y for cv in data.values() for d in [cv["llmkern"], *cv["peers"].values()] for y in d.values() if y]
-        if spec["y"] == "time" or (ys and max(ys) > 20 * min(ys)):
-            ax.set_yscale("log")  # peers an order of magnitude apart stay readable
-            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-            ylabel = spec["ylabel"] + ", log scale)"
+        log_y = spec["y"] == "time" or (ys and max(ys) > 20 * min(ys))  # keeps peers 10x apart readable
+        fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
+        if len(xs_all) == 1:  # one x value (a --quick run): bars, since a "curve" would be a single point
+            title = _bars(ax, spec, data, xs_all[0])
+        else:
+            title = _lines(ax, plt, spec, data, xs_all)
+        if spec["y"] == "GB/s" and limits.get("read_bandwidth_Bps"):
+            line = ax.axvline if len(xs_all) == 1 else ax.axhline
+            line(limits["read_bandwidth_Bps"] / 1e9, color="gray", ls=":", lw=1.5,
+                 label=f"measured read bandwidth {limits['read_bandwidth_Bps'] / 1e9:.1f} GB/s")
+        value_axis = ax.xaxis if len(xs_all) == 1 else ax.yaxis
+        label = spec["ylabel"]
+        if log_y:
+            (ax.set_xscale if len(xs_all) == 1 else ax.set_yscale)("log")
+            value_axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            value_axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            value_axis.set_minor_formatter(ticker.NullFormatter())
+            label += ", log scale"
+        elif len(xs_all) == 1:
+            ax.set_xlim(left=0)
         else:
             ax.set_ylim(bottom=0)
-            ylabel = spec["ylabel"] + ")"
-        ax.set_xlabel(spec["xlabel"])
-        ax.set_ylabel(ylabel)
-        ax.set_title(spec["title"] + "\n(solid: llmkern; dashed / dotted: peers measured in the same run)", fontsize=11)
+        value_axis.set_label_text(label + ")")
+        ax.set_title(title, fontsize=11)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, spec["file"]))
         plt.close(fig)
@@ -199,6 +194,44 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
     if _draw_speedups(plt, ticker, records, out_dir):
         made.insert(0, ("Speed-up over the peer (headline cases)", SPEEDUP_FILE))
     return made, notes
+
+
+def _lines(ax, plt, spec: dict, data: dict, xs_all: list) -> str:
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, ((bench, label), curve) in enumerate(sorted(data.items())):
+        c = colors[i % len(colors)]
+        name = f"{bench.split('/', 1)[-1]} {label}".strip()
+        pts = sorted(curve["llmkern"].items())
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=c, label=f"llmkern {name}")
+        for j, (peer, vals) in enumerate(sorted(curve["peers"].items())):
+            pts = sorted(vals.items())
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ("--", ":", "-.")[j % 3] + "sD^v"[j % 4],
+                    color=c, alpha=0.75, markerfacecolor="none", label=f"{peer} {name}")
+    ax.set_xscale("log", base=2)
+    if len(xs_all) <= 12:
+        ax.set_xticks(xs_all, [_tick(x) for x in xs_all])
+        ax.minorticks_off()
+    ax.set_xlabel(spec["xlabel"])
+    return spec["title"] + "\n(solid: llmkern; dashed / dotted: peers measured in the same run)"
+
+
+def _bars(ax, spec: dict, data: dict, x: float) -> str:
+    rows = []  # (label, value, is llmkern)
+    for (bench, label), curve in sorted(data.items()):
+        name = f"{bench.split('/', 1)[-1]} {label}".strip()
+        rows.append((f"llmkern - {name}", curve["llmkern"][x], True))
+        for peer, vals in sorted(curve["peers"].items()):
+            if x in vals:
+                rows.append((f"{peer} - {name}", vals[x], False))
+    ys = list(range(len(rows)))[::-1]
+    for mine, color, name in ((True, "tab:blue", "llmkern"), (False, "tab:gray", "peer (same run)")):
+        sel = [(y, r[1]) for y, r in zip(ys, rows) if r[2] == mine]
+        if sel:
+            ax.barh([p[0] for p in sel], [p[1] for p in sel], color=color, label=name)
+    ax.set_yticks(ys, [r[0] for r in rows], fontsize=7)
+    axis_name = spec["xlabel"].split(" (")[0]
+    return (f"{spec['title']}, {axis_name} = {_tick(x)}\n(one {axis_name} in this run, e.g. --quick: "
+            "bars instead of curves)")
 
 
 SPEEDUP_FILE = "speedup.png"
