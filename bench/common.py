@@ -11,7 +11,9 @@ sampling) and tok/s vs request count (end-to-end). It reads the x value of a rec
 ("s2048", "1k ctx", "64 rows", "32 req", ...). ``extra["series"]`` names the curve a record belongs
 to (default: the case string without the x value); ``extra["peer_value"]`` gives the peer's figure
 in the record's metric when it is not simply the same work divided by the peer's time;
-``extra["headline"] = True`` picks the case shown in the report's headline table.
+``extra["headline"] = True`` picks the case shown in the report's headline table;
+``extra["limit_fraction"]`` gives the fraction of the machine limit when the limit is not in the
+metric's unit (end-to-end tok/s against the matmul roofline).
 """
 from __future__ import annotations
 
@@ -259,8 +261,13 @@ class Record:
 
     @property
     def limit_fraction(self) -> Optional[float]:
+        """llmkern_value / limit; or extra["limit_fraction"] (alias "roofline_fraction") for a
+        figure whose limit is not in the metric's unit (e.g. tok/s against matmul FLOP/s)."""
         if self.limit and self.llmkern_value is not None:
             return self.llmkern_value / self.limit
+        for key in ("limit_fraction", "roofline_fraction"):
+            if self.extra.get(key) is not None:
+                return float(self.extra[key])
         return None
 
     @property

@@ -71,6 +71,11 @@ def axis_value(r: Record, axis: str) -> tuple:
         if m and (given is None or _num(m.group("v")) == float(given)):
             rest = r.case[:m.start()] + " " + (keep(m) if keep else "") + " " + r.case[m.end():]
             return _num(m.group("v")), series or _label(rest) or r.bench.split("/")[-1]
+    name = r.bench.split("/", 1)[-1]  # e.g. "e2e/offline-32": the workload's size in its name
+    for pat, keep in _AXIS_PATTERNS[axis]:
+        m = re.search(pat, name, re.I)
+        if m and given is None:
+            return _num(m.group("v")), series or r.case
     if given is not None:  # the case string shows the value some other way: drop it from the label
         v = float(given)
         rest = re.sub(rf"(?<![\w.]){int(v) if v == int(v) else v}(?![\w.])", " ", r.case) if v >= 0 else r.case
@@ -103,7 +108,7 @@ PLOTS = [
      "x": "batch", "xlabel": "batch (rows, log scale)", "y": "GB/s",
      "ylabel": "logits / probabilities read (GB/s"},
     {"file": "e2e_throughput.png", "title": "End-to-end: output throughput vs request count",
-     "select": lambda r: r.bench.startswith("e2e") or r.metric == "tok/s",
+     "select": lambda r: r.bench.startswith("e2e") or r.metric.endswith("tok/s"),
      "x": "requests", "xlabel": "requests (log scale)", "y": "tok/s",
      "ylabel": "output throughput (tokens/s"},
 ]
@@ -115,8 +120,9 @@ def _series(spec: dict, records: list) -> tuple:
     picked = [r for r in records if spec["select"](r)]
     if not picked:
         return {}, "no records for it in this run"
-    if spec["y"] != "time":
-        picked = [r for r in picked if r.metric == spec["y"] and r.llmkern_value is not None]
+    if spec["y"] != "time":  # "out tok/s" counts as tok/s
+        picked = [r for r in picked if r.llmkern_value is not None
+                  and (r.metric == spec["y"] or r.metric.endswith(" " + spec["y"]))]
         if not picked:
             return {}, f"no records report {spec['y']}"
     out: dict = {}
@@ -280,7 +286,12 @@ def _cells(r: Record) -> list:
         peer += f" ({_fmt_value(r.peer_value, r.metric)})"
     ratio = f"**{r.ratio:.2f}x**" if r.ratio else "-"
     frac = r.limit_fraction
-    lim = f"{100 * frac:.0f}% of {_fmt_value(r.limit, r.metric)}" if frac is not None else "-"
+    if frac is None:
+        lim = "-"
+    elif r.limit:
+        lim = f"{100 * frac:.0f}% of {_fmt_value(r.limit, r.metric)}"
+    else:  # a fraction given directly (e.g. of the matmul roofline)
+        lim = f"{100 * frac:.0f}%" + (" of the matmul roofline" if "roofline_fraction" in r.extra else "")
     return [f"`{r.bench}`", r.case, lk, peer, ratio, lim]
 
 

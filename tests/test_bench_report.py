@@ -150,3 +150,18 @@ def test_axis_from_case_string(bench, case, axis, x):
     assert got == x
     if x is not None:
         assert label and str(x) not in label.split()
+
+
+def test_end_to_end_records_as_the_runtime_writes_them(tmp_path):
+    """Workload size in the bench name, "out tok/s", and a roofline fraction instead of a limit."""
+    pytest.importorskip("matplotlib")
+    recs = [Record("e2e/offline-8", "HF generate static batch 16", 2.0, "hf-generate-static", 7.0, "out tok/s", 300.0,
+                   None, {"roofline_fraction": 0.25}),
+            Record("e2e/offline-8", "HF generate_batch (continuous)", 2.0, "hf-generate_batch", 4.0, "out tok/s", 300.0,
+                   None, {"roofline_fraction": 0.25}),
+            Record("e2e/prefix-8x1k", "TTFT p50 with vs without prefix caching", 0.01, "llmkern-no-prefix-cache", 0.08,
+                   "ms TTFT", 10.0)]
+    paths = report.write_report(result(recs), str(tmp_path))
+    assert "e2e_throughput.png" in [os.path.basename(p) for p in paths["plots"]]
+    md = (tmp_path / "report.md").read_text()
+    assert "25% of the matmul roofline" in md and "**3.50x**" in md and "**8.00x**" in md
