@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="llmkern bench",
         description="Benchmark llmkern against named peers measured in the same run; write a "
-                    "JSON of all figures, a Markdown report and PNG plots.")
+                    "JSON of all figures, a Markdown report and PNG plots.",
+        epilog="Re-render a saved run: llmkern bench report RESULTS.json [--out DIR]. "
+               "The same benchmarks under pytest-benchmark: pytest bench/ --benchmark-json=FILE.")
     ap.add_argument("which", nargs="?", default="all", choices=("kernels", "e2e", "all"),
                     help="kernels (attention, cache ops, sampling), e2e (runtime vs HF transformers) or all")
     ap.add_argument("--quick", action="store_true", help="small shapes and short timings (a few minutes in all)")
@@ -113,7 +115,7 @@ def main(argv: Optional[list] = None) -> int:
         for group, mods in suite.discover(suite.HERE).items():
             for m in mods:
                 present = os.path.exists(os.path.join(suite.HERE, m + ".py"))
-                print(f"{group:8} {m}{'' if present else '   (not present)'}")
+                print(f"{group:8} {m:24} {'' if present else '(not present)'}".rstrip())
         return 0
     if a.device == "cuda":
         import torch
