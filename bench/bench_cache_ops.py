@@ -35,8 +35,10 @@ def _transfer_limit(src_device: str) -> float:
 def bench_reshape_and_cache(quick: bool, device: str, bw: float) -> list:
     out = []
     dtype, es = torch.bfloat16, 2
-    # a prefill chunk of tokens written into a paged cache (one Llama-8B layer: 8 kv heads x 128)
-    for tokens, heads, hd, bs in ([(2048, 8, 128, 16)] if quick else [(256, 8, 128, 16), (2048, 8, 128, 16), (8192, 8, 128, 16)]):
+    # tokens written into a paged cache (one Llama-8B layer: 8 kv heads x 128): a decode step of
+    # 64 sequences (per-call overhead matters) and prefill chunks (bandwidth matters)
+    shapes = [(2048, 8, 128, 16)] if quick else [(64, 8, 128, 16), (256, 8, 128, 16), (2048, 8, 128, 16), (8192, 8, 128, 16)]
+    for tokens, heads, hd, bs in shapes:
         moved = 2 * 2 * tokens * heads * hd * es  # K and V, read + write
         n = working_sets(moved)
         nb = (2 * n * tokens + bs - 1) // bs  # cache at half occupancy across all working sets
