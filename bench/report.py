@@ -165,36 +165,19 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
             continue
         if note:
             notes.append(f"{spec['title']}: {note}.")
-        xs_all = sorted({x for cv in data.values() for x in cv["llmkern"]})
-        ys = [y for cv in data.values() for d in [cv["llmkern"], *cv["peers"].values()] for y in d.values() if y]
-        log_y = spec["y"] == "time" or (ys and max(ys) > 20 * min(ys))  # keeps peers 10x apart readable
-        fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
-        if len(xs_all) == 1:  # one x value (a --quick run): bars, since a "curve" would be a single point
-            title = _bars(ax, spec, data, xs_all[0])
-        else:
-            title = _lines(ax, plt, spec, data, xs_all)
-        if spec["y"] == "GB/s" and limits.get("read_bandwidth_Bps"):
-            line = ax.axvline if len(xs_all) == 1 else ax.axhline
-            line(limits["read_bandwidth_Bps"] / 1e9, color="gray", ls=":", lw=1.5,
-                 label=f"measured read bandwidth {limits['read_bandwidth_Bps'] / 1e9:.1f} GB/s")
-        value_axis = ax.xaxis if len(xs_all) == 1 else ax.yaxis
-        label = spec["ylabel"]
-        if log_y:
-            (ax.set_xscale if len(xs_all) == 1 else ax.set_yscale)("log")
-            value_axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-            value_axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            value_axis.set_minor_formatter(ticker.NullFormatter())
-            label += ", log scale"
-        elif len(xs_all) == 1:
-            ax.set_xlim(left=0)
-        else:
-            ax.set_ylim(bottom=0)
-        value_axis.set_label_text(label + ")")
-        ax.set_title(title, fontsize=11)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        # one panel per benchmark (e.g. per sampling filter), curves per case family inside
+        benches = sorted({b for b, _ in data})
+        cols = 1 if len(benches) == 1 else (2 if len(benches) <= 4 else 3)
+        rows = math.ceil(len(benches) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols + 1.5 * (cols == 1), 5.2 * rows), dpi=100, squeeze=False)
+        for ax, bench in zip(axes.flat, benches):
+            _panel(ax, plt, ticker, spec, {k[1]: v for k, v in data.items() if k[0] == bench}, limits, bench)
+        for ax in list(axes.flat)[len(benches):]:
+            ax.set_visible(False)
+        fig.suptitle(spec["title"] + "\nsolid: llmkern; dashed / dotted or grey bars: peers measured in the same run",
+                     fontsize=12)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, spec["file"]))
+        fig.savefig(os.path.join(out_dir, spec["file"]), bbox_inches="tight")
         plt.close(fig)
         made.append((spec["title"], spec["file"]))
     if _draw_speedups(plt, ticker, records, out_dir):
@@ -202,42 +185,74 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
     return made, notes
 
 
-def _lines(ax, plt, spec: dict, data: dict, xs_all: list) -> str:
+def _panel(ax, plt, ticker, spec: dict, curves: dict, limits: dict, bench: str) -> None:
+    """Curves {label: {"llmkern": {x: y}, "peers": {name: {x: y}}}} of one benchmark: lines,
+    or horizontal bars when no curve has two points (a --quick run measures one size)."""
+    ys = [y for cv in curves.values() for d in [cv["llmkern"], *cv["peers"].values()] for y in d.values() if y]
+    log = spec["y"] == "time" or (ys and max(ys) > 20 * min(ys))  # peers 10x apart stay readable
+    bars = all(len(cv["llmkern"]) < 2 for cv in curves.values())
+    if bars:
+        _bars(ax, spec, curves)
+    else:
+        _lines(ax, plt, spec, curves)
+    value_axis = ax.xaxis if bars else ax.yaxis
+    if spec["y"] == "GB/s" and limits.get("read_bandwidth_Bps"):
+        (ax.axvline if bars else ax.axhline)(limits["read_bandwidth_Bps"] / 1e9, color="gray", ls=":", lw=1.5,
+                                             label=f"measured read bandwidth {limits['read_bandwidth_Bps'] / 1e9:.1f} GB/s")
+    label = spec["ylabel"]
+    if log:
+        (ax.set_xscale if bars else ax.set_yscale)("log")
+        decades = math.log10(max(ys) / min(ys)) if ys else 1
+        subs = (1.0, 2.0, 5.0) if decades <= 2 else (1.0, 3.0) if decades <= 3.5 else (1.0,)
+        value_axis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+        value_axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        value_axis.set_minor_formatter(ticker.NullFormatter())
+        label += ", log scale"
+    elif bars:
+        ax.set_xlim(left=0)
+    else:
+        ax.set_ylim(bottom=0)
+    value_axis.set_label_text(label + ")")
+    ax.set_title(bench, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+
+
+def _lines(ax, plt, spec: dict, curves: dict) -> None:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, ((bench, label), curve) in enumerate(sorted(data.items())):
+    for i, (label, curve) in enumerate(sorted(curves.items())):
         c = colors[i % len(colors)]
-        name = f"{bench.split('/', 1)[-1]} {label}".strip()
         pts = sorted(curve["llmkern"].items())
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=c, label=f"llmkern {name}")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=c, label=f"llmkern {label}")
         for j, (peer, vals) in enumerate(sorted(curve["peers"].items())):
             pts = sorted(vals.items())
             ax.plot([p[0] for p in pts], [p[1] for p in pts], ("--", ":", "-.")[j % 3] + "sD^v"[j % 4],
-                    color=c, alpha=0.75, markerfacecolor="none", label=f"{peer} {name}")
+                    color=c, alpha=0.75, markerfacecolor="none", label=f"{peer} {label}")
+    xs = sorted({x for cv in curves.values() for x in cv["llmkern"]})
     ax.set_xscale("log", base=2)
-    if len(xs_all) <= 12:
-        ax.set_xticks(xs_all, [_tick(x) for x in xs_all])
+    if len(xs) <= 12:
+        ax.set_xticks(xs, [_tick(x) for x in xs])
         ax.minorticks_off()
     ax.set_xlabel(spec["xlabel"])
-    return spec["title"] + "\n(solid: llmkern; dashed / dotted: peers measured in the same run)"
 
 
-def _bars(ax, spec: dict, data: dict, x: float) -> str:
-    rows = []  # (label, value, is llmkern)
-    for (bench, label), curve in sorted(data.items()):
-        name = f"{bench.split('/', 1)[-1]} {label}".strip()
-        rows.append((f"llmkern - {name}", curve["llmkern"][x], True))
-        for peer, vals in sorted(curve["peers"].items()):
-            if x in vals:
-                rows.append((f"{peer} - {name}", vals[x], False))
-    ys = list(range(len(rows)))[::-1]
-    for mine, color, name in ((True, "tab:blue", "llmkern"), (False, "tab:gray", "peer (same run)")):
-        sel = [(y, r[1]) for y, r in zip(ys, rows) if r[2] == mine]
-        if sel:
-            ax.barh([p[0] for p in sel], [p[1] for p in sel], color=color, label=name)
-    ax.set_yticks(ys, [r[0] for r in rows], fontsize=7)
+def _bars(ax, spec: dict, curves: dict) -> None:
+    """Grouped horizontal bars: one group per (curve, x), llmkern and each peer side by side."""
     axis_name = spec["xlabel"].split(" (")[0]
-    return (f"{spec['title']}, {axis_name} = {_tick(x)}\n(one {axis_name} in this run, e.g. --quick: "
-            "bars instead of curves)")
+    groups = []  # (group label, [(series name, value)])
+    for label, curve in sorted(curves.items(), key=lambda kv: (min(kv[1]["llmkern"]), kv[0])):
+        for x, y in sorted(curve["llmkern"].items()):
+            bars = [("llmkern", y)] + [(p, v[x]) for p, v in sorted(curve["peers"].items()) if x in v]
+            groups.append((f"{label}\n{axis_name} {_tick(x)}".strip(), bars))
+    names = ["llmkern"] + sorted({n for _, bars in groups for n, _ in bars} - {"llmkern"})
+    colors = {n: c for n, c in zip(names, ["tab:blue", "tab:gray", "tab:orange", "tab:olive", "tab:brown"])}
+    h = 0.8 / len(names)
+    centers = list(range(len(groups)))[::-1]
+    for k, n in enumerate(names):
+        pts = [(yc + 0.4 - h * (k + 0.5), v) for yc, (_, bars) in zip(centers, groups) for m, v in bars if m == n]
+        if pts:
+            ax.barh([p[0] for p in pts], [p[1] for p in pts], height=h * 0.95, color=colors.get(n, "tab:gray"), label=n)
+    ax.set_yticks(centers, [g[0] for g in groups], fontsize=7)
 
 
 SPEEDUP_FILE = "speedup.png"
