@@ -316,15 +316,29 @@ def _table(rows: list, header: list) -> list:
     return lines
 
 
+# The case a benchmark's headline row shows when no record is marked extra["headline"]:
+# (bench prefix, case pattern), the shapes the targets are stated for; else the last case.
+HEADLINE_CASES = [
+    ("attention/prefill", r"bfloat16 1x2048 llama|bf16.*\b1x2048\b.*32/8"),
+    ("attention/paged decode", r"bfloat16 64x1024|bf16.*\b64x1024\b"),
+    ("attention/paged prefill", r"bfloat16|bf16"),
+    ("sampling/", r"\b64 ?x ?49152\b"),
+]
+
+
 def headline_records(records: list) -> list:
-    """One record per benchmark and peer: the case marked extra["headline"], else the last."""
+    """One record per benchmark and peer: the case marked extra["headline"], else the one
+    HEADLINE_CASES names, else the last."""
     by_bench: dict = {}
     for r in records:
         by_bench.setdefault((r.bench, r.peer), []).append(r)
     out = []
-    for recs in by_bench.values():
-        marked = [r for r in recs if r.extra.get("headline")]
-        out.append(marked[0] if marked else recs[-1])
+    for (bench, _), recs in by_bench.items():
+        pick = [r for r in recs if r.extra.get("headline")]
+        for prefix, pat in HEADLINE_CASES:
+            if not pick and bench.startswith(prefix):
+                pick = [r for r in recs if re.search(pat, r.case)]
+        out.append(pick[0] if pick else recs[-1])
     return out
 
 
@@ -340,6 +354,23 @@ def headline_table(records: list) -> list:
     header = ["benchmark", "case", "llmkern", "peer", "ratio", "% of machine limit", "ratio over all cases (geomean, range)"]
     rows = [_cells(r) + [_ratio_span(records, r.bench, r.peer) or "-"] for r in headline_records(records)]
     return _table(rows, header)
+
+
+def headline_markdown(res: dict) -> str:
+    """The headline table with one line on the machine and the command (for a README)."""
+    records = [r if isinstance(r, Record) else Record.from_dict(r) for r in res.get("records", [])]
+    m, lim = res.get("machine", {}), res.get("limits", {})
+    cpus = m.get("cpu_affinity") or m.get("cpu_count")
+    machine = f"{m.get('cpu_model', '?')}, {cpus} CPUs, {m.get('simd', '?')}"
+    if lim.get("copy_bandwidth_Bps"):
+        machine += (f"; measured copy {_gb(lim['copy_bandwidth_Bps'])}, read {_gb(lim.get('read_bandwidth_Bps'))}"
+                    f", fp32 matmul {lim.get('matmul_float32_flops', 0) / 1e9:,.0f} GFLOP/s")
+    for g in m.get("gpus") or []:
+        machine += f"; {g['name']}"
+    lines = [f"`{command_line(res)}` on {machine} ({res.get('started', '?')}):", ""]
+    lines += headline_table(records)
+    busy = _busy_note(res)
+    return "\n".join(lines + (["", busy] if busy else [])) + "\n"
 
 
 def _gb(v) -> str:

@@ -80,10 +80,15 @@ def _report_main(argv: list) -> int:
     ap.add_argument("results", help="results.json of a run, or a pytest-benchmark --benchmark-json file")
     ap.add_argument("--out", default=None, help="output folder (default: next to the JSON)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--headline", action="store_true",
+                    help="print the headline table (Markdown, with the machine and command) and write nothing")
     a = ap.parse_args(argv)
     if not os.path.isfile(a.results):
         ap.error(f"results: no such file: {a.results}")
     _, report = _load()
+    if a.headline:
+        print(report.headline_markdown(report.load(a.results)))
+        return 0
     out = a.out or os.path.dirname(os.path.abspath(a.results))
     paths = report.write_report(report.load(a.results), out, plots=not a.no_plots)
     _print_paths(paths)
