@@ -16,6 +16,7 @@ import time
 from typing import Optional
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
+QUICK_BUDGET_S = 180  # `--quick` is meant to finish within 3 minutes on 2 cores
 
 
 def bench_dir() -> str:
@@ -151,6 +152,10 @@ def main(argv: Optional[list] = None) -> int:
     print()
     _print_paths(paths)
     print(f"total {res['elapsed_s']:.0f} s")
+    if a.quick and res["elapsed_s"] > QUICK_BUDGET_S:
+        slow = sorted(res["modules"], key=lambda m: -m["seconds"])[:3]
+        print(f"warning: --quick took {res['elapsed_s']:.0f} s, over its {QUICK_BUDGET_S} s budget (slowest: "
+              + ", ".join(f"{m['name']} {m['seconds']:.0f} s" for m in slow) + ")", file=sys.stderr)
     failed = [m["name"] for m in res["modules"] if m["status"] == "error"]
     if failed:
         print(f"failed modules: {', '.join(failed)}", file=sys.stderr)
