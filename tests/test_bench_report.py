@@ -122,6 +122,9 @@ def test_suite_survives_missing_and_failing_modules(tmp_path, monkeypatch):
     assert status["bench_fine"][0] == "ok"
     assert [r.bench for r in res["records"]] == ["x/fine"]
     assert [m for g, m in suite.select("e2e", bench_dir=str(tmp_path))] == suite.REGISTRY["e2e"]
+    (tmp_path / "bench_spec_ngram.py").write_text("def run(quick=False, device='cpu'):\n    return []\n")
+    (tmp_path / "bench_odd.py").write_text('SUITE = "e2e"\n')
+    assert [m for g, m in suite.select("e2e", bench_dir=str(tmp_path))] == ["bench_e2e", "bench_odd", "bench_spec_ngram"]
 
 
 def test_cli_rerenders_saved_json(tmp_path, capsys):
