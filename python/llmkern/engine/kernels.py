@@ -1,0 +1,15 @@
+"""The one place where the runtime binds to kernels: attention, KV-cache and sampling ops.
+
+Everything in the engine and the models calls ``kernels.<op>``; nothing else imports an op."""
+from __future__ import annotations
+
+from ..ops.kvcache import copy_blocks, reshape_and_cache_flash, swap_blocks  # noqa: F401
+from ._torch_standin_ops import (  # noqa: F401  (attention + sampling until the llmkern ops land)
+    flash_attn_varlen_func,
+    flash_attn_with_kvcache,
+    min_p_sampling_from_probs,
+    sampling_from_logits,
+    top_k_mask_logits,
+    top_k_top_p_sampling_from_logits,
+    top_p_renorm_probs,
+)
