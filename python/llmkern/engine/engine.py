@@ -173,6 +173,7 @@ class Engine:
         return self.scheduler.has_work
 
     # -- the step -------------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> List[RequestOutput]:
         """One scheduling + model step. Returns outputs of the requests that finished in it and,
         for streaming requests, of those that produced tokens."""

@@ -87,7 +87,6 @@ class ModelRunner:
         rows = self._tensor(np.asarray(sample_rows, dtype=np.int64))
         return input_ids, positions, meta, rows, sample_seqs
 
-    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, List[Sequence]]:
         """fp32 logits [num sampling rows, vocab] and the sequences they belong to."""
         input_ids, positions, meta, rows, sample_seqs = self.prepare(batch)
