@@ -53,7 +53,7 @@ def dl(t: Optional[torch.Tensor]):
         return None
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
-    return to_dlpack(t.detach())
+    return to_dlpack(t.detach() if t.requires_grad else t)
 
 
 def stream_of(t: torch.Tensor) -> int:
