@@ -4,6 +4,7 @@
 // Both fronts reduce their arguments to one AttnParams; the CPU and CUDA kernels consume only it.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "common/dispatch.h"
 #include "common/tensor.h"
@@ -32,12 +33,15 @@ struct AttnParams {
   int block_size = 0;
 
   // Lengths: seqlen_q(b) = cu_seqlens_q ? cu_seqlens_q[b+1]-cu_seqlens_q[b] : seqlen_q;
-  // seqlen_k(b) = seqused_k ? seqused_k[b] : cu_seqlens_k[b+1]-cu_seqlens_k[b].
-  // (Paged varlen and kvcache set seqused_k: the number of valid cached tokens, including any
-  // appended in this call.)
+  // seqlen_k(b) = seqused_k ? seqused_k[b] + seqused_k_add : cu_seqlens_k[b+1]-cu_seqlens_k[b].
+  // kvcache passes cache_seqlens (the lengths BEFORE this call's append) as seqused_k and the
+  // number of appended rows as seqused_k_add, so no device buffer has to be built:
+  //   seqlen_k(b) = seqused_k[b] + seqused_k_add   (attention_math.h: attn_seqlen_k).
+  // Paged varlen keeps cu_seqlens_k (lengths are its differences) and leaves seqused_k null.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;
+  int seqused_k_add = 0;
   int seqlen_q = 0;
   int max_seqlen_q = 0, max_seqlen_k = 0;
 
@@ -52,17 +56,69 @@ struct AttnParams {
   int64_t alibi_batch_stride = 0;
 
   // Log-sum-exp (natural log), float32, or null. Varlen: [Hq, total_q]; kvcache: [b, Hq, s].
+  // Entry of (sequence b, head h, query i of that sequence):
+  //   lse[b * lse_batch_stride + h * lse_head_stride + (q_start(b) + i) * lse_row_stride]
+  // with q_start(b) = cu_seqlens_q[b] for varlen (lse_batch_stride 0) and 0 for kvcache.
+  // Rows that see no key get lse = +inf and out = 0 (as flash-attn).
   float* lse = nullptr;
   int64_t lse_head_stride = 0, lse_row_stride = 0, lse_batch_stride = 0;
 
   // Split-KV (flash-decoding): num_splits > 1 partitions each sequence's keys; partial results
   // (un-normalised out as float32 [num_splits, rows, Hq, D] and lse [num_splits, rows, Hq]) are
   // merged by the combine step. Workspace is allocated by the caller (no allocation in kernels).
+  // Each split's out is normalised by its own softmax sum and its lse is that split's
+  // log-sum-exp (-inf when the split saw no key); attn_combine_splits() in attention_math.h
+  // merges them with weights exp(lse_s - lse). The CPU kernel allocates its own workspace when
+  // split_out is null. num_splits <= 0 = the kernel chooses (auto), as flash-attn's 0.
   int num_splits = 1;
   float* split_out = nullptr;
   float* split_lse = nullptr;
 };
 
+// flash_attn_with_kvcache's in-place append of k/v [b, s_new, Hkv, D] into the cache at rows
+// cache_seqlens[b] .. cache_seqlens[b] + s_new - 1 (dense or paged), run before the attention
+// kernel of the same call. Cache addressing is AttnParams' (k/v = the caches).
+struct AppendKvParams {
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t kn_batch_stride = 0, kn_row_stride = 0, kn_head_stride = 0;
+  int64_t vn_batch_stride = 0, vn_row_stride = 0, vn_head_stride = 0;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t k_row_stride = 0, k_head_stride = 0, k_block_stride = 0, k_batch_stride = 0;
+  int64_t v_row_stride = 0, v_head_stride = 0, v_block_stride = 0, v_batch_stride = 0;
+  const int32_t* block_table = nullptr;  // null = dense cache [b, seqlen_cache, Hkv, D]
+  int64_t block_table_stride = 0;
+  int block_size = 0;
+  const int32_t* cache_seqlens = nullptr;  // [b] write position of the first new row
+  int batch = 0, seqlen_new = 0, num_kv_heads = 0, head_dim = 0;
+  DType dtype = DType::F32;  // new rows and caches share it
+};
+
 }  // namespace llmk
 
 LLMK_DECLARE_KERNEL(flash_attn, (const AttnParams& p, int64_t stream))
+LLMK_DECLARE_KERNEL(append_kv, (const AppendKvParams& p, int64_t stream))
+
+namespace llmk {
+
+// Front ends (flash_attn.cpp): check every argument, build the params, dispatch. The Python
+// wrapper allocates out / lse, fills defaults and converts int64 index tensors to int32.
+// window_left/right: -1 = unbounded. lse: float32 [Hq, total_q] (varlen) / [b, Hq, s] (kvcache).
+void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView cu_seqlens_q,
+                           TensorView cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                           double softmax_scale, bool causal, int64_t window_left,
+                           int64_t window_right, double softcap,
+                           std::optional<TensorView> alibi_slopes,
+                           std::optional<TensorView> block_table, TensorView out,
+                           std::optional<TensorView> softmax_lse, int64_t stream);
+// cache_seqlens is required here (the wrapper fills it with the cache length when None).
+void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache,
+                            std::optional<TensorView> k, std::optional<TensorView> v,
+                            TensorView cache_seqlens, std::optional<TensorView> block_table,
+                            double softmax_scale, bool causal, int64_t window_left,
+                            int64_t window_right, double softcap,
+                            std::optional<TensorView> alibi_slopes, int64_t num_splits,
+                            TensorView out, std::optional<TensorView> softmax_lse, int64_t stream);
+
+}  // namespace llmk

@@ -1,2 +1,210 @@
-"""Attention ops (flash-attn 2 signatures) -> csrc/attention/."""
-__all__: list = []
+"""Attention ops (flash-attn 2 signatures) -> csrc/attention/flash_attn{.cpp,_cpu.cpp,.cu}.
+
+Semantics follow flash-attn 2: causal masks are aligned to the bottom right (query i of a
+sequence with sq queries and sk keys sits at key position i + sk - sq), the sliding window keeps
+keys in ``[i + sk - sq - left, i + sk - sq + right]``, ``softcap`` maps scores to
+``softcap * tanh(s / softcap)``, ALiBi adds ``-slope * |i + sk - sq - j|``, rows that see no key
+give zeros (and lse = +inf). Beyond flash-attn 2: any page size >= 1, head dims any multiple of 8
+up to 256, fp32/fp16/bf16 on CPU (fp32 accumulation), int64 index tensors accepted (converted).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
+
+__all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
+
+
+def _i32(t: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
+    """Index tensors cross as int32 (as flash-attn); int64 is converted, other dtypes rejected."""
+    if t is None:
+        return None
+    require_tensor(t, name)
+    if t.dtype == torch.int64:
+        return t.to(torch.int32)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected an int32 or int64 tensor, got {t.dtype}")
+    return t
+
+
+def _scale(softmax_scale, q: torch.Tensor) -> float:
+    return float(q.shape[-1]) ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
+def _window(window_size) -> Tuple[int, int]:
+    try:
+        left, right = window_size
+        return int(left), int(right)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
+
+
+# ---- flash_attn_varlen_func ------------------------------------------------------------------
+
+
+@kernel_op("flash_attn_varlen", mutates_args=("out",))
+def _varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+    causal: bool, window_left: int, window_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+    out: Optional[torch.Tensor], return_lse: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    o = torch.empty_like(q) if out is None else out
+    lse = torch.empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    lib_for(q).flash_attn_varlen_fwd(
+        dl(q), dl(k), dl(v), dl(cu_seqlens_q), dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, dl(alibi_slopes),
+        dl(block_table), dl(o), dl(lse) if return_lse else None, stream_of(q),
+    )
+    # A custom op may not return its input: with out= the caller already holds the result.
+    return (o if out is None else torch.empty(0, dtype=q.dtype, device=q.device)), lse
+
+
+@_varlen.op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      window_left, window_right, softcap, alibi_slopes, block_table, out, return_lse):
+    o = torch.empty_like(q) if out is None else q.new_empty(0)
+    lse = q.new_empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32)
+    return o, lse
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    return_softmax_lse: bool = False,
+    block_table: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+):
+    """Attention over a ragged batch: ``q [total_q, Hq, D]``, sequence b owning rows
+    ``cu_seqlens_q[b] : cu_seqlens_q[b+1]``.
+
+    Dense: ``k``/``v`` are ``[total_k, Hkv, D]`` split by ``cu_seqlens_k``. Paged (``block_table
+    [b, max_blocks]`` given): ``k``/``v`` are caches ``[num_blocks, block_size, Hkv, D]`` and
+    ``cu_seqlens_k`` gives each sequence's cached length (the queries are its last rows: chunked
+    prefill, prefix-cache hits). GQA/MQA when Hkv divides Hq. ``softmax_scale`` defaults to
+    ``D ** -0.5``. Returns ``out`` or ``(out, lse)`` with lse float32 ``[Hq, total_q]``.
+    ``alibi_slopes``: float32 ``[Hq]`` or ``[b, Hq]``."""
+    require_tensor(q, "q")
+    require_tensor(k, "k")
+    require_tensor(v, "v")
+    for t, name in ((alibi_slopes, "alibi_slopes"), (out, "out")):
+        if t is not None:
+            require_tensor(t, name)
+    left, right = _window(window_size)
+    o, lse = _varlen(
+        q, k, v, _i32(cu_seqlens_q, "cu_seqlens_q"), _i32(cu_seqlens_k, "cu_seqlens_k"),
+        int(max_seqlen_q), int(max_seqlen_k), _scale(softmax_scale, q), bool(causal), left, right,
+        float(softcap), alibi_slopes, _i32(block_table, "block_table"), out, bool(return_softmax_lse),
+    )
+    if out is not None:
+        o = out
+    return (o, lse) if return_softmax_lse else o
+
+
+# ---- flash_attn_with_kvcache -----------------------------------------------------------------
+
+
+@kernel_op("flash_attn_with_kvcache", mutates_args=("k_cache", "v_cache", "out"))
+def _kvcache(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+    v: Optional[torch.Tensor], cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+    softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], num_splits: int, out: Optional[torch.Tensor],
+    return_lse: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    o = torch.empty_like(q) if out is None else out
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,),
+                      dtype=torch.float32, device=q.device)
+    lib_for(q).flash_attn_kvcache_fwd(
+        dl(q), dl(k_cache), dl(v_cache), dl(k), dl(v), dl(cache_seqlens), dl(block_table),
+        softmax_scale, causal, window_left, window_right, softcap, dl(alibi_slopes), num_splits,
+        dl(o), dl(lse) if return_lse else None, stream_of(q),
+    )
+    return (o if out is None else torch.empty(0, dtype=q.dtype, device=q.device)), lse
+
+
+@_kvcache.op.register_fake
+def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_left,
+      window_right, softcap, alibi_slopes, num_splits, out, return_lse):
+    o = torch.empty_like(q) if out is None else q.new_empty(0)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,), dtype=torch.float32)
+    return o, lse
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+    block_table: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+    out: Optional[torch.Tensor] = None,
+):
+    """Attention of ``q [b, s, Hq, D]`` against a KV cache: decode (s = 1) and multi-token append
+    (s > 1, e.g. speculative verification).
+
+    Dense cache ``[b, seqlen_cache, Hkv, D]`` or paged ``[num_blocks, block_size, Hkv, D]`` with
+    ``block_table [b, max_blocks]``. ``cache_seqlens`` (int or ``[b]``) are the cached lengths; None
+    = the whole cache. When ``k``/``v [b, s_new, Hkv, D]`` are given they are written into the
+    cache in place at ``cache_seqlens[b]`` onwards and attended to in the same call (keys
+    ``cache_seqlens[b] + s_new``; ``cache_seqlens`` itself is not updated). ``num_splits``: split-KV
+    partitions per sequence (0 = automatic). Returns ``out`` or ``(out, lse)`` with lse float32
+    ``[b, Hq, s]``."""
+    require_tensor(q, "q")
+    require_tensor(k_cache, "k_cache")
+    require_tensor(v_cache, "v_cache")
+    for t, name in ((k, "k"), (v, "v"), (alibi_slopes, "alibi_slopes"), (out, "out")):
+        if t is not None:
+            require_tensor(t, name)
+    if (k is None) != (v is None):
+        raise ValueError(f"{'v' if k is not None else 'k'}: k and v must be given together")
+    if q.dim() != 4:
+        raise ValueError(f"q: expected a 4-D tensor [batch, seqlen_q, num_heads, head_dim], got shape {tuple(q.shape)}")
+    batch = q.shape[0]
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("cache_seqlens: required when k/v are appended (where to write them)")
+        if block_table is not None:
+            if block_table.dim() != 2:
+                raise ValueError(f"block_table: expected a 2-D tensor [batch, max_blocks], got shape {tuple(block_table.shape)}")
+            full = block_table.shape[1] * (k_cache.shape[1] if k_cache.dim() == 4 else 0)
+        else:
+            full = k_cache.shape[1] if k_cache.dim() >= 2 else 0
+        cache_seqlens = torch.full((batch,), full, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if not isinstance(num_splits, int):
+        raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
+    left, right = _window(window_size)
+    if q.dim() == 4 and q.shape[0] > 1 and q.shape[1] > 1 and q.stride(0) != q.shape[1] * q.stride(1):
+        q = q.contiguous()  # the kernel views [b, s] as one row dim
+    o, lse = _kvcache(
+        q, k_cache, v_cache, k, v, _i32(cache_seqlens, "cache_seqlens"), _i32(block_table, "block_table"),
+        _scale(softmax_scale, q), bool(causal), left, right, float(softcap), alibi_slopes,
+        num_splits, out, bool(return_softmax_lse),
+    )
+    if out is not None:
+        o = out
+    return (o, lse) if return_softmax_lse else o

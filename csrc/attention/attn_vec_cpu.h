@@ -1,0 +1,249 @@
+// SIMD helpers for the CPU attention kernels, written with GCC vector extensions so that one
+// source compiles to AVX-512 (16 lanes), AVX2 (8 lanes) or SSE2 (4 lanes) in the three builds of
+// each *_cpu.cpp file. Intrinsics only where the extensions have no equivalent (fp16 loads, masked
+// tails), each with a portable fallback.
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include <cmath>
+
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "common/macros.h"
+#include "common/tensor.h"
+
+LLMK_NS_BEGIN
+namespace attn {
+
+#if defined(__AVX512F__)
+constexpr int VL = 16;
+#elif defined(__AVX2__)
+constexpr int VL = 8;
+#else
+constexpr int VL = 4;
+#endif
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4), may_alias));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+typedef uint16_t vh_u __attribute__((vector_size(VL * 2), aligned(2), may_alias));
+
+LLMK_ALWAYS_INLINE vf splat(float x) { return vf{} + x; }
+LLMK_ALWAYS_INLINE vf loadu(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
+LLMK_ALWAYS_INLINE void storeu(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
+LLMK_ALWAYS_INLINE vf vmax(vf a, vf b) { return a > b ? a : b; }
+LLMK_ALWAYS_INLINE vf vmin(vf a, vf b) { return a < b ? a : b; }
+
+// ---- scalar conversions (portable) ----------------------------------------------------------
+
+LLMK_ALWAYS_INLINE float bf16_to_f32(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+LLMK_ALWAYS_INLINE uint16_t f32_to_bf16(float f) {  // round to nearest even
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+LLMK_ALWAYS_INLINE float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do { ++e; man <<= 1; } while (!(man & 0x400u));
+      u = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else {
+    u = sign | (exp + 112) << 23 | man << 13;
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+LLMK_ALWAYS_INLINE uint16_t f32_to_f16(float f) {
+#if defined(__F16C__)
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);               // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);              // overflow -> inf
+  if (a < 0x38800000u) {                                              // subnormal / zero
+    if (a < 0x33000000u) return uint16_t(sign);
+    const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+    const int shift = int(126 - e);  // 14 .. 24
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return uint16_t(sign | r);
+  }
+  uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);
+  return uint16_t(sign | (r >> 13));
+#endif
+}
+
+template <DType T> struct Elem;
+template <> struct Elem<DType::F32> { using type = float; };
+template <> struct Elem<DType::F16> { using type = uint16_t; };
+template <> struct Elem<DType::BF16> { using type = uint16_t; };
+
+template <DType T>
+LLMK_ALWAYS_INLINE float to_f32(typename Elem<T>::type x) {
+  if constexpr (T == DType::F32) return x;
+  else if constexpr (T == DType::BF16) return bf16_to_f32(x);
+  else return f16_to_f32(x);
+}
+
+template <DType T>
+LLMK_ALWAYS_INLINE typename Elem<T>::type from_f32(float x) {
+  if constexpr (T == DType::F32) return x;
+  else if constexpr (T == DType::BF16) return f32_to_bf16(x);
+  else return f32_to_f16(x);
+}
+
+// ---- vector loads with conversion to fp32 (in registers) -----------------------------------
+
+template <DType T>
+LLMK_ALWAYS_INLINE vf load(const typename Elem<T>::type* p) {
+  if constexpr (T == DType::F32) {
+    return loadu(p);
+  } else if constexpr (T == DType::BF16) {
+    const vh h = *reinterpret_cast<const vh_u*>(p);
+    return reinterpret_cast<vf>(__builtin_convertvector(h, vu) << 16);
+  } else {
+#if defined(__AVX512F__)
+    return _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__F16C__) && defined(__AVX2__)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    vf r;
+    for (int i = 0; i < VL; ++i) r[i] = f16_to_f32(p[i]);
+    return r;
+#endif
+  }
+}
+
+// Loads n < VL elements (the rest zero). Only the AVX-512 build can need it (head_dim is a
+// multiple of 8 = the AVX2 width).
+template <DType T>
+LLMK_ALWAYS_INLINE vf load_tail(const typename Elem<T>::type* p, int n) {
+#if defined(__AVX512F__)
+  const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+  if constexpr (T == DType::F32) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if constexpr (T == DType::BF16)
+      return reinterpret_cast<vf>(__builtin_convertvector(reinterpret_cast<vh>(h), vu) << 16);
+    else
+      return _mm512_maskz_cvtph_ps(0xffff, h);
+  }
+#else
+  vf r = splat(0.f);
+  for (int i = 0; i < n; ++i) r[i] = to_f32<T>(p[i]);
+  return r;
+#endif
+}
+
+// ---- transcendental functions ---------------------------------------------------------------
+
+// exp(x) with ~1e-7 relative error; exactly 0 for x <= -88 (incl. -inf).
+LLMK_ALWAYS_INLINE vf vexp(vf x) {
+  x = vmax(x, splat(-88.f));
+  x = vmin(x, splat(88.f));
+  const vf t = x * 1.44269504088896341f;
+  const vf n = (t + 12582912.f) - 12582912.f;  // round to nearest (|t| < 2^22)
+  const vf y = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;  // x - n ln2, 2 parts
+  vf p = splat(1.f / 5040);
+  p = p * y + 1.f / 720;
+  p = p * y + 1.f / 120;
+  p = p * y + 1.f / 24;
+  p = p * y + 1.f / 6;
+  p = p * y + 0.5f;
+  p = p * y + 1.f;
+  p = p * y + 1.f;
+  const vi e = (__builtin_convertvector(n, vi) + 127) << 23;  // n in [-127, 127]
+  return p * reinterpret_cast<vf>(e);
+}
+
+// tanh through exp; |error| ~ 1e-7 (absolute).
+LLMK_ALWAYS_INLINE vf vtanh(vf x) {
+  const vf a = vmin(x < 0.f ? -x : x, splat(20.f));
+  const vf e = vexp(a + a);
+  const vf t = 1.f - 2.f / (e + 1.f);
+  return x < 0.f ? -t : t;
+}
+
+// Butterfly reductions: after log2(VL) steps every lane holds the result.
+LLMK_ALWAYS_INLINE vi xor_mask(int w) {
+  vi m;
+  for (int o = 0; o < VL; ++o) m[o] = o ^ w;
+  return m;
+}
+
+LLMK_ALWAYS_INLINE float hsum(vf v) {
+  for (int w = VL / 2; w >= 1; w /= 2) v += __builtin_shuffle(v, xor_mask(w));
+  return v[0];
+}
+
+LLMK_ALWAYS_INLINE float hmax(vf v) {
+  for (int w = VL / 2; w >= 1; w /= 2) v = vmax(v, __builtin_shuffle(v, xor_mask(w)));
+  return v[0];
+}
+
+// Horizontal sums of VL vectors at once: returns r with r[k] = sum of the lanes of v[k]
+// (a transposing reduction tree: ~3 ops per vector instead of ~2 log2(VL)).
+template <int W>  // current lanes per key
+LLMK_ALWAYS_INLINE vf hsum_pair(vf a, vf b) {
+  // a and b each hold VL/W keys with W lanes apiece; the result holds 2*VL/W keys with W/2
+  // lanes each (a's keys first), every key block summed from its two halves.
+  constexpr int H = W / 2;
+  vi lo, hi;
+  for (int o = 0; o < VL; ++o) {
+    const int src = o < VL / 2 ? 0 : VL;       // from a or from b
+    const int oo = o % (VL / 2);
+    const int k = oo / H, t = oo % H;
+    lo[o] = src + k * W + t;
+    hi[o] = src + k * W + t + H;
+  }
+  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+}
+
+LLMK_ALWAYS_INLINE vf hsum_many(vf* v) {
+  // Level by level: VL vectors of VL lanes -> ... -> 1 vector of VL keys.
+  if constexpr (VL >= 16) {
+    for (int k = 0; k < 8; ++k) v[k] = hsum_pair<16>(v[2 * k], v[2 * k + 1]);
+  }
+  if constexpr (VL >= 8) {
+    for (int k = 0; k < 4; ++k) v[k] = hsum_pair<8>(v[2 * k], v[2 * k + 1]);
+  }
+  for (int k = 0; k < 2; ++k) v[k] = hsum_pair<4>(v[2 * k], v[2 * k + 1]);
+  return hsum_pair<2>(v[0], v[1]);
+}
+
+}  // namespace attn
+LLMK_NS_END

@@ -1,0 +1,203 @@
+// CPU attention entry points (one build per SIMD level): flash_attn cuts the batch into tasks of
+// (sequence, kv head, query block[, key split]), runs them largest-first on the thread pool, and
+// writes the outputs (or the split partials, merged by the log-sum-exp combine); append_kv
+// writes flash_attn_with_kvcache's new k/v rows into the cache.
+#include <string.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attention/attn_vec_cpu.h"
+#include "attention/flash_attn_cpu.h"
+#include "common/parallel.h"
+
+LLMK_NS_BEGIN
+namespace attn {
+
+Scratch& thread_scratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
+namespace {
+
+constexpr int kGemmRows = 128;     // target rows (query positions x group heads) per GEMM task
+constexpr int kMinSplitKeys = 256; // a split below this many keys costs more than it balances
+
+// Writes rows of a finished task: final output (normalised, in the output dtype) + lse, or the
+// split partial (fp32, normalised by the split's own sum) + the split's lse.
+template <DType T>
+void store_task(const AttnParams& p, const Task& t, const Scratch& sc, int64_t rows_total,
+                float* part_o, float* part_lse) {
+  using E = typename Elem<T>::type;
+  const int D = p.head_dim, G = p.num_heads / p.num_kv_heads, dp = sc.dp;
+  const int M = G * t.nq;
+  const float* O = sc.o.p;
+  for (int r = 0; r < M; ++r) {
+    const int g = r / t.nq, i = t.i0 + r % t.nq, h = t.kvh * G + g;
+    const float l = sc.l.p[r], mx = sc.m.p[r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float* src = O + int64_t(r) * dp;
+    const int64_t row = attn_q_start(p, t.b) + i;
+    if (part_o) {
+      const int64_t at = (int64_t(t.split) * rows_total + row) * p.num_heads + h;
+      float* dst = part_o + at * D;
+      for (int d = 0; d < D; ++d) dst[d] = src[d] * inv;
+      part_lse[at] = l > 0.f ? mx + logf(l) : -INFINITY;
+    } else {
+      E* dst = static_cast<E*>(p.out) + row * p.o_row_stride + int64_t(h) * p.o_head_stride;
+      for (int d = 0; d < D; ++d) dst[d] = from_f32<T>(src[d] * inv);
+      if (p.lse) p.lse[attn_lse_offset(p, t.b, h, i)] = attn_lse(SoftmaxState{mx, l});
+    }
+  }
+}
+
+template <DType T>
+void combine_splits(const AttnParams& p, int ns, int64_t rows_total, const float* part_o,
+                    const float* part_lse) {
+  using E = typename Elem<T>::type;
+  const int D = p.head_dim, H = p.num_heads;
+  parallel_for(int64_t(p.batch) * H, 4, [&](int64_t lo, int64_t hi) {
+    std::vector<float> w(ns), acc(D);
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int b = int(bh / H), h = int(bh % H);
+      const int sq = attn_seqlen_q(p, b);
+      for (int i = 0; i < sq; ++i) {
+        const int64_t row = attn_q_start(p, b) + i, at = row * H + h;
+        const float lse = attn_combine_weights(part_lse + at, rows_total * H, ns, w.data());
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int s = 0; s < ns; ++s) {
+          if (w[s] == 0.f) continue;
+          const float* src = part_o + (int64_t(s) * rows_total * H + at) * D;
+          for (int d = 0; d < D; ++d) acc[d] += w[s] * src[d];
+        }
+        E* dst = static_cast<E*>(p.out) + row * p.o_row_stride + int64_t(h) * p.o_head_stride;
+        for (int d = 0; d < D; ++d) dst[d] = from_f32<T>(acc[d]);
+        if (p.lse) p.lse[attn_lse_offset(p, b, h, i)] = lse;
+      }
+    }
+  });
+}
+
+template <DType T>
+void run(const AttnParams& p) {
+  const int G = p.num_heads / p.num_kv_heads;
+  const int threads = max_threads();
+  std::vector<Task> tasks;
+  int max_sk = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    const int sq = attn_seqlen_q(p, b), sk = attn_seqlen_k(p, b);
+    if (sq <= 0) continue;
+    max_sk = std::max(max_sk, sk);
+    const int bq = G * sq < kSmallRows ? sq : std::max(1, kGemmRows / G);
+    for (int i0 = 0; i0 < sq; i0 += bq) {
+      const int nq = std::min(bq, sq - i0);
+      // Cost ~ rows x visible keys (+ a fixed part for rows that see none).
+      const KeyRange a = attn_key_range(i0, sq, sk, p.window_left, p.window_right);
+      const KeyRange z = attn_key_range(i0 + nq - 1, sq, sk, p.window_left, p.window_right);
+      const double keys = std::max(0, std::min(z.hi, sk) - std::max(a.lo, 0));
+      for (int h = 0; h < p.num_kv_heads; ++h)
+        tasks.push_back(Task{b, h, i0, nq, 0, 0, sk, sq, sk, double(G) * nq * (keys + 16)});
+    }
+  }
+  if (tasks.empty()) return;
+  int64_t rows_total = 0;
+  for (int b = 0; b < p.batch; ++b)
+    rows_total = std::max<int64_t>(rows_total, attn_q_start(p, b) + attn_seqlen_q(p, b));
+
+  // Split-KV: few tasks over long keys leave threads idle; cut every task's key range.
+  int ns = p.num_splits;
+  if (ns <= 0) {
+    ns = 1;
+    const int64_t n = int64_t(tasks.size());
+    if (threads > 1 && n < 2 * threads) ns = int((4 * threads + n - 1) / n);
+    ns = std::min(ns, std::max(1, max_sk / kMinSplitKeys));
+  }
+  ns = std::max(1, std::min(ns, 128));
+  // Bound the partial-output workspace (fp32 [ns, rows, Hq, D]) to 256 MiB.
+  const int64_t per_split = rows_total * p.num_heads * p.head_dim;
+  while (ns > 1 && ns * per_split > (int64_t(64) << 20)) --ns;
+  if (ns > 1) {
+    std::vector<Task> split;
+    split.reserve(tasks.size() * ns);
+    for (const Task& t : tasks) {
+      const int chunk = std::max(1, (t.sk + ns - 1) / ns);
+      for (int s = 0; s < ns; ++s) {
+        Task u = t;
+        u.split = s;
+        u.k0 = std::min(t.sk, s * chunk);
+        u.k1 = std::min(t.sk, (s + 1) * chunk);
+        u.cost = t.cost / ns;
+        split.push_back(u);
+      }
+    }
+    tasks.swap(split);
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& b) { return a.cost > b.cost; });
+
+  std::vector<float> own_o, own_lse;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  if (ns > 1) {
+    part_o = p.split_out;
+    part_lse = p.split_lse;
+    if (!part_o) {
+      own_o.resize(size_t(ns) * per_split);
+      own_lse.resize(size_t(ns) * rows_total * p.num_heads);
+      part_o = own_o.data();
+      part_lse = own_lse.data();
+    }
+  }
+  parallel_for_dynamic(int64_t(tasks.size()), [&](int64_t k) {
+    const Task& t = tasks[k];
+    Scratch& sc = thread_scratch();
+    if (G * t.nq < kSmallRows) attend_small(p, t, sc);
+    else attend_gemm(p, t, sc);
+    store_task<T>(p, t, sc, rows_total, part_o, part_lse);
+  });
+  if (ns > 1) combine_splits<T>(p, ns, rows_total, part_o, part_lse);
+}
+
+}  // namespace
+}  // namespace attn
+
+void flash_attn(const AttnParams& p, int64_t /*stream*/) {
+  switch (p.dtype) {
+    case DType::F16: attn::run<DType::F16>(p); break;
+    case DType::BF16: attn::run<DType::BF16>(p); break;
+    default: attn::run<DType::F32>(p); break;
+  }
+}
+
+void append_kv(const AppendKvParams& p, int64_t /*stream*/) {
+  const int64_t rows = int64_t(p.batch) * p.seqlen_new;
+  const size_t es = dtype_size(p.dtype), row_bytes = size_t(p.head_dim) * es;
+  parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int b = int(r / p.seqlen_new), i = int(r % p.seqlen_new);
+      const int64_t j = int64_t(p.cache_seqlens[b]) + i;
+      int64_t kbase, vbase;
+      if (p.block_table) {
+        const int64_t blk = p.block_table[b * p.block_table_stride + j / p.block_size];
+        const int64_t slot = j % p.block_size;
+        kbase = blk * p.k_block_stride + slot * p.k_row_stride;
+        vbase = blk * p.v_block_stride + slot * p.v_row_stride;
+      } else {
+        kbase = b * p.k_batch_stride + j * p.k_row_stride;
+        vbase = b * p.v_batch_stride + j * p.v_row_stride;
+      }
+      const char* kn = static_cast<const char*>(p.k_new) + (b * p.kn_batch_stride + i * p.kn_row_stride) * int64_t(es);
+      const char* vn = static_cast<const char*>(p.v_new) + (b * p.vn_batch_stride + i * p.vn_row_stride) * int64_t(es);
+      char* kc = static_cast<char*>(p.k_cache) + kbase * int64_t(es);
+      char* vc = static_cast<char*>(p.v_cache) + vbase * int64_t(es);
+      for (int h = 0; h < p.num_kv_heads; ++h) {
+        memcpy(kc + h * p.k_head_stride * int64_t(es), kn + h * p.kn_head_stride * int64_t(es), row_bytes);
+        memcpy(vc + h * p.v_head_stride * int64_t(es), vn + h * p.vn_head_stride * int64_t(es), row_bytes);
+      }
+    }
+  });
+}
+
+LLMK_NS_END
