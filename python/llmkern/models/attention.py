@@ -28,6 +28,12 @@ class AttnMetadata:
     prefill_block_table: Optional[torch.Tensor] = None  # None: all chunks start at 0 (dense path)
 
 
+def _as_batch(x: torch.Tensor) -> torch.Tensor:
+    """[n, H, D] rows -> [n, 1, H, D] whose length-1 dim carries the row stride (kernels may walk
+    rows as b * s + i with the seq-dim stride, which plain unsqueeze(1) would set differently)."""
+    return x.as_strided((x.shape[0], 1) + tuple(x.shape[1:]), (x.stride(0), x.stride(0)) + tuple(x.stride()[1:]))
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttnMetadata, scale: float,
                     window: Tuple[int, int], out: torch.Tensor) -> torch.Tensor:
@@ -36,9 +42,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     nd = meta.num_decode
     if nd:
         K.flash_attn_with_kvcache(
-            q[:nd].unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.decode_seqlens,
+            _as_batch(q[:nd]), k_cache, v_cache, cache_seqlens=meta.decode_seqlens,
             block_table=meta.decode_block_table, softmax_scale=scale, causal=True,
-            window_size=window, out=out[:nd].unsqueeze(1))
+            window_size=window, out=_as_batch(out[:nd]))
     if meta.num_prefill_tokens:
         if meta.prefill_block_table is None:
             K.flash_attn_varlen_func(
