@@ -109,3 +109,34 @@ def min_p_sampling_from_probs(probs, min_p, indices=None, deterministic=True, ge
     m = _as_row_param(min_p, probs.shape[0], torch.float32).unsqueeze(1)
     keep = probs >= m * probs.max(-1, keepdim=True).values
     return _sample(probs * keep, generator)
+
+
+def apply_penalties(logits, output_token_counts=None, repetition_penalties=1.0, frequency_penalties=0.0,
+                    presence_penalties=0.0, prompt_mask=None, output_token_ids=None, prompt_token_ids=None):
+    b, V = logits.shape
+
+    def row_param(x):
+        return _as_row_param(x, b, logits.dtype).unsqueeze(1)
+
+    def to_mask(ids):
+        m = torch.zeros(b, V + 1, dtype=torch.bool)
+        ids = ids.long().clone()
+        ids[(ids < 0) | (ids >= V)] = V
+        return m.scatter_(1, ids, True)[:, :V]
+
+    if output_token_counts is None:
+        ids = output_token_ids.long().clone()
+        ids[(ids < 0) | (ids >= V)] = V
+        output_token_counts = torch.zeros(b, V + 1, dtype=logits.dtype).scatter_add_(
+            1, ids, torch.ones_like(ids, dtype=logits.dtype))[:, :V]
+    counts = output_token_counts.to(logits.dtype)
+    seen = counts > 0
+    if prompt_mask is not None:
+        seen = seen | prompt_mask
+    elif prompt_token_ids is not None:
+        seen = seen | to_mask(prompt_token_ids)
+    rp = row_param(repetition_penalties)
+    pen = torch.where(logits > 0, logits / rp, logits * rp)
+    logits.copy_(torch.where(seen, pen, logits))
+    logits -= row_param(frequency_penalties) * counts + row_param(presence_penalties) * (counts > 0).to(logits.dtype)
+    return logits

@@ -52,21 +52,27 @@ class Sampler:
                     logits[i, banned] = float("-inf")
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: List[Sequence]) -> None:
-        V = logits.shape[1]
-        for i, s in enumerate(seqs):
-            p = s.params
-            if not p.has_penalties:
-                continue
-            row = logits[i]
-            out_ids = torch.tensor(s.output_token_ids, dtype=torch.int64, device=logits.device)
-            if p.repetition_penalty != 1.0:  # HF semantics: over prompt and output tokens
-                seen = torch.zeros(V, dtype=torch.bool, device=logits.device)
-                seen[torch.tensor(s.token_ids, dtype=torch.int64, device=logits.device)] = True
-                rp = p.repetition_penalty
-                row.copy_(torch.where(seen, torch.where(row > 0, row / rp, row * rp), row))
-            if out_ids.numel() and (p.frequency_penalty or p.presence_penalty):
-                counts = torch.bincount(out_ids, minlength=V)[:V].to(row.dtype)
-                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+        rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+        if not rows:
+            return
+        dev = logits.device
+
+        def padded(lists):
+            width = max(1, max(len(x) for x in lists))
+            t = torch.full((len(lists), width), -1, dtype=torch.int64)
+            for j, x in enumerate(lists):
+                t[j, :len(x)] = torch.tensor(x, dtype=torch.int64)
+            return t.to(dev)
+
+        ps = [seqs[i].params for i in rows]
+        sub = logits[rows]
+        K.apply_penalties(
+            sub, repetition_penalties=torch.tensor([p.repetition_penalty for p in ps], dtype=torch.float32, device=dev),
+            frequency_penalties=torch.tensor([p.frequency_penalty for p in ps], dtype=torch.float32, device=dev),
+            presence_penalties=torch.tensor([p.presence_penalty for p in ps], dtype=torch.float32, device=dev),
+            output_token_ids=padded([seqs[i].output_token_ids for i in rows]),
+            prompt_token_ids=padded([seqs[i].token_ids[:seqs[i].num_prompt_tokens] for i in rows]))
+        logits[rows] = sub
 
     def _sample(self, logits: torch.Tensor, rows: List[int], seqs: List[Sequence],
                 generator: Optional[torch.Generator]) -> torch.Tensor:
