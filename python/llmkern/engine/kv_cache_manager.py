@@ -141,6 +141,9 @@ class KVCacheManager:
             dev = self._allocate(len(host))
             self._copy(self.offload_caches, self.caches, [(e.block_id, d) for (_, e), d in zip(host, dev)])
             for (i, e), d in zip(host, dev):
+                displaced = self.offload.cached.pop(seq.block_hashes[i], None)
+                if displaced is not None:  # a colliding entry offloaded meanwhile
+                    self.offload.give_back([displaced.block_id])
                 self.offload.cached[seq.block_hashes[i]] = e
                 self.pool.register(d, seq.block_hashes[i], e.tokens, e.parent_reg, e.reg)
                 bids[i] = d
@@ -154,8 +157,9 @@ class KVCacheManager:
         n = len(bids) * bs
         seq.num_computed_tokens = n
         seq.prompt_cache_hit_tokens = n
-        self.stats.prefix_query_tokens += seq.num_tokens
-        self.stats.prefix_hit_tokens += n
+        if not seq.num_preemptions:  # re-admissions after preemption would count twice
+            self.stats.prefix_query_tokens += seq.num_tokens
+            self.stats.prefix_hit_tokens += n
         return n
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
