@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..ops.attention import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: F401
 from ..ops.kvcache import copy_blocks, reshape_and_cache_flash, swap_blocks  # noqa: F401
-from ._torch_standin_ops import (  # noqa: F401  (sampling until the llmkern ops land)
+from ..ops.sampling import (  # noqa: F401
     apply_penalties,
     min_p_sampling_from_probs,
     sampling_from_logits,
