@@ -43,6 +43,10 @@ def matmul_flops(dtype=torch.float32, n: int = 1024) -> float:
 
 
 def _rec(workload, case, llmkern_s, peer, peer_s, metric="", value=None, limit=None, **extra):
+    import sys
+
+    print(f"[e2e/{workload}] {case}: llmkern {llmkern_s:.2f}s, {peer} "
+          f"{'-' if peer_s is None else f'{peer_s:.2f}s'}", file=sys.stderr, flush=True)
     return {"bench": f"e2e/{workload}", "case": case, "llmkern_s": llmkern_s, "peer": peer, "peer_s": peer_s,
             "ratio": (peer_s / llmkern_s) if (peer_s and llmkern_s) else None, "metric": metric,
             "llmkern_value": value, "limit": limit, "extra": extra}
