@@ -22,7 +22,10 @@ LLMK_NS_BEGIN
 namespace attn {
 namespace {
 
-constexpr int kBK = 64;  // keys per tile (a multiple of every VL)
+#ifndef LLMK_ATTN_BK
+#define LLMK_ATTN_BK 64
+#endif
+constexpr int kBK = LLMK_ATTN_BK;  // keys per tile (a multiple of every VL)
 constexpr int kMR = 6;   // keys per Q.K^T micro-tile, rows per P.V micro-tile
 #if defined(__AVX512F__)
 constexpr int kNR = 4;   // vectors per micro-tile: 6 x 4 accumulators of 32 registers
