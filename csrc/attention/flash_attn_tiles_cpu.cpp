@@ -248,34 +248,117 @@ void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
 
 // ---- decode kernel ----------------------------------------------------------------------------
 
+#if defined(__AVX512F__)
+// bf16 inputs on CPUs with AVX512_BF16 (Zen 4, Sapphire Rapids): q.k from pairs of bf16 products,
+// exact in fp32 and summed in fp32 (vdpbf16ps), with no conversion of K. The build's AVX-512
+// flags do not include the extension, so only this function is compiled for it, and it runs
+// when the CPU reports it.
+bool has_avx512bf16() {
+  static const bool v = __builtin_cpu_supports("avx512bf16");
+  return v;
+}
+
+template <int RR>
+__attribute__((target("avx512bf16"))) void qk_dot_bf16(const uint16_t* const* q,
+                                                       const uint16_t* const* kr, int nk, int D,
+                                                       float scale, float* S,
+                                                       const uint16_t* const* kn, int nn) {
+  const int nfull = D / 32 * 32, tail = D % 32;
+  const __mmask32 tmask = tail ? static_cast<__mmask32>((1u << tail) - 1) : 0;
+  const int row_bytes = D * 2;
+  for (int jb = 0; jb < nk; jb += VL) {
+    const int nb = std::min(VL, nk - jb);
+    vf tt[RR][VL];
+    // Two keys per step: independent accumulator chains and one q load for both.
+    for (int k = 0; k < nb; k += 2) {
+      const uint16_t* k0 = kr[jb + k];
+      const uint16_t* k1 = k + 1 < nb ? kr[jb + k + 1] : k0;
+      if (jb + k < nn) prefetch_row(kn[jb + k], row_bytes);
+      if (jb + k + 1 < nn) prefetch_row(kn[jb + k + 1], row_bytes);
+      __m512 a0[RR], a1[RR];
+      for (int r = 0; r < RR; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+      for (int c = 0; c < nfull; c += 32) {
+        const __m512bh x0 = (__m512bh)_mm512_loadu_si512(k0 + c);
+        const __m512bh x1 = (__m512bh)_mm512_loadu_si512(k1 + c);
+        for (int r = 0; r < RR; ++r) {
+          const __m512bh qv = (__m512bh)_mm512_loadu_si512(q[r] + c);
+          a0[r] = _mm512_dpbf16_ps(a0[r], qv, x0);
+          a1[r] = _mm512_dpbf16_ps(a1[r], qv, x1);
+        }
+      }
+      if (tail) {
+        const __m512bh x0 = (__m512bh)_mm512_maskz_loadu_epi16(tmask, k0 + nfull);
+        const __m512bh x1 = (__m512bh)_mm512_maskz_loadu_epi16(tmask, k1 + nfull);
+        for (int r = 0; r < RR; ++r) {
+          const __m512bh qv = (__m512bh)_mm512_maskz_loadu_epi16(tmask, q[r] + nfull);
+          a0[r] = _mm512_dpbf16_ps(a0[r], qv, x0);
+          a1[r] = _mm512_dpbf16_ps(a1[r], qv, x1);
+        }
+      }
+      for (int r = 0; r < RR; ++r) {
+        tt[r][k] = a0[r];
+        if (k + 1 < nb) tt[r][k + 1] = a1[r];
+      }
+    }
+    for (int k = nb; k < VL; ++k)
+      for (int r = 0; r < RR; ++r) tt[r][k] = splat(0.f);
+    for (int r = 0; r < RR; ++r) storeu(S + r * kBK + jb, hsum_many(tt[r]) * scale);
+  }
+}
+#endif
+
 // Rows r0 .. r0+RR-1 against one key tile (nk keys whose K/V rows are kr[] / vr[]).
 // kn / vn (may be null): rows of the next tile, prefetched while this one is computed.
+// qsrc: the RR rows of q in the input dtype (unscaled), for the bf16 dot-product path.
 template <DType T, int RR>
 void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* kr,
                  const E<T>* const* vr, int j0, int nk, const Rows& R, int r0, float cap,
                  bool alibi, float* S, float* O, float* m, float* l, const E<T>* const* kn,
-                 const E<T>* const* vn, int nn) {
+                 const E<T>* const* vn, int nn, const E<T>* const* qsrc, float scale) {
   const int dfull = D / VL * VL;
   const int row_bytes = D * int(sizeof(E<T>));
+  bool done = false;
+#if defined(__AVX512F__)
+  if constexpr (T == DType::BF16) {
+    if (has_avx512bf16()) {
+      qk_dot_bf16<RR>(qsrc, kr, nk, D, scale, S, kn, nn);
+      done = true;
+    }
+  }
+#endif
   // S[r][jj] = q_r . k_j, VL keys at a time, reduced together.
-  for (int jb = 0; jb < nk; jb += VL) {
+  for (int jb = 0; jb < nk && !done; jb += VL) {
     const int nb = std::min(VL, nk - jb);
     vf tt[RR][VL];
-    for (int k = 0; k < nb; ++k) {
-      const E<T>* krow = kr[jb + k];
+    // Two keys per step: independent accumulator chains and one q load for both.
+    for (int k = 0; k < nb; k += 2) {
+      const E<T>* k0 = kr[jb + k];
+      const E<T>* k1 = k + 1 < nb ? kr[jb + k + 1] : k0;
       if (jb + k < nn) prefetch_row(kn[jb + k], row_bytes);
-      vf acc[RR];
-      for (int r = 0; r < RR; ++r) acc[r] = splat(0.f);
+      if (jb + k + 1 < nn) prefetch_row(kn[jb + k + 1], row_bytes);
+      vf a0[RR], a1[RR];
+      for (int r = 0; r < RR; ++r) a0[r] = a1[r] = splat(0.f);
       int c = 0;
       for (; c < dfull; c += VL) {
-        const vf x = load<T>(krow + c);
-        for (int r = 0; r < RR; ++r) acc[r] += loadu(qs + (r0 + r) * dp + c) * x;
+        const vf x0 = load<T>(k0 + c), x1 = load<T>(k1 + c);
+        for (int r = 0; r < RR; ++r) {
+          const vf qv = loadu(qs + (r0 + r) * dp + c);
+          a0[r] += qv * x0;
+          a1[r] += qv * x1;
+        }
       }
       if (c < D) {
-        const vf x = load_tail<T>(krow + c, D - c);
-        for (int r = 0; r < RR; ++r) acc[r] += loadu(qs + (r0 + r) * dp + c) * x;
+        const vf x0 = load_tail<T>(k0 + c, D - c), x1 = load_tail<T>(k1 + c, D - c);
+        for (int r = 0; r < RR; ++r) {
+          const vf qv = loadu(qs + (r0 + r) * dp + c);
+          a0[r] += qv * x0;
+          a1[r] += qv * x1;
+        }
       }
-      for (int r = 0; r < RR; ++r) tt[r][k] = acc[r];
+      for (int r = 0; r < RR; ++r) {
+        tt[r][k] = a0[r];
+        if (k + 1 < nb) tt[r][k + 1] = a1[r];
+      }
     }
     for (int k = nb; k < VL; ++k)
       for (int r = 0; r < RR; ++r) tt[r][k] = splat(0.f);
@@ -361,9 +444,11 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   memset(O, 0, sizeof(float) * M * dp);
   for (int r = 0; r < M; ++r) m[r] = -INFINITY, l[r] = 0.f;
   if (R.klo >= R.khi) return;
-  for (int r = 0; r < M; ++r)
-    row_to_f32<T>(q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq), D, p.softmax_scale,
-                  qs + r * dp);
+  const E<T>** qsrc = reinterpret_cast<const E<T>**>(sc.t.get(size_t(M) * 2 + 2));
+  for (int r = 0; r < M; ++r) {
+    qsrc[r] = q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+    row_to_f32<T>(qsrc[r], D, p.softmax_scale, qs + r * dp);
+  }
   // Row pointers (head kvh) of the current and the next tile, double-buffered for the prefetch;
   // head kvh + hh is hh * head_stride further.
   const E<T>* rows[2][2][kBK];
@@ -397,10 +482,10 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
         const int r0 = hh * Mh + c0;
         const int pn = c0 == 0 ? np : 0;  // the head's first chunk issues the prefetches
         switch (std::min(4, Mh - c0)) {
-          case 4: small_chunk<T, 4>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
-          case 3: small_chunk<T, 3>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
-          case 2: small_chunk<T, 2>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
-          default: small_chunk<T, 1>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
+          case 4: small_chunk<T, 4>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
+          case 3: small_chunk<T, 3>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
+          case 2: small_chunk<T, 2>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
+          default: small_chunk<T, 1>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
         }
       }
     }
