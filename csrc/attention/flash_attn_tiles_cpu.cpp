@@ -11,6 +11,7 @@
 // attend_small (decode and short appends, few rows): K/V rows are read straight from the cache
 // and converted in registers; every load serves all rows of the group. Dot products are reduced
 // VL keys at a time by a transposing tree.
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -62,8 +63,12 @@ LLMK_ALWAYS_INLINE void row_to_f32(const E<T>* src, int d, float scale, float* d
 // and accumulates them in fp32, twice the work of an fp32 FMA per instruction and no widening.
 // The build's AVX-512 flags do not include the extension, so only the functions that use it are
 // compiled for it (target attribute) and they run when the CPU reports it.
+// LLMKERN_ATTN_BF16_DOT=0 turns it off (to test the widening path on such CPUs).
 bool has_avx512bf16() {
-  static const bool v = __builtin_cpu_supports("avx512bf16");
+  static const bool v = [] {
+    const char* env = getenv("LLMKERN_ATTN_BF16_DOT");
+    return __builtin_cpu_supports("avx512bf16") && !(env && env[0] == '0');
+  }();
   return v;
 }
 #define LLMK_BF16_TARGET __attribute__((target("avx512bf16")))
