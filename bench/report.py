@@ -505,6 +505,23 @@ def load(path: str) -> dict:
     (whose per-module tests keep the figures in extra_info)."""
     with open(path) as f:
         data = json.load(f)
+    if isinstance(data, list):  # one module's records (e.g. bench_<name>.json of the device check)
+        return {"suite": "file", "command": os.path.basename(path), "records": data, "modules": [],
+                "limits": {}, "machine": {}, "quick": None}
+    if isinstance(data.get("benchmarks"), dict):  # device_check.sh summary.json
+        env = data.get("environment") or {}
+        gpu = ([{"name": env["gpu"], "capability": env.get("capability", "?"), "sms": env.get("sms", "?"),
+                 "memory_gib": env.get("memory_gib", "?")}] if env.get("gpu") else [])
+        res = {"suite": "device check", "command": "bash bench/device_check.sh", "started": data.get("started", "?"),
+               "device": "cuda" if gpu else "cpu", "quick": None, "limits": {}, "records": [], "modules": [],
+               "machine": {"gpus": gpu, "versions": {k: env[k] for k in ("python", "torch", "torch_cuda") if env.get(k)}},
+               "elapsed_s": data.get("duration_s")}
+        for name, recs in data["benchmarks"].items():
+            ok = isinstance(recs, list)
+            res["records"] += recs if ok else []
+            res["modules"].append({"name": "bench_" + name, "suite": "kernels", "status": "ok" if ok else "error",
+                                   "seconds": 0.0, "records": len(recs) if ok else 0, "note": "" if ok else str(recs)})
+        return res
     if "benchmarks" in data and "records" not in data:
         res = {"suite": "pytest", "command": "pytest bench/ --benchmark-json=" + os.path.basename(path),
                "started": data.get("datetime", "?"), "modules": [], "records": [], "limits": {},
