@@ -151,7 +151,7 @@ def test_cli_rerenders_saved_json(tmp_path, capsys):
     ("e2e/offline", "256 requests", "requests", 256),
 ])
 def test_axis_from_case_string(bench, case, axis, x):
-    got, label = report.axis_value(Record(bench, case, 1.0, "peer", 2.0), axis)
+    got, label, panel = report.axis_value(Record(bench, case, 1.0, "peer", 2.0), axis)
     assert got == x
     if x is not None:
         assert label and str(x) not in label.split()
@@ -168,6 +168,7 @@ def test_end_to_end_records_as_the_runtime_writes_them(tmp_path):
                    "ms TTFT", 10.0)]
     paths = report.write_report(result(recs), str(tmp_path))
     assert "e2e_throughput.png" in [os.path.basename(p) for p in paths["plots"]]
+    assert report.axis_value(recs[0], "requests") == (8, "", "e2e/offline")
     md = (tmp_path / "report.md").read_text()
     assert "25% of the matmul roofline" in md and "**3.50x**" in md and "**8.00x**" in md
 
