@@ -272,7 +272,7 @@ def test_cuda_kernels_draw_the_cpu_kernels_tokens(backend):
     if backend.name == "cpu":
         pytest.skip("compares the CUDA kernels with the CPU kernels")
     dev = backend.device
-    V = 1300 if backend.emulated else 40000
+    V = 1300 if backend.emulated else 20000  # fp32 partial sums stay below 2^24 units: exact
     w = dyadic_rows(6, V, seed=0)
     idx = torch.tensor([0, 1, 2, 3, 4, 5] * 20)
     top_k = torch.tensor([1, 3, 40, 200, 0, V] * 20, dtype=torch.int32)
