@@ -167,7 +167,7 @@ struct RowSmem {
   unsigned long long ured[32];
   long long sel_pos;
   float sel_w;
-  int hist[256];
+  int hist[2048];
   int digit, remaining;
 };
 
@@ -418,53 +418,55 @@ LLMK_DEVICE void exact_search(const Src& src, Search& S, Acc& accepts, const Row
 }
 
 // The k-th largest weight among those above dom_lo (1 <= k <= their count), by radix selection on
-// the order-preserving keys: four passes, one 8-bit digit each, with a shared-memory histogram of
-// the elements that match the digits chosen so far. The top-k set (ties included) is then
-// {w >= result} = {w > float_below(result)}.
+// the order-preserving keys: three passes (digits of 11, 11 and 10 bits, from the top), each a
+// shared-memory histogram of the elements that match the digits chosen so far, then a descending
+// block scan of the bins to find the digit holding the k-th element. Wide first digits spread a
+// row's weights (which share sign and top exponent bits) over many bins, which keeps the
+// shared-memory atomics of the first pass mostly conflict-free. The top-k set (ties included) is
+// then {w >= result} = {w > float_below(result)}.
 template <typename Src>
 LLMK_DEVICE float radix_kth_largest(const Src& src, float dom_lo, int64_t k, RowSmem& sm) {
   constexpr int N = Src::N;
-  const int tid = threadIdx.x, lane = simt::lane_id();
+  const int tid = threadIdx.x, T = blockDim.x;
   uint32_t prefix = 0, mask = 0;
   int remaining = static_cast<int>(k);
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = tid; i < 256; i += blockDim.x) sm.hist[i] = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+    const int nbins = pass == 2 ? 1024 : 2048;
+    for (int i = tid; i < nbins; i += T) sm.hist[i] = 0;
     __syncthreads();
     for_each_vec(src, [&](int64_t, const float (&w)[N]) {
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         if (w[e] > dom_lo) {
           const uint32_t key = order_key(w[e]);
-          if ((key & mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & 255u], 1);
+          if ((key & mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & static_cast<uint32_t>(nbins - 1)], 1);
         }
       }
     });
     __syncthreads();
-    if (simt::warp_id() == 0) {
-      // lane l owns bins 255 - 8l down to 248 - 8l: the warp scans the histogram from the top
-      int cnt[8], local = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        cnt[j] = sm.hist[255 - 8 * lane - j];
-        local += cnt[j];
-      }
-      const int incl = warp_inclusive_scan(local);
-      const int first = simt::warp_allreduce(incl >= remaining ? lane : 32, simt::MinOp());
-      if (lane == first) {
-        int above = incl - local;
-        for (int j = 0; j < 8; ++j) {
-          if (above + cnt[j] >= remaining) {
-            sm.digit = 255 - 8 * lane - j;
-            sm.remaining = remaining - above;
-            break;
-          }
-          above += cnt[j];
+    // thread t owns the bins nbins-1-t*G down to nbins-(t+1)*G: a scan in descending bin order
+    const int G = (nbins + T - 1) / T;
+    const int d0 = tid * G, d1 = d0 + G < nbins ? d0 + G : nbins;
+    int local = 0;
+    for (int d = d0; d < d1; ++d) local += sm.hist[nbins - 1 - d];
+    const int incl = block_inclusive_scan(local, sm.ired);
+    const int first = simt::block_allreduce(incl >= remaining ? tid : INT_MAX, sm.ired, simt::MinOp(), INT_MAX);
+    if (tid == first) {
+      int above = incl - local;
+      for (int d = d0; d < d1; ++d) {
+        const int c = sm.hist[nbins - 1 - d];
+        if (above + c >= remaining) {
+          sm.digit = nbins - 1 - d;
+          sm.remaining = remaining - above;
+          break;
         }
+        above += c;
       }
     }
     __syncthreads();
     prefix |= static_cast<uint32_t>(sm.digit) << shift;
-    mask |= 255u << shift;
+    mask |= static_cast<uint32_t>(nbins - 1) << shift;
     remaining = sm.remaining;
   }
   return key_to_float(prefix);
