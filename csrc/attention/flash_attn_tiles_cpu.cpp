@@ -698,9 +698,13 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
       const int64_t ko = int64_t(hh) * p.k_head_stride, vo = int64_t(hh) * p.v_head_stride;
       for (int jj = 0; jj < nk; ++jj) kh[jj] = rows[cur][0][jj] + ko, vh[jj] = rows[cur][1][jj] + vo;
       // Passes run (tile, head) in order; each prefetches the rows of the next pass.
-      const bool last = hh + 1 == t.nh;
+      // Two passes ahead when there are several heads (more misses in flight), else one.
+      const int ahead = std::min(t.nh, 2);
+      const int nh2 = hh + ahead;
+      const bool last = nh2 >= t.nh;
       const int np = last ? nn : nk;
-      const int64_t kno = last ? 0 : ko + p.k_head_stride, vno = last ? 0 : vo + p.v_head_stride;
+      const int hn = last ? nh2 - t.nh : nh2;
+      const int64_t kno = int64_t(hn) * p.k_head_stride, vno = int64_t(hn) * p.v_head_stride;
       const int nb = last ? cur ^ 1 : cur;
       for (int jj = 0; jj < np; ++jj) khn[jj] = rows[nb][0][jj] + kno, vhn[jj] = rows[nb][1][jj] + vno;
       for (int c0 = 0; c0 < Mh; c0 += 4) {
