@@ -1,6 +1,7 @@
 // CUDA kernels for the KV-cache ops. Data movement only: 16-byte vector copies when every
 // pointer and stride allows it, element-sized copies otherwise.
 #include <cstdint>
+#include <vector>
 
 #include "common/device_memory.h"
 #include "common/simt.h"
@@ -106,7 +107,17 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
   const dim3 grid(static_cast<unsigned>(2 * key_caches.size()),
                   static_cast<unsigned>(block_mapping.size(0)));
   const bool m64 = block_mapping.dtype == DType::I64;
-  const int64_t* table = layer_ptrs->ptr<const int64_t>();
+  // CUDA caches come with a device table of base pointers (checked by the front). Host-memory
+  // caches (the SIMT emulator) can use a table on the host.
+  std::vector<int64_t> host_table;
+  const int64_t* table = layer_ptrs ? layer_ptrs->ptr<const int64_t>() : nullptr;
+  if (!table) {
+    for (size_t l = 0; l < key_caches.size(); ++l) {
+      host_table.push_back(reinterpret_cast<int64_t>(key_caches[l].data));
+      host_table.push_back(reinterpret_cast<int64_t>(value_caches[l].data));
+    }
+    table = host_table.data();
+  }
   if (vec) {
     LLMK_LAUNCH(copy_blocks_kernel<uint4>, grid, 256, 0, stream)(
         table, block_mapping.data, m64, block_stride, block_bytes / 16);

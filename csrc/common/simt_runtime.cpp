@@ -1,0 +1,743 @@
+// The SIMT emulator's scheduler: runs the blocks of a launch one after another and the threads of
+// a block as cooperative fibers. A fiber runs until it must wait (barrier, warp collective) or
+// exits, then hands over directly to the next ready fiber in thread order; when none is ready and
+// some are still waiting, the block is deadlocked (divergent barrier, partial collective) and the
+// launch fails with a RuntimeError that says who waits where. Errors unwind every fiber's stack
+// (a FiberAbort exception thrown at its wait point) before the launch reports them.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/simt_emu.h"
+#include "common/simt_fiber.h"
+#include "common/simt_runtime.h"
+
+uint3 threadIdx;
+uint3 blockIdx;
+dim3 blockDim;
+dim3 gridDim;
+
+namespace llmk {
+namespace simt {
+namespace emu {
+
+namespace {
+
+struct FiberAbort {};  // unwinds a fiber after the launch failed; caught in fiber_main only
+
+struct CpCopy {
+  void* dst;
+  long group;
+  unsigned char data[16];
+};
+
+enum State : uint8_t { kReady, kAtBarrier, kInWarpOp, kDone };
+
+struct Fiber {
+  Context ctx;
+  FiberStack stack;
+  uint3 tid;
+  int linear = 0, lane = 0, warp = 0;
+  State state = kReady;
+  bool started = false;
+  // What it waits at (for diagnostics) and the operands of its warp collective.
+  int op = 0, group = -1, arg = 0;
+  unsigned mask = 0;
+  const char* file = nullptr;
+  int line = 0;
+  uint64_t in = 0, out = 0;
+  const void* pin = nullptr;
+  void* pout = nullptr;
+  std::vector<CpCopy> cp;  // issued cp.async copies, in issue (= group) order
+  long cp_group = 0;       // index of the group still open for new copies
+};
+
+struct WarpGroup {  // one pending collective of one warp: lanes of `mask` meet here
+  bool used = false;
+  int op = 0;
+  unsigned mask = 0, arrived = 0;
+  const char* file = nullptr;
+  int line = 0;
+};
+
+struct Emulator {
+  std::mutex mu;
+  const LaunchSpec* spec = nullptr;
+  void (*body)(void*) = nullptr;
+  void* body_ctx = nullptr;
+  std::vector<std::unique_ptr<Fiber>> pool;
+  int n = 0, nwarps = 0;
+  std::vector<unsigned> warp_lanes;  // lanes that exist in each warp (last warp may be partial)
+  std::vector<unsigned> warp_exited;  // lanes that have exited, per warp
+  std::vector<WarpGroup> groups;     // nwarps * 32
+  Fiber* cur = nullptr;
+  Context main;
+  int live = 0;
+  bool aborting = false;
+  std::string error;
+  // __syncthreads state
+  int bar_arrived = 0, bar_op = 0, bar_count = 0, bar_and = 1, bar_or = 0;
+  const char* bar_file = nullptr;
+  int bar_line = 0;
+  // dynamic shared memory
+  unsigned char* smem = nullptr;
+  size_t smem_cap = 0;
+  std::unordered_map<const void*, int> max_smem;
+  Stats stats;
+  size_t stack_bytes = 0;
+};
+
+Emulator& emu() {
+  static Emulator* e = new Emulator();  // never destroyed: fibers may outlive static teardown
+  return *e;
+}
+
+thread_local bool tls_in_launch = false;
+
+const char* short_path(const char* file) {
+  if (!file) return "?";
+  const char* best = nullptr;
+  for (const char* p = file; (p = std::strstr(p, "csrc/")) != nullptr; ++p) best = p + 5;
+  if (best) return best;
+  const char* slash = std::strrchr(file, '/');
+  return slash ? slash + 1 : file;
+}
+
+std::string site(const char* file, int line) { return str_cat(short_path(file), ":", line); }
+
+bool same_site(const char* f1, int l1, const char* f2, int l2) {
+  return l1 == l2 && (f1 == f2 || (f1 && f2 && std::strcmp(f1, f2) == 0));
+}
+
+const char* op_name(int op) {
+  switch (op) {
+    case kShflIdx: return "__shfl_sync";
+    case kShflUp: return "__shfl_up_sync";
+    case kShflDown: return "__shfl_down_sync";
+    case kShflXor: return "__shfl_xor_sync";
+    case kBallot: return "__ballot_sync";
+    case kAny: return "__any_sync";
+    case kAll: return "__all_sync";
+    case kSyncWarp: return "__syncwarp";
+    case kLdmatrix: return "ldmatrix";
+    case kMma: return "mma_m16n8k16";
+    default: return "warp collective";
+  }
+}
+
+const char* bar_name(int op) {
+  switch (op) {
+    case kBarCount: return "__syncthreads_count";
+    case kBarAnd: return "__syncthreads_and";
+    case kBarOr: return "__syncthreads_or";
+    default: return "__syncthreads";
+  }
+}
+
+// "0-15, 17, 20-31"
+std::string ranges(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    if (!s.empty()) s += ", ";
+    s += j == i ? str_cat(ids[i]) : str_cat(ids[i], "-", ids[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+std::string lanes_str(unsigned mask) {
+  std::vector<int> ids;
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1u) ids.push_back(l);
+  return ranges(ids);
+}
+
+std::string hex(unsigned v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s = "0x";
+  for (int i = 7; i >= 0; --i) s += digits[(v >> (4 * i)) & 15u];
+  return s;
+}
+
+// ---- switching --------------------------------------------------------------------------------------
+
+void fiber_main(void* p);
+
+void enter(Context* from, Fiber* to) {
+  Emulator& g = emu();
+  g.cur = to;
+  threadIdx = to->tid;
+  ++g.stats.switches;
+  if (!to->started) {
+    to->started = true;
+    context_start(&to->ctx, &to->stack, &fiber_main, to);
+  }
+  context_switch(from, &to->ctx);
+}
+
+void leave_to_main(Fiber* me) {
+  Emulator& g = emu();
+  g.cur = nullptr;
+  ++g.stats.switches;
+  context_switch(&me->ctx, &g.main);
+}
+
+Fiber* next_ready(int after) {
+  Emulator& g = emu();
+  for (int k = 1; k <= g.n; ++k) {
+    Fiber* f = g.pool[(after + k) % g.n].get();
+    if (f->state == kReady) return f;
+  }
+  return nullptr;
+}
+
+// The current fiber (state already set to what it waits at) yields until that wait completes.
+void wait_here(Fiber* me) {
+  Emulator& g = emu();
+  Fiber* nx = next_ready(me->linear);
+  if (nx) enter(&me->ctx, nx);
+  else leave_to_main(me);  // nobody can run: the launcher diagnoses the deadlock
+  g.cur = me;
+  threadIdx = me->tid;
+  if (g.aborting) throw FiberAbort{};
+}
+
+void flush_cp(Fiber* f, long below_group) {
+  size_t k = 0;
+  for (; k < f->cp.size() && f->cp[k].group < below_group; ++k)
+    std::memcpy(f->cp[k].dst, f->cp[k].data, 16);
+  f->cp.erase(f->cp.begin(), f->cp.begin() + static_cast<std::ptrdiff_t>(k));
+}
+
+void complete_after_exit(Fiber* me);
+
+void fiber_main(void* p) {
+  Fiber* me = static_cast<Fiber*>(p);
+  Emulator& g = emu();
+  bool ran = false;
+  if (!g.aborting) {
+    try {
+      g.body(g.body_ctx);
+      ran = true;
+    } catch (const FiberAbort&) {
+    } catch (const std::exception& e) {
+      if (g.error.empty()) g.error = str_cat("thread ", me->linear, " threw: ", e.what());
+    } catch (...) {
+      if (g.error.empty()) g.error = str_cat("thread ", me->linear, " threw an unknown exception");
+    }
+  }
+  // A thread's outstanding cp.async copies still land in shared memory after it exits.
+  if (!g.aborting && g.error.empty()) flush_cp(me, 1L << 62);
+  me->state = kDone;
+  --g.live;
+  g.warp_exited[static_cast<size_t>(me->warp)] |= 1u << me->lane;
+  if (ran && g.error.empty()) {
+    try {
+      complete_after_exit(me);  // collectives that waited only for lanes that have now exited
+    } catch (const FiberAbort&) {
+    }
+  }
+  for (;;) {  // a finished fiber is never resumed
+    Fiber* nx = (g.aborting || !g.error.empty()) ? nullptr : next_ready(me->linear);
+    if (nx) enter(&me->ctx, nx);
+    else leave_to_main(me);
+  }
+}
+
+Fiber* current(const char* what) {
+  Fiber* f = emu().cur;
+  if (!f) throw RuntimeError(str_cat(what, ": called outside a kernel launched with LLMK_LAUNCH"));
+  return f;
+}
+
+// ---- deadlock report --------------------------------------------------------------------------------
+
+std::string describe_wait(const Fiber* f) {
+  if (f->state == kDone) return "exited";
+  if (f->state == kAtBarrier) return str_cat("wait at ", bar_name(emu().bar_op), "() ", site(f->file, f->line));
+  if (f->state == kInWarpOp)
+    return str_cat("wait in ", op_name(f->op), "(mask=", hex(f->mask), ") ", site(f->file, f->line));
+  return "ready";
+}
+
+std::string describe_deadlock() {
+  Emulator& g = emu();
+  std::vector<std::string> parts;
+  if (g.bar_arrived > 0) {
+    std::vector<int> at;
+    std::vector<std::pair<std::string, std::vector<int>>> others;
+    for (int i = 0; i < g.n; ++i) {
+      const Fiber* f = g.pool[i].get();
+      if (f->state == kAtBarrier) { at.push_back(i); continue; }
+      const std::string w = describe_wait(f);
+      auto it = std::find_if(others.begin(), others.end(), [&](const auto& o) { return o.first == w; });
+      if (it == others.end()) others.push_back({w, {i}});
+      else it->second.push_back(i);
+    }
+    std::string s = str_cat(bar_name(g.bar_op), "() at ", site(g.bar_file, g.bar_line), " reached by ",
+                            at.size(), " of ", g.n, " threads (", ranges(at), ")");
+    for (const auto& o : others) s += str_cat("; threads ", ranges(o.second), " ", o.first);
+    parts.push_back(s);
+  }
+  for (int w = 0; w < g.nwarps; ++w) {
+    for (int k = 0; k < 32; ++k) {
+      const WarpGroup& grp = g.groups[static_cast<size_t>(w) * 32 + k];
+      if (!grp.used) continue;
+      std::string s = str_cat(op_name(grp.op), "(mask=", hex(grp.mask), ") at ", site(grp.file, grp.line),
+                              " in warp ", w, " reached by lanes ", lanes_str(grp.arrived));
+      const unsigned missing = grp.mask & ~grp.arrived & ~g.warp_exited[static_cast<size_t>(w)];
+      std::vector<std::pair<std::string, unsigned>> why;
+      for (int l = 0; l < 32; ++l) {
+        if (!(missing >> l & 1u)) continue;
+        const std::string d = describe_wait(g.pool[static_cast<size_t>(w) * 32 + l].get());
+        auto it = std::find_if(why.begin(), why.end(), [&](const auto& o) { return o.first == d; });
+        if (it == why.end()) why.push_back({d, 1u << l});
+        else it->second |= 1u << l;
+      }
+      for (const auto& o : why) s += str_cat("; lanes ", lanes_str(o.second), " ", o.first);
+      parts.push_back(s);
+    }
+  }
+  std::string msg = "deadlock: ";
+  for (size_t i = 0; i < parts.size(); ++i) msg += (i ? " | " : "") + parts[i];
+  if (parts.empty()) msg += "no thread can make progress";
+  return msg + " (a barrier must be reached by every thread of the block, a collective by every lane of its mask)";
+}
+
+// ---- warp collectives ---------------------------------------------------------------------------------
+
+uint32_t shfl_source(int op, int lane, int arg) {
+  const int b = arg & 31, width = arg >> 8;
+  // PTX shfl.sync with c = ((32 - width) << 8) | (up ? 0 : 31)
+  const int segmask = 32 - width, cval = op == kShflUp ? 0 : 31;
+  const int max_lane = (lane & segmask) | (cval & ~segmask), min_lane = lane & segmask;
+  int j = lane;
+  bool ok = false;
+  switch (op) {
+    case kShflUp: j = lane - b; ok = j >= max_lane; break;
+    case kShflDown: j = lane + b; ok = j <= max_lane; break;
+    case kShflXor: j = lane ^ b; ok = j <= max_lane; break;
+    default: j = min_lane | (b & ~segmask); ok = j <= max_lane; break;
+  }
+  return static_cast<uint32_t>(ok ? j : lane);
+}
+
+float mma_input(uint32_t reg, int half, bool fp16) {
+  const uint16_t bits = static_cast<uint16_t>(reg >> (16 * half));
+  return fp16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+}
+
+void complete_ldmatrix(Fiber* const* lanes, int arg) {
+  const int num = arg & 7;
+  const bool trans = arg & 8;
+  uint16_t m[4][8][8];
+  for (int j = 0; j < num; ++j) {
+    for (int r = 0; r < 8; ++r) {
+      const Fiber* f = lanes[8 * j + r];
+      if (reinterpret_cast<uintptr_t>(f->pin) & 15u)
+        fail(str_cat("ldmatrix at ", site(f->file, f->line), ": lane ", 8 * j + r,
+                     " row address is not 16-byte aligned").c_str());
+      std::memcpy(m[j][r], f->pin, 16);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    uint32_t* regs = static_cast<uint32_t*>(lanes[l]->pout);
+    const int g = l >> 2, t = l & 3;
+    for (int j = 0; j < num; ++j) {
+      const uint16_t e0 = trans ? m[j][2 * t][g] : m[j][g][2 * t];
+      const uint16_t e1 = trans ? m[j][2 * t + 1][g] : m[j][g][2 * t + 1];
+      regs[j] = static_cast<uint32_t>(e0) | (static_cast<uint32_t>(e1) << 16);
+    }
+  }
+}
+
+void complete_mma(Fiber* const* lanes, bool fp16) {
+  float a[16][16], b[16][8], c[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const MmaOperands* o = static_cast<const MmaOperands*>(lanes[l]->pin);
+    const int g = l >> 2, t = l & 3;
+    for (int i = 0; i < 8; ++i)
+      a[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] = mma_input(o->a[i >> 1], i & 1, fp16);
+    for (int i = 0; i < 4; ++i) b[2 * t + (i & 1) + 8 * (i >> 1)][g] = mma_input(o->b[i >> 1], i & 1, fp16);
+    for (int i = 0; i < 4; ++i) c[g + 8 * (i >> 1)][2 * t + (i & 1)] = o->c[i];
+  }
+  // Products of 16-bit inputs are exact; the sum is accumulated in double and rounded once.
+  float d[16][8];
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 8; ++n) {
+      double s = c[r][n];
+      for (int k = 0; k < 16; ++k) s += static_cast<double>(a[r][k]) * b[k][n];
+      d[r][n] = static_cast<float>(s);
+    }
+  for (int l = 0; l < 32; ++l) {
+    float* out = static_cast<float*>(lanes[l]->pout);
+    const int g = l >> 2, t = l & 3;
+    for (int i = 0; i < 4; ++i) out[i] = d[g + 8 * (i >> 1)][2 * t + (i & 1)];
+  }
+}
+
+// Exited lanes named in a mask are not waited for (CUDA: "all non-exited threads named in mask
+// must execute the same intrinsic"), but reading a value from one is undefined, hence an error.
+void complete(int w, const WarpGroup& grp) {
+  Emulator& g = emu();
+  const unsigned exited = g.warp_exited[static_cast<size_t>(w)] & grp.mask;
+  Fiber* lanes[32] = {};
+  for (int l = 0; l < 32; ++l)
+    if ((grp.mask & ~exited) >> l & 1u) lanes[l] = g.pool[static_cast<size_t>(w) * 32 + l].get();
+  if ((grp.op == kLdmatrix || grp.op == kMma) && exited)
+    fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": needs all 32 lanes of warp ", w,
+                 ", but lanes ", lanes_str(exited), " have exited")
+             .c_str());
+  switch (grp.op) {
+    case kShflIdx: case kShflUp: case kShflDown: case kShflXor: {
+      for (int l = 0; l < 32; ++l) {
+        if (!lanes[l]) continue;
+        const int width = lanes[l]->arg >> 8;
+        if (width < 1 || width > 32 || (width & (width - 1)))
+          fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": width ", width,
+                       " is not a power of two in [1, 32]").c_str());
+      }
+      uint64_t res[32];
+      for (int l = 0; l < 32; ++l) {
+        if (!lanes[l]) continue;
+        const uint32_t j = shfl_source(grp.op, l, lanes[l]->arg);
+        if (exited >> j & 1u)
+          fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": lane ", l, " of warp ", w,
+                       " reads lane ", j, ", which has exited (undefined value)")
+                   .c_str());
+        // Reading a lane outside the mask is undefined on the GPU; here it returns the own value.
+        res[l] = lanes[j] ? lanes[j]->in : lanes[l]->in;
+      }
+      for (int l = 0; l < 32; ++l)
+        if (lanes[l]) lanes[l]->out = res[l];
+      break;
+    }
+    case kBallot: case kAny: case kAll: {
+      unsigned bits = 0;
+      for (int l = 0; l < 32; ++l)
+        if (lanes[l] && lanes[l]->in) bits |= 1u << l;
+      const uint64_t r = grp.op == kBallot ? bits : grp.op == kAny ? (bits != 0) : (bits == (grp.mask & ~exited));
+      for (int l = 0; l < 32; ++l)
+        if (lanes[l]) lanes[l]->out = r;
+      break;
+    }
+    case kLdmatrix: case kMma: {
+      for (int l = 0; l < 32; ++l)
+        if (lanes[l]->arg != lanes[0]->arg)
+          fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": lanes ran different variants (",
+                       site(lanes[0]->file, lanes[0]->line), " vs ", site(lanes[l]->file, lanes[l]->line), ")")
+                   .c_str());
+      if (grp.op == kLdmatrix) complete_ldmatrix(lanes, lanes[0]->arg);
+      else complete_mma(lanes, lanes[0]->arg == 1);
+      break;
+    }
+    default: break;  // __syncwarp: meeting is all it does
+  }
+  for (int l = 0; l < 32; ++l)
+    if (lanes[l] && lanes[l]->state == kInWarpOp) lanes[l]->state = kReady;
+}
+
+void complete_after_exit(Fiber* me) {
+  Emulator& g = emu();
+  const unsigned exited = g.warp_exited[static_cast<size_t>(me->warp)];
+  WarpGroup* groups = &g.groups[static_cast<size_t>(me->warp) * 32];
+  for (int k = 0; k < 32; ++k) {
+    WarpGroup& grp = groups[k];
+    if (grp.used && (grp.mask >> me->lane & 1u) && grp.arrived == (grp.mask & ~exited)) {
+      const WarpGroup done = grp;
+      grp.used = false;
+      complete(me->warp, done);
+    }
+  }
+}
+
+void run_block() {
+  Emulator& g = emu();
+  for (int i = 0; i < g.n; ++i) {
+    Fiber* f = g.pool[i].get();
+    f->state = kReady;
+    f->started = false;
+    f->cp.clear();
+    f->cp_group = 0;
+  }
+  for (WarpGroup& grp : g.groups) grp.used = false;
+  std::fill(g.warp_exited.begin(), g.warp_exited.end(), 0u);
+  g.bar_arrived = 0;
+  g.live = g.n;
+  ++g.stats.blocks;
+  enter(&g.main, g.pool[0].get());
+  // Back here when no fiber can run: all done, deadlocked, or failed.
+  if (g.error.empty() && g.live > 0) g.error = describe_deadlock();
+  if (g.error.empty()) return;
+  g.aborting = true;
+  for (int i = 0; i < g.n; ++i) {
+    Fiber* f = g.pool[i].get();
+    if (f->state == kDone) continue;
+    if (!f->started) {
+      f->state = kDone;
+      continue;
+    }
+    enter(&g.main, f);  // it throws FiberAbort at its wait point, unwinds and comes back
+  }
+  g.aborting = false;
+}
+
+size_t stack_bytes() {
+  size_t kb = 128;
+  if (const char* s = std::getenv("LLMKERN_SIMT_STACK_KB")) kb = std::max<long>(16, std::atol(s));
+  return kb * 1024;
+}
+
+}  // namespace
+
+// ---- entry points used by simt_emu.h ---------------------------------------------------------------
+
+void fail(const char* what) {
+  Emulator& g = emu();
+  Fiber* f = g.cur;
+  if (!f) throw RuntimeError(what);
+  if (g.error.empty())
+    g.error = str_cat("thread (", f->tid.x, ",", f->tid.y, ",", f->tid.z, "): ", what);
+  throw FiberAbort{};
+}
+
+int barrier(int op, int pred, const char* file, int line) {
+  Emulator& g = emu();
+  Fiber* me = current(bar_name(op));
+  if (g.bar_arrived == 0) {
+    g.bar_op = op;
+    g.bar_file = file;
+    g.bar_line = line;
+    g.bar_count = 0;
+    g.bar_and = 1;
+    g.bar_or = 0;
+  } else if (op != g.bar_op || !same_site(file, line, g.bar_file, g.bar_line)) {
+    std::vector<int> waiting;
+    for (int i = 0; i < g.n; ++i)
+      if (g.pool[i]->state == kAtBarrier) waiting.push_back(i);
+    fail(str_cat("divergent barrier: thread ", me->linear, " reached ", bar_name(op), "() at ", site(file, line),
+                 " while threads ", ranges(waiting), " wait at ", bar_name(g.bar_op), "() at ",
+                 site(g.bar_file, g.bar_line), " (every thread of a block must reach the same barrier)")
+             .c_str());
+  }
+  g.bar_count += pred;
+  g.bar_and &= pred;
+  g.bar_or |= pred;
+  ++g.stats.barriers;
+  if (++g.bar_arrived == g.n) {
+    const int r = op == kBarCount ? g.bar_count : op == kBarAnd ? g.bar_and : g.bar_or;
+    for (int i = 0; i < g.n; ++i) {
+      Fiber* f = g.pool[i].get();
+      if (f->state == kAtBarrier) {
+        f->state = kReady;
+        f->out = static_cast<uint64_t>(r);
+      }
+    }
+    g.bar_arrived = 0;
+    return r;
+  }
+  me->state = kAtBarrier;
+  me->file = file;
+  me->line = line;
+  wait_here(me);
+  return static_cast<int>(me->out);
+}
+
+uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, const void* in, void* out, const char* file,
+                 int line) {
+  Emulator& g = emu();
+  Fiber* me = current(op_name(op));
+  const unsigned bit = 1u << me->lane;
+  if (!(mask & bit))
+    fail(str_cat(op_name(op), " at ", site(file, line), ": the calling lane ", me->lane, " is not in mask ",
+                 hex(mask))
+             .c_str());
+  const unsigned exist = g.warp_lanes[me->warp];
+  if ((op == kLdmatrix || op == kMma) && exist != 0xffffffffu)
+    fail(str_cat(op_name(op), " at ", site(file, line), ": needs a full warp, but warp ", me->warp, " has only lanes ",
+                 lanes_str(exist))
+             .c_str());
+  const unsigned eff = mask & exist;  // lanes beyond a partial last warp do not exist
+  me->op = op;
+  me->mask = mask;
+  me->in = value;
+  me->arg = arg;
+  me->pin = in;
+  me->pout = out;
+  me->file = file;
+  me->line = line;
+  ++g.stats.collectives;
+  WarpGroup* groups = &g.groups[static_cast<size_t>(me->warp) * 32];
+  int k = 0, free_k = -1;
+  for (; k < 32; ++k) {
+    if (groups[k].used && groups[k].mask == eff) break;
+    if (!groups[k].used && free_k < 0) free_k = k;
+  }
+  if (k == 32) {
+    k = free_k;
+    groups[k].used = true;
+    groups[k].op = op;
+    groups[k].mask = eff;
+    groups[k].arrived = 0;
+    groups[k].file = file;
+    groups[k].line = line;
+  } else if (groups[k].op != op) {
+    fail(str_cat("mismatched warp collective: lane ", me->lane, " of warp ", me->warp, " called ", op_name(op),
+                 "(mask=", hex(mask), ") at ", site(file, line), " while lanes ", lanes_str(groups[k].arrived),
+                 " wait in ", op_name(groups[k].op), " at ", site(groups[k].file, groups[k].line))
+             .c_str());
+  }
+  WarpGroup& grp = groups[k];
+  grp.arrived |= bit;
+  if (grp.arrived == (grp.mask & ~g.warp_exited[static_cast<size_t>(me->warp)])) {
+    const WarpGroup done = grp;
+    grp.used = false;
+    complete(me->warp, done);
+    return me->out;
+  }
+  me->state = kInWarpOp;
+  me->group = k;
+  wait_here(me);
+  return me->out;
+}
+
+unsigned active_mask() {
+  Emulator& g = emu();
+  Fiber* me = current("__activemask");
+  unsigned m = 0;
+  for (int l = 0; l < 32; ++l) {
+    const int i = me->warp * 32 + l;
+    if (i < g.n && g.pool[i]->state != kDone) m |= 1u << l;
+  }
+  return m;
+}
+
+int lane() { return current("lane_id")->lane; }
+int warp() { return current("warp_id")->warp; }
+
+void* dynamic_smem() {
+  current("LLMK_DYNAMIC_SMEM");
+  return emu().smem;
+}
+
+void cp_async(void* dst, const void* src, int src_bytes, const char* file, int line) {
+  Fiber* me = current("cp_async_16");
+  if (src_bytes < 0 || src_bytes > 16)
+    fail(str_cat("cp_async_16 at ", site(file, line), ": src_bytes must be in [0, 16], got ", src_bytes).c_str());
+  if ((reinterpret_cast<uintptr_t>(dst) & 15u) || (src_bytes > 0 && (reinterpret_cast<uintptr_t>(src) & 15u)))
+    fail(str_cat("cp_async_16 at ", site(file, line), ": shared and global addresses must be 16-byte aligned")
+             .c_str());
+  CpCopy c;
+  c.dst = dst;
+  c.group = me->cp_group;
+  std::memset(c.data, 0, 16);
+  if (src_bytes > 0) std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
+  me->cp.push_back(c);  // lands in shared memory when its group is waited for
+}
+
+void cp_async_commit() { ++current("cp_async_commit")->cp_group; }
+
+void cp_async_wait(int pending) {
+  Fiber* me = current("cp_async_wait");
+  flush_cp(me, me->cp_group - pending);
+}
+
+void set_max_dynamic_smem(const void* kernel, int bytes) {
+  if (bytes < 0 || bytes > kMaxDynamicSmem)
+    throw RuntimeError(str_cat("set_max_dynamic_smem: bytes must be in [0, ", kMaxDynamicSmem, "], got ", bytes));
+  Emulator& g = emu();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.max_smem[kernel] = bytes;
+}
+
+void run_grid(const LaunchSpec& spec, void (*body)(void*), void* ctx) {
+  const dim3 gr = spec.grid, bl = spec.block;
+  const unsigned long long threads = 1ull * bl.x * bl.y * bl.z;
+  const std::string where = str_cat("LLMK_LAUNCH(", spec.name, ")");
+  LLMK_CHECK(!tls_in_launch, RuntimeError, where, ": launched from inside a kernel (no dynamic parallelism)");
+  LLMK_CHECK(gr.x >= 1 && gr.y >= 1 && gr.z >= 1 && gr.x <= 0x7fffffffu && gr.y <= 65535 && gr.z <= 65535,
+             RuntimeError, where, ": invalid grid (", gr.x, ",", gr.y, ",", gr.z,
+             "): each dim >= 1, x < 2^31, y and z <= 65535");
+  LLMK_CHECK(threads >= 1 && threads <= 1024 && bl.x <= 1024 && bl.y <= 1024 && bl.z <= 64, RuntimeError, where,
+             ": invalid block (", bl.x, ",", bl.y, ",", bl.z, "): 1 to 1024 threads, z <= 64");
+  Emulator& g = emu();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (spec.smem > kDefaultDynamicSmem) {
+    auto it = g.max_smem.find(spec.kernel);
+    LLMK_CHECK(it != g.max_smem.end() && static_cast<size_t>(it->second) >= spec.smem, RuntimeError, where, ": ",
+               spec.smem, " bytes of dynamic shared memory exceed the default 48 KiB; call "
+               "llmk::simt::set_max_dynamic_smem(kernel, bytes) first");
+  }
+  if (g.stack_bytes == 0) g.stack_bytes = stack_bytes();
+  const int n = static_cast<int>(threads);
+  while (static_cast<int>(g.pool.size()) < n) {
+    auto f = std::make_unique<Fiber>();
+    f->stack.allocate(g.stack_bytes);
+    g.pool.push_back(std::move(f));
+  }
+  g.n = n;
+  g.nwarps = (n + 31) / 32;
+  g.warp_lanes.assign(static_cast<size_t>(g.nwarps), 0xffffffffu);
+  g.warp_exited.assign(static_cast<size_t>(g.nwarps), 0u);
+  if (n % 32) g.warp_lanes.back() = (1u << (n % 32)) - 1;
+  g.groups.assign(static_cast<size_t>(g.nwarps) * 32, WarpGroup());
+  for (int i = 0; i < n; ++i) {
+    Fiber* f = g.pool[i].get();
+    f->linear = i;
+    f->lane = i % 32;
+    f->warp = i / 32;
+    f->tid = {static_cast<unsigned>(i) % bl.x, static_cast<unsigned>(i) / bl.x % bl.y,
+              static_cast<unsigned>(i) / (bl.x * bl.y)};
+  }
+  const size_t smem_alloc = (std::max<size_t>(spec.smem, 16) + 127) / 128 * 128;
+  if (smem_alloc > g.smem_cap) {
+    std::free(g.smem);
+    g.smem = static_cast<unsigned char*>(std::aligned_alloc(128, smem_alloc));
+    if (!g.smem) {
+      g.smem_cap = 0;
+      throw RuntimeError(str_cat(where, ": cannot allocate ", smem_alloc, " bytes of shared memory"));
+    }
+    g.smem_cap = smem_alloc;
+  }
+  std::memset(g.smem, 0xff, smem_alloc);  // uninitialised shared memory reads as NaN / -1, not 0
+  g.spec = &spec;
+  g.body = body;
+  g.body_ctx = ctx;
+  g.error.clear();
+  g.aborting = false;
+  blockDim = bl;
+  gridDim = gr;
+  ++g.stats.launches;
+  tls_in_launch = true;
+  for (unsigned z = 0; z < gr.z; ++z)
+    for (unsigned y = 0; y < gr.y; ++y)
+      for (unsigned x = 0; x < gr.x; ++x) {
+        blockIdx = {x, y, z};
+        run_block();
+        if (!g.error.empty()) {
+          tls_in_launch = false;
+          g.cur = nullptr;
+          throw RuntimeError(str_cat("simt: kernel ", spec.name, ", block (", x, ",", y, ",", z, "): ", g.error));
+        }
+      }
+  tls_in_launch = false;
+  g.cur = nullptr;
+}
+
+Stats stats() {
+  Emulator& g = emu();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return g.stats;
+}
+
+}  // namespace emu
+}  // namespace simt
+}  // namespace llmk

@@ -1,0 +1,545 @@
+// CPU machinery for one row of a sampling op: a "team" of threads (one thread when rows run in
+// parallel, all threads when a few long rows are split), passes over fixed 2048-element blocks of
+// the row (vectorised lane loops), pivot statistics, inverse-CDF selection and compaction.
+//
+// Determinism: every reduction is computed per block (fixed partition of the row, independent of
+// the team size) and the block partials are combined in block order by every thread of the team.
+// All threads therefore take the same decisions, and a row gives the same result with 1 or N
+// threads. Included only by *_cpu.cpp files (one copy per SIMD level).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "common/parallel.h"
+#include "common/tensor.h"
+#include "sampling/sampling.h"
+#include "sampling/sampling_math.h"
+
+LLMK_NS_BEGIN
+namespace rowcpu {
+
+constexpr int64_t kBlock = 2048;  // elements per block: 8 KB of fp32, stays in L1 between two loops
+constexpr int kL = 16;            // lanes of the vectorised loops (one AVX-512 register of fp32)
+constexpr int kMaxPiv = 4;
+constexpr int64_t kSplitRowMinVocab = 1 << 18;  // rows this long are shared by all threads
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+struct Team {
+  int tid = 0, nt = 1;
+  void sync() const {
+#if defined(_OPENMP)
+    if (nt > 1) {
+#pragma omp barrier
+    }
+#endif
+  }
+};
+
+// ---- element conversion ------------------------------------------------------------------------
+
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (man << 13));  // inf / NaN
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+  // zero / subnormal: man * 2^-24
+  const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
+  return sign ? -v : v;
+}
+inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+inline uint16_t float_to_half(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (a < 0x38800000u) {                                              // subnormal / zero
+    const float v = bits_float(a) * 16777216.0f;                      // scale by 2^24
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v)));
+  }
+  uint32_t r = a - 0x38000000u;  // rebias exponent
+  r += 0xfffu + ((r >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+struct F16 { uint16_t v; };
+struct BF16 { uint16_t v; };
+inline float to_f(float x) { return x; }
+inline float to_f(F16 x) { return half_to_float(x.v); }
+inline float to_f(BF16 x) { return bf16_to_float(x.v); }
+inline void from_f(float v, float* d) { *d = v; }
+inline void from_f(float v, F16* d) { d->v = float_to_half(v); }
+inline void from_f(float v, BF16* d) { d->v = float_to_bf16(v); }
+
+template <typename F>
+inline void dispatch_float(DType dt, F&& f) {
+  if (dt == DType::F32) f(static_cast<float*>(nullptr));
+  else if (dt == DType::F16) f(static_cast<F16*>(nullptr));
+  else f(static_cast<BF16*>(nullptr));
+}
+
+// exp(x) for x <= 0 (and -inf -> 0): Cody-Waite style split x*log2(e) = n + f, 2^f by a degree-6
+// Taylor polynomial (|f| <= 1/2, error ~1 ulp), 2^n through the exponent bits. Branch free so that
+// the row loops vectorise; exp(0) is exactly 1.
+inline float exp_nonpos(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;
+  const float t = xc * 1.44269504088896341f;
+  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
+  const float f = (t - n) * 0.693147180559945309f;
+  float p = 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const float scale = bits_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+// ---- the working set of a row ---------------------------------------------------------------------
+
+// Weights of the row (or of a compacted subset): w[0..n), idx[j] = vocabulary id (null: identity).
+struct Span {
+  const float* w = nullptr;
+  const int32_t* idx = nullptr;
+  int64_t n = 0;
+  int64_t nblocks() const { return (n + kBlock - 1) / kBlock; }
+  int64_t token(int64_t j) const { return idx ? idx[j] : j; }
+};
+
+// Buffers shared by the threads of a team (one set per concurrently processed row).
+struct Shared {
+  std::vector<float> w;                     // weights of the current row
+  std::vector<float> cw[2];                 // compacted weights (ping-pong)
+  std::vector<int32_t> ci[2];               // their vocabulary ids
+  std::vector<float> bmass, bmin, bmax;     // per-pivot per-block partials [kMaxPiv][nblocks]
+  std::vector<int32_t> bcnt, barg;
+  int64_t cap = -1;
+
+  void ensure(int64_t V) {
+    if (V <= cap) return;
+    cap = V;
+    const int64_t nb = (V + kBlock - 1) / kBlock;
+    w.resize(V);
+    for (int i = 0; i < 2; ++i) {
+      cw[i].resize(V);
+      ci[i].resize(V);
+    }
+    bmass.resize(kMaxPiv * nb);
+    bmin.resize(kMaxPiv * nb);
+    bmax.resize(nb);
+    bcnt.resize(kMaxPiv * nb);
+    barg.resize(nb);
+  }
+};
+
+inline Shared& thread_shared(int64_t V) {
+  static thread_local Shared s;
+  s.ensure(V);
+  return s;
+}
+
+// Statistics of one pivot over a span.
+struct PivotStats {
+  double mass = 0.0;   // sum of w > v
+  int64_t cnt = 0;     // #{w > v}
+  float min_gt = kInf; // min{w > v}
+};
+
+// ---- block loops (the vectorised inner work) -----------------------------------------------------
+
+// These helpers pass 64-byte vectors by value; they are inline and private to one SIMD build, so
+// the ABI note GCC emits for the non-AVX-512 builds does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// 16-lane vectors (GCC vector extensions: one zmm on AVX-512, two ymm on AVX2, four xmm on the
+// scalar build). Lane-wise semantics are the same on every ISA, so every SIMD build gives the same
+// bits.
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+
+inline vf vload(const float* p) {
+  vf v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <typename T>
+inline vf vload_conv(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return vload(p);
+  } else {
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = to_f(p[l]);
+    return vload(tmp);
+  }
+}
+inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+inline vi vseli(vi m, vi a, vi b) { return (m & a) | (~m & b); }
+inline vf vsplat(float x) { return vf{} + x; }
+
+// Fixed-order lane reductions (the same tree on every build).
+inline float hsum(vf v) {
+  float a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  for (int h = kL / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) a[l] += a[l + h];
+  return a[0];
+}
+inline int32_t hsum_i(vi v) {
+  int32_t a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  int32_t s = 0;
+  for (int l = 0; l < kL; ++l) s += a[l];
+  return s;
+}
+inline float hmin(vf v) {
+  float a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  float m = a[0];
+  for (int l = 1; l < kL; ++l) m = a[l] < m ? a[l] : m;
+  return m;
+}
+
+// Per pivot: sum, count and minimum of the elements strictly above it, over w[lo, hi).
+template <int P, bool WantMin = true>
+inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv, float* mass,
+                        int32_t* cnt, float* mn) {
+  vf m[P], mi[P], pv[P];
+  vi c[P];
+  for (int p = 0; p < P; ++p) {
+    m[p] = vf{};
+    mi[p] = vsplat(kInf);
+    c[p] = vi{};
+    pv[p] = vsplat(piv[p]);
+  }
+  int64_t j = lo;
+  for (; j + kL <= hi; j += kL) {
+    const vf x = vload(w + j);
+    for (int p = 0; p < P; ++p) {
+      const vi g = x > pv[p];
+      m[p] += (vf)(g & (vi)x);
+      c[p] -= g;
+      if constexpr (WantMin) mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
+    }
+  }
+  if (j < hi) {  // tail: pad with -inf (never above a pivot)
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = j + l < hi ? w[j + l] : -kInf;
+    const vf x = vload(tmp);
+    for (int p = 0; p < P; ++p) {
+      const vi g = x > pv[p];
+      m[p] += (vf)(g & (vi)x);
+      c[p] -= g;
+      mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    mass[p] = hsum(m[p]);
+    cnt[p] = hsum_i(c[p]);
+    mn[p] = hmin(mi[p]);
+  }
+}
+
+// Maximum (NaN ignored) and the first index reaching it, over x[lo, hi) converted to fp32.
+template <typename T>
+inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {
+  vf lm = vsplat(-kInf);
+  vi li = vi{} - 1;
+  vi iota;
+  for (int l = 0; l < kL; ++l) iota[l] = l;
+  int64_t j = lo;
+  for (; j + kL <= hi; j += kL) {
+    const vf v = vload_conv(x + j);
+    const vi gt = v > lm;  // strict: the first index of a lane's maximum is kept
+    lm = vsel(gt, v, lm);
+    li = vseli(gt, iota + static_cast<int32_t>(j), li);
+  }
+  float best = -kInf;
+  int64_t a = -1;
+  for (int l = 0; l < kL; ++l)
+    if (li[l] >= 0 && (lm[l] > best || (lm[l] == best && li[l] < a))) {
+      best = lm[l];
+      a = li[l];
+    }
+  for (; j < hi; ++j) {
+    const float v = to_f(x[j]);
+    if (v > best || (a < 0 && v == best)) {
+      best = v;
+      a = j;
+    }
+  }
+  mx = a < 0 ? -kInf : best;
+  arg = static_cast<int32_t>(a < 0 ? lo : a);
+}
+
+// w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi).
+template <typename T>
+inline void block_exp(const T* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
+  for (int64_t j = lo; j < hi; ++j) {
+    const float v = to_f(x[j]);
+    const float e = exp_nonpos((v - m) * inv_t);
+    w[j] = v == v ? e : 0.0f;
+  }
+}
+
+template <typename T>
+inline void block_convert(const T* x, int64_t lo, int64_t hi, float* w) {
+  for (int64_t j = lo; j < hi; ++j) w[j] = to_f(x[j]);
+}
+
+// Sum of w > low over a 16-element chunk.
+inline float chunk_mass(const float* w, float low) {
+  const vf x = vload(w);
+  return hsum((vf)((x > vsplat(low)) & (vi)x));
+}
+
+// ---- the row: a team's view of one row ----------------------------------------------------------
+
+class Row {
+ public:
+  Row(const Team& t, Shared& s) : t_(t), s_(s) {}
+
+  Span span;
+
+  // Runs f(b) for the blocks of this thread, then waits for the team.
+  template <typename F>
+  void for_blocks(int64_t nb, F&& f) {
+    for (int64_t b = t_.tid; b < nb; b += t_.nt) f(b);
+    t_.sync();
+  }
+  void sync() const { t_.sync(); }
+  bool leader() const { return t_.tid == 0; }
+
+  // Statistics of P pivots over the span (per-block partials left in the shared buffers).
+  template <int P, bool WantMin = true>
+  void stats(const float* piv, PivotStats* out) {
+    sync();  // everyone is done reading the partials of the previous pass
+    const int64_t nb = span.nblocks();
+    const float* w = span.w;
+    const int64_t n = span.n;
+    for_blocks(nb, [&](int64_t b) {
+      float mass[P], mn[P];
+      int32_t cnt[P];
+      block_stats<P, WantMin>(w, b * kBlock, std::min(n, (b + 1) * kBlock), piv, mass, cnt, mn);
+      for (int p = 0; p < P; ++p) {
+        s_.bmass[p * nb + b] = mass[p];
+        s_.bcnt[p * nb + b] = cnt[p];
+        s_.bmin[p * nb + b] = mn[p];
+      }
+    });
+    for (int p = 0; p < P; ++p) {
+      PivotStats st;
+      for (int64_t b = 0; b < nb; ++b) {
+        st.mass += static_cast<double>(s_.bmass[p * nb + b]);
+        st.cnt += s_.bcnt[p * nb + b];
+        st.min_gt = std::min(st.min_gt, s_.bmin[p * nb + b]);
+      }
+      out[p] = st;
+    }
+  }
+
+  // Private copy of the per-block mass / count of pivot p of the last stats() call: the partials
+  // of the current lower pivot. Must be called before the next pass (then sync()).
+  void keep_low(int p) {
+    const int64_t nb = span.nblocks();
+    low_mass_.assign(s_.bmass.begin() + p * nb, s_.bmass.begin() + (p + 1) * nb);
+    low_cnt_.assign(s_.bcnt.begin() + p * nb, s_.bcnt.begin() + (p + 1) * nb);
+  }
+
+  // Inverse-CDF selection in {w > low}: the first position whose running mass exceeds target.
+  // Block partials locate the block; 16-element chunks then elements locate the position.
+  // Floating-point running sums computed in different orders disagree by rounding, so a scan may
+  // run past the end without crossing: it then returns the last element above low that it saw.
+  int64_t select(float low, double target) const {
+    const int64_t nb = span.nblocks();
+    double acc = 0.0;
+    int64_t b = -1, last_b = -1;
+    for (int64_t i = 0; i < nb; ++i) {
+      const double m = low_mass_[i];
+      if (!(m > 0.0)) continue;
+      last_b = i;
+      if (acc + m > target) {
+        b = i;
+        break;
+      }
+      acc += m;
+    }
+    if (b < 0) {
+      if (last_b < 0) return -1;
+      b = last_b;
+      acc -= low_mass_[b];
+    }
+    const float* w = span.w;
+    const int64_t lo = b * kBlock, hi = std::min(span.n, lo + kBlock);
+    int64_t last = -1, j = lo;
+    for (; j + kL <= hi; j += kL) {
+      const float cm = chunk_mass(w + j, low);
+      if (!(cm > 0.0f)) continue;
+      if (acc + cm > target) {
+        for (int l = 0; l < kL; ++l) {
+          const float x = w[j + l];
+          if (!(x > low)) continue;
+          last = j + l;
+          acc += x;
+          if (acc > target) return j + l;
+        }
+      } else {
+        acc += cm;
+        for (int l = kL - 1; l >= 0; --l)
+          if (w[j + l] > low) {
+            last = j + l;
+            break;
+          }
+      }
+    }
+    for (; j < hi; ++j) {
+      const float x = w[j];
+      if (!(x > low)) continue;
+      last = j;
+      acc += x;
+      if (acc > target) return j;
+    }
+    return last;
+  }
+
+  // Replaces the span by its elements above `low` (and, when upto is finite, at most `upto`),
+  // using the per-block counts of `low` kept by keep_low() when upto is infinite.
+  void compact(float low, float upto = kInf) {
+    const int64_t nb = span.nblocks();
+    const float* w = span.w;
+    const int32_t* idx = span.idx;
+    const int64_t n = span.n;
+    const int buf = (w == s_.cw[0].data()) ? 1 : 0;
+    sync();
+    float* dw = s_.cw[buf].data();
+    int32_t* di = s_.ci[buf].data();
+    // block offsets: from the kept counts, or from a counting pass when bounded above
+    std::vector<int64_t>& off = off_;
+    off.assign(nb + 1, 0);
+    if (upto < kInf) {
+      for_blocks(nb, [&](int64_t b) {
+        int32_t c = 0;
+        for (int64_t j = b * kBlock, e = std::min(n, (b + 1) * kBlock); j < e; ++j)
+          c += (w[j] > low && w[j] <= upto) ? 1 : 0;
+        s_.bcnt[b] = c;
+      });
+      for (int64_t b = 0; b < nb; ++b) off[b + 1] = off[b] + s_.bcnt[b];
+      sync();
+    } else {
+      for (int64_t b = 0; b < nb; ++b) off[b + 1] = off[b] + low_cnt_[b];
+    }
+    for_blocks(nb, [&](int64_t b) {
+      int64_t o = off[b];
+      for (int64_t j = b * kBlock, e = std::min(n, (b + 1) * kBlock); j < e; ++j) {
+        const float x = w[j];
+        if (x > low && x <= upto) {
+          dw[o] = x;
+          di[o] = static_cast<int32_t>(idx ? idx[j] : j);
+          ++o;
+        }
+      }
+    });
+    span = Span{dw, di, off[nb]};
+  }
+
+ private:
+  const Team& t_;
+  Shared& s_;
+  std::vector<double> low_mass_;
+  std::vector<int32_t> low_cnt_;
+  std::vector<int64_t> off_;
+
+ public:
+  // Set the partials of `low` directly (load pass results).
+  std::vector<double>& low_mass_blocks() { return low_mass_; }
+  std::vector<int32_t>& low_cnt_blocks() { return low_cnt_; }
+  Shared& shared() { return s_; }
+  const Team& team() const { return t_; }
+};
+
+// Runs row_fn(team, shared, i) for i in [0, batch): rows in parallel when there are enough of
+// them, otherwise every thread works on each (long) row.
+template <typename F>
+inline void run_rows(int64_t batch, int64_t V, F&& row_fn) {
+  if (batch <= 0) return;
+  const int nt = max_threads();
+  // Splitting a row costs a few team barriers per pass: worth it for very long rows only (and
+  // painful when the machine is oversubscribed, where a barrier can wait for a descheduled thread).
+  const bool split_rows = nt > 1 && batch < nt && V >= kSplitRowMinVocab;
+  if (!split_rows) {
+    parallel_for(batch, 1, [&](int64_t b, int64_t e) {
+      Shared& s = thread_shared(V);
+      const Team t{0, 1};
+      for (int64_t i = b; i < e; ++i) row_fn(t, s, i);
+    });
+    return;
+  }
+#if defined(_OPENMP)
+  Shared& s = thread_shared(V);
+#pragma omp parallel num_threads(nt)
+  {
+    const Team t{omp_get_thread_num(), omp_get_num_threads()};
+    for (int64_t i = 0; i < batch; ++i) {
+      row_fn(t, s, i);
+      t.sync();  // the shared buffers are reused by the next row
+    }
+  }
+#endif
+}
+
+// ---- per-row parameters -----------------------------------------------------------------------
+
+inline double param_f(const RowParam& p, int64_t i) {
+  if (!p.arr) return p.val;
+  const TensorView& a = *p.arr;
+  const int64_t j = a.numel() == 1 ? 0 : i;
+  switch (a.dtype) {
+    case DType::F32: return a.ptr<const float>()[j];
+    case DType::F64: return a.ptr<const double>()[j];
+    case DType::I32: return a.ptr<const int32_t>()[j];
+    case DType::I64: return static_cast<double>(a.ptr<const int64_t>()[j]);
+    default: return p.val;
+  }
+}
+inline int64_t param_i(const RowParam& p, int64_t i) {
+  if (!p.arr) return static_cast<int64_t>(p.val);
+  const TensorView& a = *p.arr;
+  const int64_t j = a.numel() == 1 ? 0 : i;
+  if (a.dtype == DType::I64) return a.ptr<const int64_t>()[j];
+  if (a.dtype == DType::I32) return a.ptr<const int32_t>()[j];
+  return static_cast<int64_t>(param_f(p, i));
+}
+inline uint64_t param_u64(const RowParam& p, int64_t i) {
+  if (!p.arr) return p.uval;
+  const TensorView& a = *p.arr;
+  const int64_t j = a.numel() == 1 ? 0 : i;
+  return a.dtype == DType::I64 ? static_cast<uint64_t>(a.ptr<const int64_t>()[j])
+                               : static_cast<uint64_t>(static_cast<uint32_t>(a.ptr<const int32_t>()[j]));
+}
+
+inline int64_t index_of(const TensorView& t, int64_t i) {
+  return t.dtype == DType::I64 ? t.ptr<const int64_t>()[i] : t.ptr<const int32_t>()[i];
+}
+
+inline void write_index(const TensorView& out, int64_t i, int64_t v) {
+  if (out.dtype == DType::I64) out.ptr<int64_t>()[i] = v;
+  else out.ptr<int32_t>()[i] = static_cast<int32_t>(v);
+}
+
+}  // namespace rowcpu
+LLMK_NS_END

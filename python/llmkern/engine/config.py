@@ -1,0 +1,79 @@
+"""EngineConfig: scheduler, KV-cache and device settings, validated up front."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class EngineConfig:
+    device: Optional[str] = None            # default: cuda when present, else cpu
+    dtype: Optional[str] = None             # "float32" | "bfloat16" | "float16"; default fp32 CPU, bf16 GPU
+    max_model_len: Optional[int] = None     # default: the model's context length
+    # scheduling
+    scheduler: str = "continuous"           # "continuous" | "static" (admit a batch, run it to the end)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048      # token budget per step
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"      # "recompute" | "swap"
+    # KV cache
+    block_size: int = 16
+    kv_cache_memory_gb: Optional[float] = None  # default CPU: 2 GiB; GPU: gpu_memory_utilization
+    gpu_memory_utilization: float = 0.85
+    num_gpu_blocks: Optional[int] = None    # overrides the memory budget (tests, benchmarks)
+    enable_prefix_caching: bool = True
+    cpu_offload_gb: float = 0.0             # host tier for evicted prefix blocks (0 = off)
+    num_cpu_offload_blocks: Optional[int] = None
+    swap_space_gb: float = 1.0              # host blocks for preemption by swap
+    num_swap_blocks: Optional[int] = None
+    seed: int = 0                           # sampling seed of requests without their own
+    enforce_eager: bool = False             # GPU: no CUDA graphs for decode steps
+
+    def __post_init__(self):
+        def bad(name, expected):
+            raise ValueError(f"{name}: expected {expected}, got {getattr(self, name)!r}")
+
+        if self.scheduler not in ("continuous", "static"):
+            bad("scheduler", "'continuous' or 'static'")
+        if self.preemption_mode not in ("recompute", "swap"):
+            bad("preemption_mode", "'recompute' or 'swap'")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(name, "an integer >= 1")
+        for name in ("max_model_len", "num_gpu_blocks", "num_cpu_offload_blocks", "num_swap_blocks"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < (1 if name == "max_model_len" else 0)):
+                bad(name, "a non-negative integer or None")
+        for name in ("cpu_offload_gb", "swap_space_gb"):
+            if getattr(self, name) < 0:
+                bad(name, "a size in GiB >= 0")
+        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
+            bad("kv_cache_memory_gb", "a size in GiB > 0")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            bad("gpu_memory_utilization", "a fraction in (0, 1]")
+        if self.dtype is not None and self.dtype not in _DTYPES:
+            bad("dtype", f"one of {', '.join(_DTYPES)}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device is None:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> Optional[torch.dtype]:
+        return None if self.dtype is None else _DTYPES[self.dtype]
+
+    @classmethod
+    def split_kwargs(cls, kwargs: dict):
+        """(EngineConfig, leftover kwargs) from a flat keyword dict."""
+        names = {f.name for f in fields(cls)}
+        mine = {k: v for k, v in kwargs.items() if k in names}
+        return cls(**mine), {k: v for k, v in kwargs.items() if k not in names}
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

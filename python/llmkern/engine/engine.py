@@ -1,0 +1,285 @@
+"""Engine: the step loop (schedule -> run the model -> sample -> update), request intake and
+abort, and run metrics. `LLM` drives it for offline batches; streaming callers use add_request /
+step / abort directly."""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Dict, List, Optional, Union
+
+import torch
+
+from ..models.loader import load_model
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .kv_cache_manager import KVCacheManager, alloc_caches
+from .metrics import RunMetrics
+from .model_runner import ModelRunner
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Request, Sequence, SeqStatus
+
+PromptType = Union[str, List[int], dict, List[dict]]
+_GiB = 1 << 30
+
+
+class Engine:
+    def __init__(self, model=None, config: Optional[EngineConfig] = None, load_format: str = "auto",
+                 tokenizer=None, model_obj=None):
+        self.config = config = config or EngineConfig()
+        device = config.torch_device
+        if model_obj is not None:
+            self.model, self.tokenizer = model_obj, tokenizer
+        else:
+            self.model, tok = load_model(model, config.torch_dtype, device, load_format, seed=config.seed)
+            self.tokenizer = tokenizer or tok
+        mc = self.model.config
+        self.model_config = mc
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.eos_token_ids = list(mc.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else []))
+        if self.tokenizer is not None and self.tokenizer.eos_token_ids:
+            self.eos_token_ids = sorted(set(self.eos_token_ids) | set(self.tokenizer.eos_token_ids))
+
+        dtype = self.model.dtype
+        bs = config.block_size
+        elem = torch.empty((), dtype=dtype).element_size()
+        block_bytes = mc.kv_bytes_per_token(elem) * bs
+        num_blocks = config.num_gpu_blocks
+        if num_blocks is None:
+            num_blocks = int(self._kv_budget(device) // block_bytes)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
+        geom = (bs, mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
+        caches = alloc_caches(num_blocks, *geom, device=device)
+        n_off = config.num_cpu_offload_blocks
+        if n_off is None:
+            n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
+        offload = alloc_caches(n_off, *geom, device="cpu", pin=True) if n_off and config.enable_prefix_caching else None
+        swap = None
+        if config.preemption_mode == "swap":
+            n_swap = config.num_swap_blocks
+            if n_swap is None:
+                n_swap = int(config.swap_space_gb * _GiB // block_bytes)
+            swap = alloc_caches(n_swap, *geom, device="cpu", pin=True) if n_swap else None
+        self.kv = KVCacheManager(caches, bs, config.enable_prefix_caching, offload, swap)
+        self.num_blocks = num_blocks
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.runner = ModelRunner(self.model, caches, bs)
+        self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, device, config.seed)
+        self.requests: Dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._seq_ids = itertools.count()
+        self._stream: Dict[str, bool] = {}
+        self.metrics = RunMetrics()
+
+    def _kv_budget(self, device: torch.device) -> float:
+        if self.config.kv_cache_memory_gb is not None:
+            return self.config.kv_cache_memory_gb * _GiB
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            used = total - free
+            return max(0.0, total * self.config.gpu_memory_utilization - used)
+        return 2 * _GiB
+
+    # -- intake ---------------------------------------------------------------------------------
+    def tokenize(self, prompt: PromptType) -> (Optional[str], List[int]):
+        """(prompt text or None, token ids) for a str, token-id list, chat (list of messages) or
+        a dict with one of "prompt", "prompt_token_ids", "messages"."""
+        if isinstance(prompt, dict):
+            keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in prompt]
+            if len(keys) != 1:
+                raise ValueError("prompt: a dict prompt needs exactly one of 'prompt', 'prompt_token_ids', 'messages'")
+            prompt = prompt[keys[0]]
+        if isinstance(prompt, str):
+            self._need_tokenizer()
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            self._need_tokenizer()
+            for i, m in enumerate(prompt):
+                if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                    raise ValueError(f"messages[{i}]: expected {{'role': str, 'content': str}}, got {m!r}")
+            text = self.tokenizer.apply_chat_template(list(prompt))
+            return text, self.tokenizer.encode_chat(list(prompt))
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise ValueError(f"prompt_token_ids: token id {bad[0]} outside [0, {self.model_config.vocab_size})")
+            return None, ids
+        raise TypeError(f"prompt: expected a string, a list of token ids, a list of chat messages or a dict, "
+                        f"got {type(prompt).__name__}")
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError("prompt: this model has no tokenizer; pass token ids")
+
+    def add_request(self, prompt: PromptType, params: Optional[SamplingParams] = None,
+                    request_id: Optional[str] = None, stream: bool = False,
+                    arrival_time: Optional[float] = None) -> str:
+        """Validate and queue one request; raises ValueError/TypeError (and queues nothing) if it
+        is bad. Returns its id."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        text, ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt: is empty (0 tokens)")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens, but the model allows at most {self.max_model_len - 1} "
+                             f"(max_model_len {self.max_model_len}, leaving room for one output token)")
+        total = len(ids) + (1 if params.max_tokens is None else max(params.max_tokens, 1))
+        need = -(-min(total, self.max_model_len) // self.config.block_size)
+        if need > self.num_blocks:
+            raise ValueError(f"prompt: needs {need} KV blocks for {len(ids)} prompt + max_tokens tokens, but the KV "
+                             f"pool has {self.num_blocks}; lower max_tokens or raise kv_cache_memory_gb")
+        if request_id is None:
+            request_id = str(next(self._ids))
+        elif request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        req = Request(request_id, text, ids, params, arrival_time)
+        for i in range(params.n):
+            g = None
+            if params.seed is not None:
+                g = self.sampler.make_generator(params.seed if i == 0 else hash((params.seed, i)) & 0x7FFFFFFFFFFF)
+            seq = Sequence(next(self._seq_ids), req, i, g)
+            if self.tokenizer is not None and (stream or params.stop_list):
+                seq.detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+            req.seqs.append(seq)
+        self.requests[request_id] = req
+        self._stream[request_id] = stream
+        self.metrics.on_arrival()
+        if params.max_tokens == 0:  # nothing to generate: finished on arrival
+            for seq in req.seqs:
+                self._finish(seq, "length", time.perf_counter())
+            return request_id
+        for seq in req.seqs:
+            self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request; its blocks are freed at once. Returns False for an unknown id."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        now = time.perf_counter()
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self._finish(seq, "abort", now)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work
+
+    # -- the step -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> List[RequestOutput]:
+        """One scheduling + model step. Returns outputs of the requests that finished in it and,
+        for streaming requests, of those that produced tokens."""
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            if self.scheduler.has_work and not self.scheduler.running:
+                raise RuntimeError("engine: no request can be scheduled (KV pool too small for the queue head)")
+            return self._collect([])
+        t0 = time.perf_counter()
+        logits, sample_seqs = self.runner.execute(batch)
+        tokens = self.sampler(logits, sample_seqs) if sample_seqs else []
+        now = time.perf_counter()
+        for seq in batch.decodes:
+            seq.num_computed_tokens += 1
+            self.kv.cache_blocks(seq)
+        for seq, n in zip(batch.prefills, batch.prefill_lens):
+            seq.num_computed_tokens += n
+            self.kv.cache_blocks(seq)
+        touched = []
+        for seq, tok in zip(sample_seqs, tokens):
+            seq.append_token(tok, now)
+            self._check_stop(seq, tok, now)
+            touched.append(seq)
+        self.metrics.on_step(batch, len(sample_seqs), now - t0)
+        return self._collect(touched)
+
+    def _check_stop(self, seq: Sequence, tok: int, now: float) -> None:
+        p = seq.params
+        n_out = seq.num_output_tokens
+        if seq.detok is not None:
+            delta = seq.detok.step(seq.output_token_ids)
+            seq.output_text += delta
+            if p.stop_list and n_out >= p.min_tokens and delta:
+                # Only the new text (plus a look-back for stops spanning tokens) can hold a match.
+                look = max(len(s) for s in p.stop_list) + len(delta)
+                start = max(0, len(seq.output_text) - look)
+                hits = [(seq.output_text.find(s, start), s) for s in p.stop_list]
+                hits = [(i, s) for i, s in hits if i >= 0]
+                if hits:
+                    i, s = min(hits)
+                    seq.output_text = seq.output_text[:i + (len(s) if p.include_stop_str_in_output else 0)]
+                    seq.stop_reason = s
+                    return self._finish(seq, "stop", now)
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and tok in self.eos_token_ids:
+                return self._finish(seq, "stop", now)
+            if tok in p.stop_token_ids:
+                seq.stop_reason = tok
+                return self._finish(seq, "stop", now)
+        if p.max_tokens is not None and n_out >= p.max_tokens:
+            return self._finish(seq, "length", now)
+        if seq.num_tokens >= self.max_model_len:
+            return self._finish(seq, "length", now)
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        seq.finish_reason = reason
+        seq.finish_time = now
+        self.scheduler.finish(seq)
+        if seq.stop_reason is None or not isinstance(seq.stop_reason, str):
+            if self.tokenizer is not None:
+                seq.output_text = self.tokenizer.decode(seq.output_token_ids, seq.params.skip_special_tokens)
+        if seq.request.finished:
+            self.metrics.on_finish(self._request_metrics(seq.request))
+
+    # -- outputs --------------------------------------------------------------------------------
+    def _request_metrics(self, req: Request) -> RequestMetrics:
+        s0 = req.seqs[0]
+        firsts = [s.first_token_time for s in req.seqs if s.first_token_time is not None]
+        itl = [b - a for a, b in zip(s0.token_times, s0.token_times[1:])]
+        return RequestMetrics(
+            arrival_time=req.arrival_time, first_scheduled_time=req.first_scheduled_time,
+            first_token_time=min(firsts) if firsts else None,
+            finish_time=max((s.finish_time or 0.0) for s in req.seqs) if req.finished else None,
+            num_prompt_tokens=len(req.prompt_token_ids),
+            num_output_tokens=sum(s.num_output_tokens for s in req.seqs),
+            num_cached_prompt_tokens=s0.prompt_cache_hit_tokens,
+            num_preemptions=sum(s.num_preemptions for s in req.seqs), inter_token_latencies=itl)
+
+    def _output(self, req: Request, finished: bool) -> RequestOutput:
+        outs = []
+        for s in req.seqs:
+            new_ids = s.output_token_ids[s.stream_offset:]
+            s.stream_offset = s.num_output_tokens
+            delta = s.output_text[s.text_sent:] if len(s.output_text) > s.text_sent else ""
+            s.text_sent = max(s.text_sent, len(s.output_text))
+            outs.append(CompletionOutput(s.index, s.output_text, s.output_token_ids, s.finish_reason,
+                                         s.stop_reason, delta, new_ids))
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
+                             self._request_metrics(req))
+
+    def _collect(self, touched: List[Sequence]) -> List[RequestOutput]:
+        out, seen = [], set()
+        for req in list(self.requests.values()):
+            rid = req.request_id
+            fin = req.finished
+            stream = self._stream.get(rid)
+            if not fin and not (stream and any(s in touched for s in req.seqs)):
+                continue
+            if rid in seen:
+                continue
+            seen.add(rid)
+            out.append(self._output(req, fin))
+            if fin:
+                del self.requests[rid]
+                del self._stream[rid]
+        return out
+
+    def run_metrics(self) -> dict:
+        return self.metrics.summary(self.kv.stats, self.scheduler.num_preemptions)

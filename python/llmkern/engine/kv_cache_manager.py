@@ -1,0 +1,223 @@
+"""KVCacheManager: the paged KV cache of all layers and the policy on top of the block pools:
+per-sequence block tables, prefix caching (chained block hashes), the CPU offload tier for
+evicted prefix blocks, and swap-out/in of preempted sequences. Block copies between device and
+host go through the swap_blocks kernel, batched per layer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+from . import kernels as K
+from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool
+from .sequence import Sequence
+
+Caches = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (key_cache, value_cache)
+
+
+def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device, pin: bool = False) -> Caches:
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    pin = pin and torch.cuda.is_available()
+    return [tuple(torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in range(2))
+            for _ in range(num_layers)]
+
+
+@dataclass
+class CacheStats:
+    prefix_query_tokens: int = 0     # prompt tokens looked up in the prefix cache
+    prefix_hit_tokens: int = 0       # ... found (device or host tier)
+    offload_hit_tokens: int = 0      # ... found in the host tier and brought back
+    blocks_offloaded: int = 0        # device -> host copies of evicted prefix blocks
+    blocks_restored: int = 0         # host -> device copies on offload hits
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+
+class KVCacheManager:
+    def __init__(self, caches: Caches, block_size: int, enable_prefix_caching: bool,
+                 offload_caches: Optional[Caches] = None, swap_caches: Optional[Caches] = None):
+        self.caches = caches
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(caches[0][0].shape[0] if caches else 0)
+        self.offload_caches = offload_caches if enable_prefix_caching else None
+        self.offload = HostPool(offload_caches[0][0].shape[0]) if self.offload_caches else None
+        self.swap_caches = swap_caches
+        self.swap_pool = HostPool(swap_caches[0][0].shape[0]) if swap_caches else None
+        self.stats = CacheStats()
+
+    # -- copies ---------------------------------------------------------------------------------
+    @staticmethod
+    def _copy(src: Caches, dst: Caches, pairs: List[Tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        mapping = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
+        for (sk, sv), (dk, dv) in zip(src, dst):
+            K.swap_blocks(sk, dk, mapping)
+            K.swap_blocks(sv, dv, mapping)
+
+    def _allocate(self, n: int) -> List[int]:
+        bids, evicted = self.pool.allocate(n)
+        if evicted and self.offload is not None:
+            self._offload(evicted)
+        return bids
+
+    def _offload(self, evicted: List[Evicted]) -> None:
+        """Keep evicted prefix blocks in the host tier (before the device blocks are reused)."""
+        todo = [e for e in evicted if e.block_hash not in self.offload.cached]
+        todo = todo[-self.offload.num_blocks:] if self.offload.num_blocks else []
+        host = self.offload.take(len(todo)) if todo else None
+        if not host:
+            return
+        for e, h in zip(todo, host):
+            self.offload.cached[e.block_hash] = HostEntry(h, e.tokens, e.reg, e.parent_reg)
+        self._copy(self.caches, self.offload_caches, [(e.block_id, h) for e, h in zip(todo, host)])
+        self.stats.blocks_offloaded += len(todo)
+
+    # -- per-sequence API -----------------------------------------------------------------------
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        total = seq.num_computed_tokens + num_new_tokens
+        return max(0, -(-total // self.block_size) - len(seq.block_ids))
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= self.pool.num_free
+
+    def _hash_blocks(self, seq: Sequence, upto: int) -> None:
+        bs = self.block_size
+        hashes = seq.block_hashes
+        toks = seq.token_ids
+        for i in range(len(hashes), upto):
+            parent = hashes[i - 1] if i else 0
+            hashes.append(hash((parent, tuple(toks[i * bs:(i + 1) * bs]))))
+
+    def acquire_prefix(self, seq: Sequence) -> int:
+        """For a sequence about to start: take the longest cached prefix of full blocks (at least
+        one token is always left to compute); returns the number of tokens it covers."""
+        assert not seq.block_ids and seq.num_computed_tokens == 0
+        seq.prompt_cache_hit_tokens = 0
+        if not self.enable_prefix_caching:
+            return 0
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        self._hash_blocks(seq, max_blocks)
+        plan = []  # per hit block, in order: (device block id, None) or (None, host entry)
+        parent = ROOT_REG
+        for i in range(max_blocks):
+            h = seq.block_hashes[i]
+            toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            b = self.pool.lookup(h, toks, parent)
+            if b is not None:
+                self.pool.touch(b.block_id)  # off the free list: later allocations cannot evict it
+                plan.append((b.block_id, None))
+                parent = b.reg
+                continue
+            e = self.offload.lookup(h, toks, parent) if self.offload is not None else None
+            if e is None:
+                break
+            plan.append((None, e))
+            parent = e.reg
+        # Host-tier hits need device blocks; cut the plan where the pool runs short.
+        n_host, cut = 0, len(plan)
+        for j, (_, e) in enumerate(plan):
+            if e is not None:
+                if n_host == self.pool.num_free:
+                    cut = j
+                    break
+                n_host += 1
+        self.pool.release([bid for bid, _ in reversed(plan[cut:]) if bid is not None])
+        plan = plan[:cut]
+        host = [(i, e) for i, (_, e) in enumerate(plan) if e is not None]
+        bids = [bid for bid, _ in plan]
+        regs = []
+        if host:
+            for i, e in host:  # pin the entries while device blocks are allocated (that may offload)
+                del self.offload.cached[seq.block_hashes[i]]
+            dev = self._allocate(len(host))
+            self._copy(self.offload_caches, self.caches, [(e.block_id, d) for (_, e), d in zip(host, dev)])
+            for (i, e), d in zip(host, dev):
+                displaced = self.offload.cached.pop(seq.block_hashes[i], None)
+                if displaced is not None:  # a colliding entry offloaded meanwhile
+                    self.offload.give_back([displaced.block_id])
+                self.offload.cached[seq.block_hashes[i]] = e
+                self.pool.register(d, seq.block_hashes[i], e.tokens, e.parent_reg, e.reg)
+                bids[i] = d
+            self.stats.blocks_restored += len(host)
+            self.stats.offload_hit_tokens += len(host) * bs
+        for bid, e in plan:
+            regs.append(e.reg if e is not None else self.pool.blocks[bid].reg)
+        seq.block_ids = bids
+        seq.num_cached_blocks = len(bids)
+        seq.block_regs = regs
+        n = len(bids) * bs
+        seq.num_computed_tokens = n
+        seq.prompt_cache_hit_tokens = n
+        if not seq.num_preemptions:  # re-admissions after preemption would count twice
+            self.stats.prefix_query_tokens += seq.num_tokens
+            self.stats.prefix_hit_tokens += n
+        return n
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Blocks for the next num_new_tokens of seq; False (nothing changed) if the pool is short."""
+        need = self.num_blocks_needed(seq, num_new_tokens)
+        if need > self.pool.num_free:
+            return False
+        if need:
+            seq.block_ids.extend(self._allocate(need))
+        return True
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Index the sequence's newly completed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = seq.num_computed_tokens // bs
+        if full <= seq.num_cached_blocks:
+            return
+        self._hash_blocks(seq, full)
+        regs = seq.block_regs
+        for i in range(seq.num_cached_blocks, full):
+            parent = regs[i - 1] if i else ROOT_REG
+            toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            regs.append(self.pool.register(seq.block_ids[i], seq.block_hashes[i], toks, parent))
+        seq.num_cached_blocks = full
+
+    def free(self, seq: Sequence) -> None:
+        self.pool.release(reversed(seq.block_ids))
+        seq.block_ids = []
+        seq.num_cached_blocks = 0
+        seq.block_regs = []
+        if seq.swap_blocks:
+            self.swap_pool.give_back(seq.swap_blocks)
+            seq.swap_blocks = []
+
+    # -- swap preemption ------------------------------------------------------------------------
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return self.swap_pool is not None and len(seq.block_ids) <= self.swap_pool.num_available
+
+    def swap_out(self, seq: Sequence) -> None:
+        host = self.swap_pool.take(len(seq.block_ids))
+        self._copy(self.caches, self.swap_caches, list(zip(seq.block_ids, host)))
+        self.stats.blocks_swapped_out += len(host)
+        self.free(seq)
+        seq.swap_blocks = host
+
+    def can_swap_in(self, seq: Sequence, extra_blocks: int = 0) -> bool:
+        return len(seq.swap_blocks) + extra_blocks <= self.pool.num_free
+
+    def swap_in(self, seq: Sequence) -> None:
+        dev = self._allocate(len(seq.swap_blocks))
+        self._copy(self.swap_caches, self.caches, list(zip(seq.swap_blocks, dev)))
+        self.stats.blocks_swapped_in += len(dev)
+        self.swap_pool.give_back(seq.swap_blocks)
+        seq.swap_blocks = []
+        seq.block_ids = dev
+        # The restored blocks are private copies; index them again (equal indexed blocks win).
+        seq.num_cached_blocks = 0
+        seq.block_regs = []
+        self.cache_blocks(seq)

@@ -1,0 +1,95 @@
+"""LLM: the offline batch API.
+
+    from llmkern import LLM, SamplingParams
+    llm = LLM()                                   # embedded SmolLM2-135M-Instruct
+    outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+    print(outs[0].text, outs[0].metrics.ttft)
+"""
+from __future__ import annotations
+
+import time
+from typing import List, Optional, Sequence, Union
+
+from .config import EngineConfig
+from .engine import Engine, PromptType
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model=None, load_format: str = "auto", **kwargs):
+        """model: None (embedded default), a HF model directory or a .gguf file (or, with
+        load_format="dummy", a config for random weights). Other keywords: EngineConfig fields
+        (max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching, ...)."""
+        config, rest = EngineConfig.split_kwargs(kwargs)
+        if rest:
+            raise TypeError(f"LLM: unknown argument(s) {', '.join(sorted(rest))}")
+        self.engine = Engine(model, config, load_format)
+        self.tokenizer = self.engine.tokenizer
+
+    @staticmethod
+    def _as_list(prompts) -> List[PromptType]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+            return [list(prompts)]      # one prompt given as token ids
+        if isinstance(prompts, (list, tuple)) and prompts and all(
+                isinstance(m, dict) and "role" in m for m in prompts):
+            return [list(prompts)]      # one chat
+        return list(prompts)
+
+    def generate(self, prompts, sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
+                 use_tqdm: bool = True) -> List[RequestOutput]:
+        """Run all prompts to completion; one RequestOutput per prompt, in order. A bad prompt
+        gets an output with `.error` set (and no completions); the others run normally."""
+        plist = self._as_list(prompts)
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(plist):
+                raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(plist)} prompts")
+            sps = list(sampling_params)
+        else:
+            sps = [sampling_params or SamplingParams()] * len(plist)
+        eng = self.engine
+        results: List[Optional[RequestOutput]] = [None] * len(plist)
+        index = {}
+        for i, (p, sp) in enumerate(zip(plist, sps)):
+            try:
+                rid = eng.add_request(p, sp)
+                index[rid] = i
+            except (ValueError, TypeError) as e:
+                results[i] = RequestOutput(request_id="", prompt=p if isinstance(p, str) else None,
+                                           prompt_token_ids=[], outputs=[], finished=True, error=str(e))
+        bar = None
+        if use_tqdm and index:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(index), desc="generate", unit="req", dynamic_ncols=True)
+        out_toks, t0 = 0, time.perf_counter()
+        try:
+            while index and any(results[i] is None for i in index.values()):
+                for out in eng.step():
+                    i = index.get(out.request_id)
+                    if i is None or not out.finished:
+                        continue
+                    results[i] = out
+                    if bar is not None:
+                        out_toks += sum(len(c.token_ids) for c in out.outputs)
+                        bar.set_postfix_str(f"{out_toks / (time.perf_counter() - t0):.1f} out tok/s")
+                        bar.update(1)
+        except BaseException:
+            for rid in index:   # leave the engine clean for the next call
+                eng.abort(rid)
+            eng._collect([])
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return results
+
+    def chat(self, messages, sampling_params: Optional[SamplingParams] = None, use_tqdm: bool = False):
+        """One chat (list of {"role", "content"}) or a list of chats, with the model's template."""
+        chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        return self.generate([list(c) for c in chats], sampling_params, use_tqdm)
+
+    def run_metrics(self) -> dict:
+        return self.engine.run_metrics()

@@ -1,0 +1,89 @@
+"""Run metrics: throughput, latency percentiles, prefix-cache hit rate, preemptions, offload."""
+from __future__ import annotations
+
+import time
+from typing import List, Optional
+
+
+def percentile(xs: List[float], q: float) -> Optional[float]:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+class RunMetrics:
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.start: Optional[float] = None
+        self.last: Optional[float] = None
+        self.steps = 0
+        self.model_time = 0.0
+        self.prompt_tokens_computed = 0   # prefill rows run (cache hits excluded)
+        self.prompt_tokens = 0            # prompt tokens of finished requests
+        self.output_tokens = 0
+        self.requests_finished = 0
+        self.ttfts: List[float] = []
+        self.itls: List[float] = []
+        self.e2es: List[float] = []
+
+    def on_arrival(self) -> None:
+        if self.start is None:
+            self.start = time.perf_counter()
+
+    def on_step(self, batch, num_sampled: int, dt: float) -> None:
+        self.steps += 1
+        self.model_time += dt
+        self.prompt_tokens_computed += sum(batch.prefill_lens)
+        self.last = time.perf_counter()
+
+    def on_finish(self, m) -> None:
+        self.requests_finished += 1
+        self.prompt_tokens += m.num_prompt_tokens
+        self.output_tokens += m.num_output_tokens
+        if m.ttft is not None:
+            self.ttfts.append(m.ttft)
+        if m.e2e is not None:
+            self.e2es.append(m.e2e)
+        self.itls.extend(m.inter_token_latencies)
+
+    def summary(self, cache_stats, num_preemptions: int) -> dict:
+        elapsed = (self.last or time.perf_counter()) - (self.start or time.perf_counter())
+        elapsed = max(elapsed, 1e-9)
+        return {
+            "requests": self.requests_finished,
+            "elapsed_s": elapsed,
+            "steps": self.steps,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "prompt_tok_s": self.prompt_tokens / elapsed,
+            "output_tok_s": self.output_tokens / elapsed,
+            "ttft_p50_s": percentile(self.ttfts, 50),
+            "ttft_p99_s": percentile(self.ttfts, 99),
+            "itl_p50_s": percentile(self.itls, 50),
+            "itl_p99_s": percentile(self.itls, 99),
+            "e2e_p50_s": percentile(self.e2es, 50),
+            "prefix_cache_hit_rate": cache_stats.hit_rate,
+            "prefix_hit_tokens": cache_stats.prefix_hit_tokens,
+            "preemptions": num_preemptions,
+            "blocks_offloaded": cache_stats.blocks_offloaded,
+            "blocks_restored": cache_stats.blocks_restored,
+            "blocks_swapped_out": cache_stats.blocks_swapped_out,
+            "blocks_swapped_in": cache_stats.blocks_swapped_in,
+        }
+
+
+def format_summary(s: dict) -> str:
+    def ms(x):
+        return "-" if x is None else f"{1e3 * x:.1f} ms"
+
+    return (f"{s['requests']} requests in {s['elapsed_s']:.2f} s | prompt {s['prompt_tok_s']:.1f} tok/s, "
+            f"output {s['output_tok_s']:.1f} tok/s | TTFT p50 {ms(s['ttft_p50_s'])}, p99 {ms(s['ttft_p99_s'])} | "
+            f"ITL p50 {ms(s['itl_p50_s'])} | prefix-cache hit rate {100 * s['prefix_cache_hit_rate']:.1f}% | "
+            f"preemptions {s['preemptions']} | offload {s['blocks_offloaded']} out / {s['blocks_restored']} back, "
+            f"swap {s['blocks_swapped_out']} out / {s['blocks_swapped_in']} in (blocks)")

@@ -1,0 +1,96 @@
+"""ModelRunner: a scheduled batch -> flat input tensors + attention metadata -> model -> logits of
+the rows that sample. Host-side preparation is vectorised per sequence (numpy), never per token."""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import numpy as np
+import torch
+
+from ..models.attention import AttnMetadata
+from ..models.llama import LlamaForCausalLM
+from .kv_cache_manager import Caches
+from .scheduler import ScheduledBatch
+from .sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, caches: Caches, block_size: int):
+        self.model = model
+        self.caches = caches
+        self.block_size = block_size
+        self.device = model.device
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
+
+    @staticmethod
+    def _block_table(seqs: List[Sequence]) -> np.ndarray:
+        width = max(len(s.block_ids) for s in seqs)
+        bt = np.zeros((len(seqs), width), dtype=np.int32)
+        for i, s in enumerate(seqs):
+            bt[i, :len(s.block_ids)] = s.block_ids
+        return bt
+
+    def prepare(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, torch.Tensor, AttnMetadata, torch.Tensor, List[Sequence]]:
+        bs = self.block_size
+        ids: List[int] = []
+        pos_parts, slot_parts = [], []
+        sample_rows: List[int] = []
+        sample_seqs: List[Sequence] = []
+        meta = AttnMetadata(slot_mapping=None)
+
+        nd = len(batch.decodes)
+        if nd:
+            pos = np.fromiter((s.num_computed_tokens for s in batch.decodes), dtype=np.int64, count=nd)
+            ids.extend(s.token_ids[s.num_computed_tokens] for s in batch.decodes)
+            last_blk = np.fromiter((s.block_ids[s.num_computed_tokens // bs] for s in batch.decodes),
+                                   dtype=np.int64, count=nd)
+            pos_parts.append(pos)
+            slot_parts.append(last_blk * bs + pos % bs)
+            meta.num_decode = nd
+            meta.decode_seqlens = self._tensor((pos + 1).astype(np.int32))
+            meta.decode_block_table = self._tensor(self._block_table(batch.decodes))
+            sample_rows.extend(range(nd))
+            sample_seqs.extend(batch.decodes)
+
+        if batch.prefills:
+            cu_q, cu_k = [0], [0]
+            paged = False
+            row = nd
+            for s, n in zip(batch.prefills, batch.prefill_lens):
+                start = s.num_computed_tokens
+                ids.extend(s.token_ids[start:start + n])
+                p = np.arange(start, start + n, dtype=np.int64)
+                pos_parts.append(p)
+                blocks = np.asarray(s.block_ids, dtype=np.int64)
+                slot_parts.append(blocks[p // bs] * bs + p % bs)
+                cu_q.append(cu_q[-1] + n)
+                cu_k.append(cu_k[-1] + start + n)
+                paged |= start > 0
+                row += n
+                if start + n == s.num_tokens:  # prompt complete: this row samples
+                    sample_rows.append(row - 1)
+                    sample_seqs.append(s)
+            meta.num_prefill_tokens = cu_q[-1]
+            meta.prefill_cu_q = self._tensor(np.asarray(cu_q, dtype=np.int32))
+            meta.prefill_max_q = max(batch.prefill_lens)
+            if paged:
+                meta.prefill_cu_k = self._tensor(np.asarray(cu_k, dtype=np.int32))
+                meta.prefill_max_k = int(np.max(np.diff(cu_k)))
+                meta.prefill_block_table = self._tensor(self._block_table(batch.prefills))
+
+        input_ids = self._tensor(np.asarray(ids, dtype=np.int64))
+        positions = self._tensor(np.concatenate(pos_parts))
+        meta.slot_mapping = self._tensor(np.concatenate(slot_parts))
+        rows = self._tensor(np.asarray(sample_rows, dtype=np.int64))
+        return input_ids, positions, meta, rows, sample_seqs
+
+    def execute(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, List[Sequence]]:
+        """fp32 logits [num sampling rows, vocab] and the sequences they belong to."""
+        input_ids, positions, meta, rows, sample_seqs = self.prepare(batch)
+        hidden = self.model.forward(input_ids, positions, meta, self.caches)
+        if not sample_seqs:
+            return None, []
+        return self.model.compute_logits(hidden, rows), sample_seqs

@@ -1,0 +1,100 @@
+"""Sampler: logits of the sampling rows -> next token per sequence.
+
+Order per row: min_tokens masking (EOS/stop ids), penalties, then greedy argmax (temperature 0)
+or temperature + top-k / top-p / min-p sampling through the sampling kernels. Requests with a
+seed draw from their own generator (one kernel call each, so their draws do not depend on the
+rest of the batch); the others share the engine's generator in one call."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from . import kernels as K
+from .sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, eos_token_ids: List[int], device: torch.device, seed: int):
+        self.vocab_size = vocab_size
+        self.eos = list(eos_token_ids)
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: List[Sequence]) -> List[int]:
+        params = [s.params for s in seqs]
+        if all(p.greedy and not p.has_penalties and not p.min_tokens for p in params):
+            return logits.argmax(dim=-1).tolist()
+        self._mask_min_tokens(logits, seqs)
+        self._apply_penalties(logits, seqs)
+        out = logits.argmax(dim=-1)
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        if rows:
+            shared = [i for i in rows if seqs[i].generator is None]
+            if shared:
+                out[shared] = self._sample(logits, shared, seqs, self.generator).to(out.dtype)
+            for i in rows:
+                g = seqs[i].generator
+                if g is not None:
+                    out[i] = self._sample(logits, [i], seqs, g)[0].to(out.dtype)
+        return out.tolist()
+
+    def _mask_min_tokens(self, logits: torch.Tensor, seqs: List[Sequence]) -> None:
+        for i, s in enumerate(seqs):
+            p = s.params
+            if p.min_tokens and s.num_output_tokens < p.min_tokens:
+                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos)
+                banned = [t for t in banned if t < logits.shape[1]]
+                if banned:
+                    logits[i, banned] = float("-inf")
+
+    def _apply_penalties(self, logits: torch.Tensor, seqs: List[Sequence]) -> None:
+        rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+        if not rows:
+            return
+        dev = logits.device
+
+        def padded(lists):
+            width = max(1, max(len(x) for x in lists))
+            t = torch.full((len(lists), width), -1, dtype=torch.int64)
+            for j, x in enumerate(lists):
+                t[j, :len(x)] = torch.tensor(x, dtype=torch.int64)
+            return t.to(dev)
+
+        ps = [seqs[i].params for i in rows]
+        sub = logits[rows]
+        K.apply_penalties(
+            sub, repetition_penalties=torch.tensor([p.repetition_penalty for p in ps], dtype=torch.float32, device=dev),
+            frequency_penalties=torch.tensor([p.frequency_penalty for p in ps], dtype=torch.float32, device=dev),
+            presence_penalties=torch.tensor([p.presence_penalty for p in ps], dtype=torch.float32, device=dev),
+            output_token_ids=padded([seqs[i].output_token_ids for i in rows]),
+            prompt_token_ids=padded([seqs[i].token_ids[:seqs[i].num_prompt_tokens] for i in rows]))
+        logits[rows] = sub
+
+    def _sample(self, logits: torch.Tensor, rows: List[int], seqs: List[Sequence],
+                generator: Optional[torch.Generator]) -> torch.Tensor:
+        ps = [seqs[i].params for i in rows]
+        x = logits[rows]
+        temps = torch.tensor([p.temperature for p in ps], dtype=x.dtype, device=x.device)
+        x = x / temps.unsqueeze(1)
+        V = x.shape[1]
+        top_k = [p.top_k if p.top_k > 0 else V for p in ps]
+        top_p = [p.top_p for p in ps]
+        min_p = [p.min_p for p in ps]
+        use_k, use_p = any(k < V for k in top_k), any(q < 1.0 for q in top_p)
+        if any(m > 0 for m in min_p):
+            if use_k:
+                x = K.top_k_mask_logits(x, torch.tensor(top_k, dtype=torch.int32, device=x.device))
+            probs = torch.softmax(x, dim=-1)
+            if use_p:
+                probs = K.top_p_renorm_probs(probs, torch.tensor(top_p, dtype=torch.float32, device=x.device))
+            return K.min_p_sampling_from_probs(probs, torch.tensor(min_p, dtype=torch.float32, device=x.device),
+                                               generator=generator)
+        if use_k or use_p:
+            return K.top_k_top_p_sampling_from_logits(
+                x, torch.tensor(top_k, dtype=torch.int32, device=x.device),
+                torch.tensor(top_p, dtype=torch.float32, device=x.device), generator=generator)
+        return K.sampling_from_logits(x, generator=generator)

@@ -1,0 +1,210 @@
+"""Scheduler: which sequences run this step and how many tokens each.
+
+Continuous policy, per step under a token budget (max_num_batched_tokens) and a sequence cap
+(max_num_seqs):
+  1. running sequences, decodes first, then unfinished (chunked) prefills; if the KV pool is
+     short, the most recently admitted running sequence is preempted (recompute: its blocks are
+     freed and it restarts from its tokens; swap: its blocks move to host memory);
+  2. swapped sequences come back when their blocks fit;
+  3. waiting sequences are admitted in arrival order, starting after their cached prefix; with
+     chunked prefill the last admitted one may get only part of its prompt.
+Static policy: admit up to max_num_seqs, run that batch to completion, then admit the next."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, List
+
+from .config import EngineConfig
+from .kv_cache_manager import KVCacheManager
+from .sequence import Sequence, SeqStatus
+
+
+@dataclass
+class ScheduledBatch:
+    decodes: List[Sequence] = field(default_factory=list)        # one new token each
+    prefills: List[Sequence] = field(default_factory=list)       # a chunk each
+    prefill_lens: List[int] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(self.prefill_lens)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int):
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.waiting: Deque[Sequence] = deque()
+        self.running: List[Sequence] = []       # admission order (last = lowest priority)
+        self.swapped: Deque[Sequence] = deque()
+        self.num_preemptions = 0
+        self.budget = config.max_num_batched_tokens
+        if not config.enable_chunked_prefill:
+            # A whole prompt must fit in one step.
+            self.budget = max(self.budget, max_model_len)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    # -- the step plan --------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.budget
+        scheduled = set()
+        chunked = self.config.enable_chunked_prefill
+        if self.config.scheduler == "static" and not self.running and not self.swapped:
+            self._admit_static_batch()
+
+        # 1. running: decodes first, then partial prefills.
+        order = ([s for s in self.running if s.num_computed_tokens >= s.num_tokens - 1]
+                 + [s for s in self.running if s.num_computed_tokens < s.num_tokens - 1])
+        for seq in order:
+            if budget <= 0:
+                break
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = seq.num_tokens - seq.num_computed_tokens
+            if n > budget:
+                if not chunked:
+                    continue
+                n = budget
+            while not self.kv.allocate_slots(seq, n):
+                victim = self._pick_victim(scheduled)
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            scheduled.add(seq.seq_id)
+            budget -= n
+            if n == 1 and seq.num_computed_tokens == seq.num_tokens - 1:
+                batch.decodes.append(seq)
+            else:
+                batch.prefills.append(seq)
+                batch.prefill_lens.append(n)
+
+        if batch.num_preempted:
+            return batch  # the pool is under pressure: admit nothing new this step
+
+        # 2. swapped sequences back in (they decode right away).
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            n = seq.num_tokens - seq.num_computed_tokens
+            extra = -(-(seq.num_computed_tokens + n) // self.kv.block_size) - len(seq.swap_blocks)
+            if n > budget or not self.kv.can_swap_in(seq, extra_blocks=max(0, extra)):
+                break
+            self.swapped.popleft()
+            self.kv.swap_in(seq)
+            if not self.kv.allocate_slots(seq, n):  # cannot fail: checked above
+                raise RuntimeError("scheduler: swap-in accounting error")
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            scheduled.add(seq.seq_id)
+            budget -= n
+            if n == 1:
+                batch.decodes.append(seq)
+            else:
+                batch.prefills.append(seq)
+                batch.prefill_lens.append(n)
+        if self.swapped:
+            return batch  # swapped sequences have priority over new ones
+
+        # 3. waiting sequences.
+        if self.config.scheduler == "static":
+            return batch
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.num_computed_tokens == 0 and not seq.block_ids:
+                self.kv.acquire_prefix(seq)
+            n = seq.num_tokens - seq.num_computed_tokens
+            if n > budget:
+                if not chunked and n <= self.budget:
+                    self._release_prefix(seq)
+                    break
+                n = budget
+            if not self.kv.allocate_slots(seq, n):
+                self._release_prefix(seq)
+                break
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            if seq.request.first_scheduled_time is None:
+                seq.request.first_scheduled_time = time.perf_counter()
+            budget -= n
+            batch.prefills.append(seq)
+            batch.prefill_lens.append(n)
+        return batch
+
+    def _admit_static_batch(self) -> None:
+        # The whole batch enters at once; its prompts are then prefilled in budget-sized chunks
+        # by the running loop, and nothing else is admitted until every member has finished.
+        now = time.perf_counter()
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting.popleft()
+            if seq.num_computed_tokens == 0 and not seq.block_ids:
+                self.kv.acquire_prefix(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            if seq.request.first_scheduled_time is None:
+                seq.request.first_scheduled_time = now
+
+    def _release_prefix(self, seq: Sequence) -> None:
+        """Undo acquire_prefix for a sequence that stays waiting (its hits stay cached)."""
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+
+    def _pick_victim(self, scheduled: set) -> Sequence:
+        # The most recently admitted running sequence; it may be one already scheduled this step
+        # only if nothing else is left (then the step shrinks accordingly).
+        for seq in reversed(self.running):
+            if seq.seq_id not in scheduled:
+                return seq
+        return self.running[-1]
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        if seq in batch.decodes:
+            batch.decodes.remove(seq)
+        elif seq in batch.prefills:
+            i = batch.prefills.index(seq)
+            del batch.prefills[i]
+            del batch.prefill_lens[i]
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        batch.num_preempted += 1
+        if self.config.preemption_mode == "swap" and self.kv.can_swap_out(seq):
+            self.kv.swap_out(seq)
+            seq.status = SeqStatus.SWAPPED
+            self.swapped.append(seq)
+        else:
+            self.kv.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SeqStatus.WAITING
+            self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished (or aborted) sequence from every queue and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.swapped:
+            self.swapped.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SeqStatus.FINISHED

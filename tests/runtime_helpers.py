@@ -1,0 +1,37 @@
+"""Helpers for the runtime tests: tiny random HF checkpoints and HF greedy references."""
+from __future__ import annotations
+
+import os
+from typing import List
+
+import torch
+
+
+def tiny_hf_model(path: str, arch: str = "llama", seed: int = 0, **overrides):
+    """Save a tiny random transformers model of `arch` to `path`; returns the HF model (fp32)."""
+    import transformers
+
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=256,
+                  initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+    common.update(overrides)
+    cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+           "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[arch]
+    torch.manual_seed(seed)
+    model = cls[1](cls[0](**common)).eval()
+    if not os.path.exists(os.path.join(path, "config.json")):
+        model.save_pretrained(path)
+    return model
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompts: List[List[int]], n: int) -> List[List[int]]:
+    """HF generate, greedy, exactly n new tokens (EOS masked until then), one prompt at a time."""
+    outs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=0)
+        outs.append(out[0, len(p):].tolist())
+    return outs
