@@ -8,9 +8,13 @@
 // vector lanes, which makes the softmax (max / exp / sum over keys) purely lane-wise; O += P.V is
 // a second register-blocked GEMM broadcasting P.
 //
-// attend_small (decode and short appends, few rows): K/V rows are read straight from the cache
-// and converted in registers; every load serves all rows of the group. Dot products are reduced
-// VL keys at a time by a transposing tree.
+// attend_small (decode and short appends, few rows; one task covers all kv heads of a sequence):
+// K/V rows are read straight from the cache and converted in registers; every load serves all
+// rows of the group, and the rows of the next (tile, head) passes are prefetched. Dot products
+// are reduced VL keys at a time by a transposing tree.
+//
+// bf16 on CPUs with AVX512_BF16: both kernels use vdpbf16ps (pairs of bf16 products summed in
+// fp32) for q.k and p.v, with P rounded to bf16 for p.v as flash-attn's tensor-core kernels do.
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,10 +27,7 @@ LLMK_NS_BEGIN
 namespace attn {
 namespace {
 
-#ifndef LLMK_ATTN_BK
-#define LLMK_ATTN_BK 64
-#endif
-constexpr int kBK = LLMK_ATTN_BK;  // keys per tile (a multiple of every VL)
+constexpr int kBK = 64;  // keys per tile (a multiple of every VL; 32 and 128 measured no better)
 constexpr int kMR = 6;   // keys per Q.K^T micro-tile, rows per P.V micro-tile
 #if defined(__AVX512F__)
 constexpr int kNR = 4;   // vectors per micro-tile: 6 x 4 accumulators of 32 registers
@@ -184,7 +185,9 @@ void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, fl
     const vf lo = loadu(R.lo + o), hi = loadu(R.hi + o), pos = loadu(R.pos + o);
     const vf slope = loadu(R.slope + o);
     vf mt = splat(-INFINITY);
-    for (int jj = 0; jj < nk; ++jj) {
+    if (cap <= 0.f && !alibi && full) {  // the common case: scores stay as they are
+      for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o));
+    } else for (int jj = 0; jj < nk; ++jj) {
       float* sp = S + jj * Mp + o;
       vf s = loadu(sp);
       if (cap > 0.f) s = cap * vtanh(s * inv_cap);
