@@ -8,9 +8,13 @@
 // vector lanes, which makes the softmax (max / exp / sum over keys) purely lane-wise; O += P.V is
 // a second register-blocked GEMM broadcasting P.
 //
-// attend_small (decode and short appends, few rows): K/V rows are read straight from the cache
-// and converted in registers; every load serves all rows of the group. Dot products are reduced
-// VL keys at a time by a transposing tree.
+// attend_small (decode and short appends, few rows; one task covers all kv heads of a sequence):
+// K/V rows are read straight from the cache and converted in registers; every load serves all
+// rows of the group, and the rows of the next (tile, head) passes are prefetched. Dot products
+// are reduced VL keys at a time by a transposing tree.
+//
+// bf16 on CPUs with AVX512_BF16: both kernels use vdpbf16ps (pairs of bf16 products summed in
+// fp32) for q.k and p.v, with P rounded to bf16 for p.v as flash-attn's tensor-core kernels do.
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,10 +27,7 @@ LLMK_NS_BEGIN
 namespace attn {
 namespace {
 
-#ifndef LLMK_ATTN_BK
-#define LLMK_ATTN_BK 64
-#endif
-constexpr int kBK = LLMK_ATTN_BK;  // keys per tile (a multiple of every VL)
+constexpr int kBK = 64;  // keys per tile (a multiple of every VL; 32 and 128 measured no better)
 constexpr int kMR = 6;   // keys per Q.K^T micro-tile, rows per P.V micro-tile
 #if defined(__AVX512F__)
 constexpr int kNR = 4;   // vectors per micro-tile: 6 x 4 accumulators of 32 registers
@@ -184,7 +185,9 @@ void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, fl
     const vf lo = loadu(R.lo + o), hi = loadu(R.hi + o), pos = loadu(R.pos + o);
     const vf slope = loadu(R.slope + o);
     vf mt = splat(-INFINITY);
-    for (int jj = 0; jj < nk; ++jj) {
+    if (cap <= 0.f && !alibi && full) {  // the common case: scores stay as they are
+      for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o));
+    } else for (int jj = 0; jj < nk; ++jj) {
       float* sp = S + jj * Mp + o;
       vf s = loadu(sp);
       if (cap > 0.f) s = cap * vtanh(s * inv_cap);
@@ -461,6 +464,71 @@ __attribute__((target("avx512bf16"))) void qk_dot_bf16(const uint16_t* const* q,
 
 // Rows r0 .. r0+RR-1 against one key tile (nk keys whose K/V rows are kr[] / vr[]).
 // kn / vn (may be null): rows of the next tile, prefetched while this one is computed.
+#if defined(__AVX512F__)
+// Decode P.V for bf16 inputs with AVX512_BF16 (head_dim % 32 == 0): two keys per instruction,
+// P rounded to bf16 (as in gemm_bf16). Interleaving two V rows with unpack{lo,hi} leaves each
+// 32-wide block of the output in the order {0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31};
+// small_impl restores the order once at the end of the task (unpermute_pv_bf16).
+template <int RR>
+LLMK_BF16_TARGET void pv_dot_bf16(const float* S, const uint16_t* const* vr, int nk, int D,
+                                  float* O, int dp, const float* alpha,
+                                  const uint16_t* const* vn, int nn) {
+  alignas(64) uint16_t pb[RR][kBK];
+  const int nkp = round_up(nk, 16);  // S rows are zero beyond nk up to nkp
+  for (int r = 0; r < RR; ++r)
+    for (int j = 0; j < nkp; j += 16)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pb[r] + j),
+                         (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(S + r * kBK + j)));
+  const int row_bytes = D * 2;
+  for (int c = 0; c < D; c += 32) {
+    __m512 lo[RR], hi[RR];
+    for (int r = 0; r < RR; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      lo[r] = _mm512_mul_ps(_mm512_loadu_ps(O + r * dp + c), a);
+      hi[r] = _mm512_mul_ps(_mm512_loadu_ps(O + r * dp + c + 16), a);
+    }
+    for (int j = 0; j < nk; j += 2) {
+      if (c == 0) {
+        if (j < nn) prefetch_row(vn[j], row_bytes);
+        if (j + 1 < nn) prefetch_row(vn[j + 1], row_bytes);
+      }
+      const __m512i a = _mm512_loadu_si512(vr[j] + c);
+      const __m512i b = j + 1 < nk ? _mm512_loadu_si512(vr[j + 1] + c) : _mm512_setzero_si512();
+      const __m512bh xl = (__m512bh)_mm512_unpacklo_epi16(a, b);
+      const __m512bh xh = (__m512bh)_mm512_unpackhi_epi16(a, b);
+      for (int r = 0; r < RR; ++r) {
+        uint32_t pair;
+        memcpy(&pair, pb[r] + j, 4);
+        const __m512bh pp = (__m512bh)_mm512_set1_epi32(int(pair));
+        lo[r] = _mm512_dpbf16_ps(lo[r], pp, xl);
+        hi[r] = _mm512_dpbf16_ps(hi[r], pp, xh);
+      }
+    }
+    for (int r = 0; r < RR; ++r) {
+      _mm512_storeu_ps(O + r * dp + c, lo[r]);
+      _mm512_storeu_ps(O + r * dp + c + 16, hi[r]);
+    }
+  }
+}
+
+void unpermute_pv_bf16(float* O, int rows, int dp, int D) {
+  const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < D; c += 32) {
+      float* o = O + int64_t(r) * dp + c;
+      const __m512 lo = _mm512_loadu_ps(o), hi = _mm512_loadu_ps(o + 16);
+      _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, i0, hi));
+      _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, i1, hi));
+    }
+}
+
+// The decode kernel takes this path for bf16 inputs on AVX512_BF16 CPUs.
+LLMK_ALWAYS_INLINE bool pv_dot_ok(DType t, int D) {
+  return t == DType::BF16 && D % 32 == 0 && has_avx512bf16();
+}
+#endif
+
 // qsrc: the RR rows of q in the input dtype (unscaled), for the bf16 dot-product path.
 template <DType T, int RR>
 void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* kr,
@@ -552,6 +620,14 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
     l[row] = st.l + hsum(sum);
   }
   // O = alpha * O + P.V, V converted in registers, each load shared by the RR rows.
+#if defined(__AVX512F__)
+  if constexpr (T == DType::BF16) {
+    if (pv_dot_ok(T, D)) {
+      pv_dot_bf16<RR>(S, vr, nk, D, O + r0 * dp, dp, alpha, vn, nn);
+      return;
+    }
+  }
+#endif
   constexpr int NV = kNR;
   int d0 = 0;
   for (; d0 + NV * VL <= dfull; d0 += NV * VL) {
@@ -625,9 +701,13 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
       const int64_t ko = int64_t(hh) * p.k_head_stride, vo = int64_t(hh) * p.v_head_stride;
       for (int jj = 0; jj < nk; ++jj) kh[jj] = rows[cur][0][jj] + ko, vh[jj] = rows[cur][1][jj] + vo;
       // Passes run (tile, head) in order; each prefetches the rows of the next pass.
-      const bool last = hh + 1 == t.nh;
+      // Two passes ahead when there are several heads (more misses in flight), else one.
+      const int ahead = std::min(t.nh, 2);
+      const int nh2 = hh + ahead;
+      const bool last = nh2 >= t.nh;
       const int np = last ? nn : nk;
-      const int64_t kno = last ? 0 : ko + p.k_head_stride, vno = last ? 0 : vo + p.v_head_stride;
+      const int hn = last ? nh2 - t.nh : nh2;
+      const int64_t kno = int64_t(hn) * p.k_head_stride, vno = int64_t(hn) * p.v_head_stride;
       const int nb = last ? cur ^ 1 : cur;
       for (int jj = 0; jj < np; ++jj) khn[jj] = rows[nb][0][jj] + kno, vhn[jj] = rows[nb][1][jj] + vno;
       for (int c0 = 0; c0 < Mh; c0 += 4) {
@@ -642,6 +722,11 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
       }
     }
   }
+#if defined(__AVX512F__)
+  if constexpr (T == DType::BF16) {
+    if (pv_dot_ok(T, D)) unpermute_pv_bf16(O, M, dp, D);
+  }
+#endif
 }
 
 }  // namespace

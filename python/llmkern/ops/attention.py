@@ -6,6 +6,11 @@ keys in ``[i + sk - sq - left, i + sk - sq + right]``, ``softcap`` maps scores t
 ``softcap * tanh(s / softcap)``, ALiBi adds ``-slope * |i + sk - sq - j|``, rows that see no key
 give zeros (and lse = +inf). Beyond flash-attn 2: any page size >= 1, head dims any multiple of 8
 up to 256, fp32/fp16/bf16 on CPU (fp32 accumulation), int64 index tensors accepted (converted).
+
+CPU notes: bf16 uses the AVX512_BF16 dot-product instructions where the CPU has them (P is then
+rounded to bf16 for P.V, as on GPUs; ``LLMKERN_ATTN_BF16_DOT=0`` turns this off). Decode over a
+large paged cache is limited by TLB misses on 4 KiB pages: back the cache with huge pages (for
+torch's allocator, ``THP_MEM_ALLOC_ENABLE=1``) for up to ~2x the K/V read rate.
 """
 from __future__ import annotations
 
