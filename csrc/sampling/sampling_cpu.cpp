@@ -149,30 +149,71 @@ struct Search {
   int64_t cnt_lo, cnt_hi = 0, off_cnt = 0;
 };
 
-// Finds the kept set {w > lo} of a monotone filter exactly (pivots: the smallest element above lo,
-// a candidate drawn in proportion to the weights when `draw_rng` is set, and midpoints towards
-// hi). bracket_compact: the span may shrink to the elements in (lo, hi] (exact searches only).
+// Passes of an exact search / rounds of rejection sampling before the exact fallback. Every pass
+// halves the key range of the bracket (see sampling_math.h), so ~33 suffice for any row.
+constexpr int kPassCap = 64;
+
+// Exact fallback of a search that reached kPassCap (not reachable while the bracket halves every
+// pass; it exists so that a capped search still ends with the exact set): sorts the weights inside
+// (lo, hi) and walks them upwards with exact counts and masses, then refreshes lo's statistics.
+template <typename Acc>
+void exact_fallback(Row& r, Search& S, Acc&& accepts) {
+  std::vector<float> v;
+  for (int64_t j = 0; j < r.span.n; ++j)
+    if (r.span.w[j] > S.lo && r.span.w[j] < S.hi) v.push_back(r.span.w[j]);
+  std::sort(v.begin(), v.end());
+  double mass = S.mass_lo;
+  int64_t cnt = S.cnt_lo;
+  for (size_t i = 0; i < v.size();) {
+    size_t e = i;
+    for (; e < v.size() && v[e] == v[i]; ++e) {
+      mass -= v[e];
+      --cnt;
+    }
+    PivotStats st;
+    st.mass = mass;
+    st.cnt = cnt;
+    st.min_gt = e < v.size() ? v[e] : S.hi;
+    if (accepts(v[i], st)) break;  // v[i] is kept: the kept set is {w > lo}
+    S.lo = v[i];
+    i = e;
+  }
+  PivotStats s1;
+  r.stats<1>(&S.lo, &s1);
+  r.keep_low(0);
+  S.mass_lo = s1.mass + S.off_mass;
+  S.cnt_lo = s1.cnt + S.off_cnt;
+  S.next_lo = s1.min_gt;
+}
+
+// Finds the kept set {w > lo} of a monotone filter exactly. Pivots of a pass: next_lo (the
+// smallest element above lo), a candidate drawn in proportion to the weights when `draw_rng` is set
+// (used only when it falls strictly inside (next_lo, hi): most of the mass usually lies at or above
+// hi, where a pivot tells nothing new), and the arithmetic and key midpoints of [next_lo, hi]. The
+// key midpoint halves the bracket every pass whatever the other pivots are, which bounds the passes.
+// bracket_compact: the span may shrink to the elements in (lo, hi] (exact searches only).
 template <typename Acc>
 void exact_search(Row& r, Search& S, Acc&& accepts, const RowRng* draw_rng, uint32_t draw_base,
                   bool bracket_compact) {
-  for (int pass = 0; pass < 200; ++pass) {
+  for (int pass = 0;; ++pass) {
     if (!(S.next_lo < S.hi)) return;  // every element above lo is accepted
+    if (pass == kPassCap) return exact_fallback(r, S, accepts);
     float piv[kMaxPiv];
     const float a = S.next_lo;
-    float c = a;
+    float q = a + (S.hi - a) * 0.25f;
+    if (!std::isfinite(q) || !(q >= a) || !(q <= S.hi)) q = a;
+    float c = q;
     if (draw_rng) {
       const int64_t pos = r.select(S.lo, static_cast<double>(draw_rng->uniform(draw_base + pass)) *
                                              (S.mass_lo - S.off_mass));
-      if (pos >= 0) c = std::min(std::max(r.span.w[pos], a), S.hi);
+      if (pos >= 0 && r.span.w[pos] > a && r.span.w[pos] < S.hi) c = r.span.w[pos];
     }
-    const float base = std::max(a, c);
-    float span_mid = base + (S.hi - base) * 0.5f;
-    if (!std::isfinite(span_mid) || !(span_mid >= base) || !(span_mid <= S.hi)) span_mid = key_midpoint(base, S.hi);
+    float amid = a + (S.hi - a) * 0.5f;
+    if (!std::isfinite(amid) || !(amid >= a) || !(amid <= S.hi)) amid = a;
     piv[0] = a;
-    piv[1] = draw_rng ? c : a + (S.hi - a) * 0.25f;
-    piv[2] = span_mid;
-    piv[3] = key_midpoint(base, S.hi);
-    if (!std::isfinite(piv[1]) || piv[1] < a || piv[1] > S.hi) piv[1] = key_midpoint(a, S.hi);
+    piv[1] = c;
+    piv[2] = amid;
+    piv[3] = key_midpoint(a, S.hi);
     sort_pivots<kMaxPiv>(piv);
     PivotStats st[kMaxPiv];
     r.stats<kMaxPiv>(piv, st);
@@ -267,7 +308,7 @@ RowResult sample_loaded(Row& r, const Loaded& L, RowFilter f, const RowRng& rng)
     return topk_accepts(k, st.cnt) && topp_accepts(top_p, st.mass, ref);
   };
   int64_t pos = -1;
-  for (int round = 0; round < 64; ++round) {
+  for (int round = 0; round < kPassCap; ++round) {
     pos = r.select(low, static_cast<double>(rng.uniform(draw++)) * mass_low);
     if (pos < 0) return {L.argmax, false};
     const float v0 = r.span.w[pos];
@@ -292,7 +333,16 @@ RowResult sample_loaded(Row& r, const Loaded& L, RowFilter f, const RowRng& rng)
       mass_low = s1.mass;
     }
   }
-  return {r.span.token(pos), true};  // not reached: the key range halves every round
+  // Not reached: every rejection halves the key range of (low, high]. Were the cap hit, the kept
+  // set is found exactly and the draw made from it, never from a rejected candidate.
+  PivotStats s0;
+  r.stats<1>(&low, &s0);
+  r.keep_low(0);
+  Search S{low, s0.min_gt, high, s0.mass, 0.0, 0.0, s0.cnt, 0, 0};
+  exact_search(r, S, accepts, nullptr, 0, /*bracket_compact=*/false);
+  pos = r.select(S.lo, static_cast<double>(rng.uniform(draw)) * S.mass_lo);
+  if (pos < 0) return {L.argmax, false};
+  return {r.span.token(pos), true};
 }
 
 template <typename T>
