@@ -280,9 +280,14 @@ class Record:
             return None
         if self.metric.endswith("/s"):
             return self.llmkern_value * self.llmkern_s / self.peer_s
-        if self.metric in ("s", "ms", "us"):
+        if self.is_time_metric:
             return self.llmkern_value * self.peer_s / self.llmkern_s
         return None
+
+    @property
+    def is_time_metric(self) -> bool:
+        """The metric is a duration ("ms", "s", "ms TTFT", ...), so lower is better."""
+        return self.metric.split(" ", 1)[0] in ("s", "ms", "us")
 
     def as_dict(self) -> dict:
         d = asdict(self)

@@ -75,6 +75,7 @@ def bench_module(benchmark, bench_session):
             records = benchmark.pedantic(mod.run, kwargs={"quick": bench_session["quick"], "device": bench_session["device"]},
                                          rounds=1, iterations=1)
         except SystemExit as e:  # a module that does not apply here (e.g. GPU-only on a CPU run)
+            benchmark.has_error = True  # no timing to save: keeps --benchmark-json valid
             pytest.skip(str(e.code))
         benchmark.extra_info.update(
             suite=group, device=bench_session["device"], quick=bench_session["quick"],

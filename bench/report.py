@@ -306,11 +306,15 @@ def _fmt_value(v: Optional[float], metric: str) -> str:
 
 def _cells(r: Record) -> list:
     lk = fmt_seconds(r.llmkern_s)
-    if r.llmkern_value is not None and r.metric not in ("s", "ms", "us"):
+    if r.llmkern_value is not None and not r.is_time_metric:
         lk += f" ({_fmt_value(r.llmkern_value, r.metric)})"
+    elif r.metric and r.is_time_metric and r.metric.split(" ", 1)[1:]:
+        lk += f" ({r.metric.split(' ', 1)[1]})"  # what the time is, e.g. TTFT
     peer = f"{r.peer}: {fmt_seconds(r.peer_s)}" if r.peer_s else (r.peer or "-")
-    if r.peer_s and r.peer_value is not None and r.metric not in ("s", "ms", "us"):
+    if r.peer_s and r.peer_value is not None and not r.is_time_metric:
         peer += f" ({_fmt_value(r.peer_value, r.metric)})"
+    if not r.peer_s and r.extra.get("note"):  # why the peer has no figure (e.g. not installed)
+        peer += f" (not measured: {r.extra['note']})"
     ratio = f"**{r.ratio:.2f}x**" if r.ratio else "-"
     frac = r.limit_fraction
     if frac is None:

@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Benchmark llmkern against named peers measured in the same run; write a "
                     "JSON of all figures, a Markdown report and PNG plots.",
         epilog="Re-render a saved run: llmkern bench report RESULTS.json [--out DIR]. "
+               "The end-to-end throughput benchmark alone: llmkern bench throughput --help. "
                "The same benchmarks under pytest-benchmark: pytest bench/ --benchmark-json=FILE.")
     ap.add_argument("which", nargs="?", default="all", choices=("kernels", "e2e", "all"),
                     help="kernels (attention, cache ops, sampling), e2e (runtime vs HF transformers) or all")
