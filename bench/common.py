@@ -2,15 +2,44 @@
 
 Every benchmark reports llmkern next to a named peer measured in the same process, their ratio
 (peer time / llmkern time, so > 1 means llmkern is faster) and, where it applies, the fraction of
-the machine's limit (memory bandwidth or matmul FLOP/s) measured here, not quoted."""
+the machine's limit (memory bandwidth or matmul FLOP/s) measured here, not quoted.
+
+Plot axes. The report draws latency vs sequence length (attention), GB/s vs batch (decode,
+sampling) and tok/s vs request count (end-to-end). It reads the x value of a record from
+``Record.extra`` when present -- ``extra={"seqlen": 2048}``, ``{"batch": 64}``,
+``{"requests": 32}`` (see ``AXIS_KEYS``) -- and otherwise parses it from the case string
+("s2048", "1k ctx", "64 rows", "32 req", ...). ``extra["series"]`` names the curve a record belongs
+to (default: the case string without the x value); ``extra["peer_value"]`` gives the peer's figure
+in the record's metric when it is not simply the same work divided by the peer's time;
+``extra["headline"] = True`` picks the case shown in the report's headline table;
+``extra["limit_fraction"]`` gives the fraction of the machine limit when the limit is not in the
+metric's unit (end-to-end tok/s against the matmul roofline).
+"""
 from __future__ import annotations
 
-import functools
+import inspect
+import math
+import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Optional
 
 import torch
+
+AXIS_KEYS = ("seqlen", "batch", "requests")
+
+# Seconds of timed calls per measurement when a caller does not pass min_time. The suite lowers
+# it for --quick runs (configure(quick=True)); a benchmark that passes min_time keeps its own.
+_settings = {"min_time": 0.3}
+_last_stats: dict = {}
+
+
+def configure(quick: Optional[bool] = None, min_time: Optional[float] = None) -> None:
+    """Set the default timing budget: quick=True -> 0.1 s per measurement, False -> 0.3 s."""
+    if quick is not None:
+        _settings["min_time"] = 0.1 if quick else 0.3
+    if min_time is not None:
+        _settings["min_time"] = float(min_time)
 
 
 def sync(device) -> None:
@@ -18,20 +47,32 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def timeit(fn: Callable[[], object], device="cpu", min_time: float = 0.3, warmup: int = 2,
+def _warm(fn, device, warmup: int, min_time: float) -> None:
+    """Warm-up calls; after one call slower than min_time, more warm-up buys nothing (the first
+    call has paid the one-time costs) and would only lengthen the run."""
+    for k in range(warmup):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        if time.perf_counter() - t0 > min_time:
+            break
+
+
+def timeit(fn: Callable[[], object], device="cpu", min_time: Optional[float] = None, warmup: int = 2,
            max_iters: int = 1000) -> float:
     """Median seconds per call of fn (after warm-up), timing batches of calls for at least
-    min_time seconds in total."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
+    min_time seconds in total (default: the configured budget, 0.3 s; 0.1 s in quick runs)."""
+    if min_time is None:
+        min_time = _settings["min_time"]
+    _warm(fn, device, warmup, min_time)
     t0 = time.perf_counter()
     fn()
     sync(device)
     one = max(time.perf_counter() - t0, 1e-7)
     per_batch = max(1, min(max_iters, int(0.05 / one)))
-    samples = []
-    spent = 0.0
+    # a call slow enough to be its own batch: the calibration call is already a sample
+    samples = [one] if per_batch == 1 else []
+    spent = one if per_batch == 1 else 0.0
     while spent < min_time or len(samples) < 3:
         t0 = time.perf_counter()
         for _ in range(per_batch):
@@ -43,37 +84,165 @@ def timeit(fn: Callable[[], object], device="cpu", min_time: float = 0.3, warmup
         if len(samples) >= 50:
             break
     samples.sort()
-    return samples[len(samples) // 2]
+    med = samples[len(samples) // 2]
+    _last_stats.clear()
+    _last_stats.update(median=med, min=samples[0], max=samples[-1], batches=len(samples),
+                       calls_per_batch=per_batch)
+    return med
 
 
-@functools.lru_cache(maxsize=None)
+def timeit_pair(fn, peer_fn, device="cpu", min_time: Optional[float] = None, warmup: int = 2,
+                max_iters: int = 1000) -> tuple:
+    """(median s per call of fn, of peer_fn), timing batches of the two alternately so that
+    load that comes and goes on a shared machine affects both sides alike and the ratio stays
+    fair. Each side gets at least min_time seconds of timed calls."""
+    if min_time is None:
+        min_time = _settings["min_time"]
+    fns = (fn, peer_fn)
+    per_batch, samples, spent = [], ([], []), [0.0, 0.0]
+    for i, f in enumerate(fns):
+        _warm(f, device, warmup, min_time)
+        t0 = time.perf_counter()
+        f()
+        sync(device)
+        one = max(time.perf_counter() - t0, 1e-7)
+        per_batch.append(max(1, min(max_iters, int(0.05 / one))))
+        if per_batch[-1] == 1:  # as in timeit: a slow call's calibration is a sample
+            samples[i].append(one)
+            spent[i] += one
+
+    def done(i):
+        return len(samples[i]) >= 50 or (spent[i] >= min_time and len(samples[i]) >= 3)
+
+    while not (done(0) and done(1)):
+        for i, f in enumerate(fns):
+            if done(i):
+                continue
+            t0 = time.perf_counter()
+            for _ in range(per_batch[i]):
+                f()
+            sync(device)
+            dt = time.perf_counter() - t0
+            samples[i].append(dt / per_batch[i])
+            spent[i] += dt
+    meds = []
+    for x in samples:
+        x.sort()
+        meds.append(x[len(x) // 2])
+    _last_stats.clear()
+    _last_stats.update(median=meds[0], min=samples[0][0], max=samples[0][-1], batches=len(samples[0]),
+                       calls_per_batch=per_batch[0], peer_median=meds[1], peer_min=samples[1][0])
+    return meds[0], meds[1]
+
+
+def last_timing() -> dict:
+    """Spread of the latest timeit call: median, min, max (s), batches, calls_per_batch."""
+    return dict(_last_stats)
+
+
+# ---- machine limits, measured once per process ------------------------------------------------
+# A limit is the best batch of its measurement, not the median: other load on the machine only
+# ever slows a measurement down, and a limit that noise pulled down would flatter every figure.
+# Cached on the normalised arguments, so copy_bandwidth("cpu") and copy_bandwidth(device="cpu")
+# share one measurement between the suite and every benchmark module.
+def _measured_once(fn):
+    sig = inspect.signature(fn)
+    cache: dict = {}
+
+    def wrapper(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        key = tuple((k, str(v)) for k, v in bound.arguments.items())
+        if key not in cache:
+            cache[key] = fn(*bound.args, **bound.kwargs)
+        return cache[key]
+
+    wrapper.cache_clear = cache.clear
+    wrapper.__doc__ = fn.__doc__
+    wrapper.__name__ = fn.__name__
+    wrapper.__wrapped__ = fn
+    return wrapper
+
+
+def llc_bytes() -> int:
+    """Size of the largest CPU cache (bytes), from sysfs; 32 MiB when it cannot be read."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for idx in os.listdir(base):
+            try:
+                with open(os.path.join(base, idx, "size")) as f:
+                    s = f.read().strip().upper()
+            except OSError:
+                continue
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+            digits = s.rstrip("KMG")
+            if digits.isdigit():
+                best = max(best, int(digits) * mult)
+    except OSError:
+        pass
+    return best or (32 << 20)
+
+
+def working_sets(bytes_per_call: int, factor: int = 4, cap: int = 64) -> int:
+    """How many distinct copies of a benchmark's data to rotate through so that consecutive
+    calls touch more than factor x the last-level cache: bandwidth figures then measure memory,
+    not cache, and are comparable with copy_bandwidth / read_bandwidth."""
+    return max(1, min(cap, math.ceil(factor * llc_bytes() / max(1, bytes_per_call))))
+
+
+class Rotation:
+    """Calls fn(i) with i = 0, 1, ..., n-1, 0, ... on successive calls (see working_sets)."""
+
+    def __init__(self, fn: Callable[[int], object], n: int):
+        self.fn, self.n, self.i = fn, max(1, n), 0
+
+    def __call__(self):
+        i = self.i
+        self.i = (i + 1) % self.n
+        return self.fn(i)
+
+
+@_measured_once
 def copy_bandwidth(device="cpu", nbytes: int = 256 << 20) -> float:
-    """Measured memory copy bandwidth in bytes/s (bytes read + bytes written), torch copy_."""
+    """Measured memory copy bandwidth in bytes/s (bytes read + bytes written): the better of
+    torch copy_ and, on CPU, numpy's memcpy (which may use non-temporal stores)."""
     n = nbytes // 4
     a = torch.ones(n, device=device)
     b = torch.empty_like(a)
-    t = timeit(lambda: b.copy_(a), device, min_time=0.5)
-    return 2 * nbytes / t
+    timeit(lambda: b.copy_(a), device, min_time=0.5)
+    best = _last_stats["min"]
+    if not str(device).startswith("cuda"):
+        import numpy as np
+
+        an, bn = a.numpy(), b.numpy()
+        timeit(lambda: np.copyto(bn, an), device, min_time=0.5)
+        best = min(best, _last_stats["min"])
+    return 2 * nbytes / best
 
 
-@functools.lru_cache(maxsize=None)
+@_measured_once
 def read_bandwidth(device="cpu", nbytes: int = 256 << 20) -> float:
     """Measured memory read bandwidth in bytes/s (a sum over a large fp32 buffer)."""
     n = nbytes // 4
     a = torch.ones(n, device=device)
-    t = timeit(lambda: a.sum(), device, min_time=0.5)
-    return nbytes / t
+    timeit(lambda: a.sum(), device, min_time=0.5)
+    return nbytes / _last_stats["min"]
 
 
-@functools.lru_cache(maxsize=None)
-def matmul_flops(dtype=torch.float32, device="cpu", n: int = 1024) -> float:
-    """Measured dense matmul FLOP/s for dtype (torch.mm, square n x n)."""
+@_measured_once
+def matmul_flops(dtype=torch.float32, device="cpu", n: Optional[int] = None) -> float:
+    """Measured dense matmul FLOP/s for dtype (torch.mm, square n x n; n defaults to 1024 on CPU
+    and 8192 on a GPU, where a 1024^3 product is too small to reach the tensor cores' peak)."""
+    if n is None:
+        n = 8192 if str(device).startswith("cuda") else 1024
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    t = timeit(lambda: a @ b, device, min_time=0.5)
-    return 2 * n**3 / t
+    timeit(lambda: a @ b, device, min_time=0.5)
+    return 2 * n**3 / _last_stats["min"]
 
 
+# ---- records ---------------------------------------------------------------------------------
 @dataclass
 class Record:
     bench: str                  # e.g. "kvcache/reshape_and_cache_flash"
@@ -88,23 +257,59 @@ class Record:
 
     @property
     def ratio(self) -> Optional[float]:
-        return None if not self.peer_s else self.peer_s / self.llmkern_s
+        return None if not self.peer_s or not self.llmkern_s else self.peer_s / self.llmkern_s
 
     @property
     def limit_fraction(self) -> Optional[float]:
+        """llmkern_value / limit; or extra["limit_fraction"] (alias "roofline_fraction") for a
+        figure whose limit is not in the metric's unit (e.g. tok/s against matmul FLOP/s)."""
         if self.limit and self.llmkern_value is not None:
             return self.llmkern_value / self.limit
+        for key in ("limit_fraction", "roofline_fraction"):
+            if self.extra.get(key) is not None:
+                return float(self.extra[key])
+        return None
+
+    @property
+    def peer_value(self) -> Optional[float]:
+        """The peer's figure in `metric`: extra["peer_value"] if given; for a rate ("GB/s",
+        "tok/s", ...) the same work over the peer's time; for a time metric, the peer's time."""
+        if self.extra.get("peer_value") is not None:
+            return float(self.extra["peer_value"])
+        if self.llmkern_value is None or not self.peer_s:
+            return None
+        if self.metric.endswith("/s"):
+            return self.llmkern_value * self.llmkern_s / self.peer_s
+        if self.metric in ("s", "ms", "us"):
+            return self.llmkern_value * self.peer_s / self.llmkern_s
         return None
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["ratio"] = self.ratio
         d["limit_fraction"] = self.limit_fraction
+        d["peer_value"] = self.peer_value
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Record":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def fmt_seconds(s: Optional[float]) -> str:
+    """A duration with a unit that keeps 3-4 significant digits (us, ms or s)."""
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1.0:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s:.3f} s"
 
 
 def print_records(records) -> None:
-    hdr = f"{'benchmark':38} {'case':34} {'llmkern':>11} {'peer':>11} {'ratio':>7} {'value':>10} {'% limit':>8}  peer name"
+    hdr = f"{'benchmark':38} {'case':34} {'llmkern':>11} {'peer':>11} {'ratio':>7} {'value':>12} {'% limit':>8}  peer name"
     print(hdr)
     print("-" * len(hdr))
     for r in records:
@@ -112,4 +317,4 @@ def print_records(records) -> None:
         ratio = f"{r.ratio:6.2f}x" if r.ratio else "      -"
         val = f"{r.llmkern_value:7.2f} {r.metric}" if r.llmkern_value is not None else ""
         frac = f"{100 * r.limit_fraction:7.1f}%" if r.limit_fraction is not None else ""
-        print(f"{r.bench:38} {r.case:34} {r.llmkern_s * 1e3:9.3f}ms {peer} {ratio} {val:>10} {frac:>8}  {r.peer}")
+        print(f"{r.bench:38} {r.case:34} {r.llmkern_s * 1e3:9.3f}ms {peer} {ratio} {val:>12} {frac:>8}  {r.peer}")

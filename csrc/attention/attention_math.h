@@ -86,10 +86,11 @@ LLMK_HD float attn_exp_base(float m) { return m == -INFINITY ? 0.f : m; }
 // matching P.V to the output.
 LLMK_HD float attn_softmax_rescale(SoftmaxState& st, float tile_max) {
   const float m_new = st.m > tile_max ? st.m : tile_max;
-  const float alpha = expf(attn_exp_base(st.m) - attn_exp_base(m_new));
+  // Nothing seen yet (m = -inf): the running sum and output are 0 and stay so (alpha 0).
+  const float alpha = st.m == -INFINITY ? 0.f : expf(st.m - m_new);
   st.l *= alpha;
   st.m = m_new;
-  return st.m == -INFINITY ? 1.f : alpha;
+  return alpha;
 }
 
 // Merges two partial states (e.g. of two key ranges) into a; returns the weights the partial

@@ -132,8 +132,14 @@ LLMK_ALWAYS_INLINE vf load(const typename Elem<T>::type* p) {
   if constexpr (T == DType::F32) {
     return loadu(p);
   } else if constexpr (T == DType::BF16) {
+#if defined(__AVX512F__)
+    // One 512-bit zero-extension (GCC splits the generic form into two 256-bit halves).
+    const __m512i u = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, u, 16));
+#else
     const vh h = *reinterpret_cast<const vh_u*>(p);
     return reinterpret_cast<vf>(__builtin_convertvector(h, vu) << 16);
+#endif
   } else {
 #if defined(__AVX512F__)
     return _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -167,6 +173,12 @@ LLMK_ALWAYS_INLINE vf load_tail(const typename Elem<T>::type* p, int n) {
   for (int i = 0; i < n; ++i) r[i] = to_f32<T>(p[i]);
   return r;
 #endif
+}
+
+// Prefetch a row of `bytes` bytes into L1 (decode streams K/V rows one tile ahead).
+LLMK_ALWAYS_INLINE void prefetch_row(const void* p, int bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 1);
 }
 
 // ---- transcendental functions ---------------------------------------------------------------

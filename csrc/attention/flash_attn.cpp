@@ -226,7 +226,7 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
   }
   p.num_splits = 0;  // auto
   if (batch == 0 || q.size(0) == 0 || hq == 0) return;
-  LLMK_RUN_CPU(q, flash_attn, p, stream);
+  LLMK_RUN(q, flash_attn, p, stream);
 }
 
 void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache,
@@ -235,7 +235,8 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
                             double softmax_scale, bool causal, int64_t window_left,
                             int64_t window_right, double softcap,
                             std::optional<TensorView> alibi_slopes, int64_t num_splits,
-                            TensorView out, std::optional<TensorView> softmax_lse, int64_t stream) {
+                            TensorView out, std::optional<TensorView> softmax_lse,
+                            std::optional<TensorView> split_workspace, int64_t stream) {
   const bool paged = block_table.has_value();
   check_ndim(q, "q", 4, "[batch, seqlen_q, num_heads, head_dim]");
   check_float(q, "q");
@@ -322,7 +323,22 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
     p.lse_head_stride = softmax_lse->stride(1);
     p.lse_row_stride = softmax_lse->stride(2);
   }
+  if (split_workspace && num_splits > 1) {
+    const int64_t rows = batch * sq * hq, need = num_splits * rows * (D + 1);
+    check_dtype(*split_workspace, "split_workspace", DType::F32);
+    check_same_device(q, "q", *split_workspace, "split_workspace");
+    check_contiguous(*split_workspace, "split_workspace");
+    LLMK_CHECK(split_workspace->numel() >= need, ValueError, "split_workspace: needs ", need,
+               " float32 elements for ", num_splits, " splits, got ", split_workspace->numel());
+    p.split_out = split_workspace->ptr<float>();
+    p.split_lse = p.split_out + num_splits * rows * D;
+  }
   if (batch == 0 || hq == 0) return;
+#if defined(LLMK_SIMT)
+  gpu::flash_attn_check(p);  // CUDA kernels' own limits, before the append writes anything
+#elif defined(LLMK_WITH_CUDA)
+  if (q.is_cuda()) gpu::flash_attn_check(p);
+#endif
   if (s_new > 0) {
     AppendKvParams a;
     a.k_new = k->data, a.v_new = v->data;
@@ -338,10 +354,10 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
     a.cache_seqlens = p.seqused_k;
     a.batch = p.batch, a.seqlen_new = static_cast<int>(s_new);
     a.num_kv_heads = p.num_kv_heads, a.head_dim = p.head_dim, a.dtype = q.dtype;
-    LLMK_RUN_CPU(q, append_kv, a, stream);
+    LLMK_RUN(q, append_kv, a, stream);
   }
   if (sq == 0) return;
-  LLMK_RUN_CPU(q, flash_attn, p, stream);
+  LLMK_RUN(q, flash_attn, p, stream);
 }
 
 }  // namespace llmk

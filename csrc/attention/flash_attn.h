@@ -101,6 +101,15 @@ LLMK_DECLARE_KERNEL(flash_attn, (const AttnParams& p, int64_t stream))
 LLMK_DECLARE_KERNEL(append_kv, (const AppendKvParams& p, int64_t stream))
 
 namespace llmk {
+namespace gpu {
+// What the CUDA kernels need beyond the fronts' checks (16-byte aligned rows, head_dim a
+// multiple of 8 up to 256); throws NotImplementedError naming the argument. flash_attn runs it
+// itself; the kvcache front also calls it before the append so that nothing is written first.
+void flash_attn_check(const AttnParams& p);
+}  // namespace gpu
+}  // namespace llmk
+
+namespace llmk {
 
 // Front ends (flash_attn.cpp): check every argument, build the params, dispatch. The Python
 // wrapper allocates out / lse, fills defaults and converts int64 index tensors to int32.
@@ -113,12 +122,16 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
                            std::optional<TensorView> block_table, TensorView out,
                            std::optional<TensorView> softmax_lse, int64_t stream);
 // cache_seqlens is required here (the wrapper fills it with the cache length when None).
+// split_workspace: float32, at least num_splits * b * s * Hq * (D + 1) elements: the split-KV
+// partials of the CUDA kernels (which never allocate). The wrapper passes it, with a concrete
+// num_splits > 1, for CUDA tensors; without it the CUDA kernels do not split.
 void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache,
                             std::optional<TensorView> k, std::optional<TensorView> v,
                             TensorView cache_seqlens, std::optional<TensorView> block_table,
                             double softmax_scale, bool causal, int64_t window_left,
                             int64_t window_right, double softcap,
                             std::optional<TensorView> alibi_slopes, int64_t num_splits,
-                            TensorView out, std::optional<TensorView> softmax_lse, int64_t stream);
+                            TensorView out, std::optional<TensorView> softmax_lse,
+                            std::optional<TensorView> split_workspace, int64_t stream);
 
 }  // namespace llmk

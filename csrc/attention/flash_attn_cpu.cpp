@@ -32,7 +32,7 @@ void store_task(const AttnParams& p, const Task& t, const Scratch& sc, int64_t r
                 float* part_o, float* part_lse) {
   using E = typename Elem<T>::type;
   const int D = p.head_dim, G = p.num_heads / p.num_kv_heads, dp = sc.dp;
-  const int M = G * t.nq;
+  const int M = t.nh * G * t.nq;
   const float* O = sc.o.p;
   for (int r = 0; r < M; ++r) {
     const int g = r / t.nq, i = t.i0 + r % t.nq, h = t.kvh * G + g;
@@ -90,15 +90,20 @@ void run(const AttnParams& p) {
     const int sq = attn_seqlen_q(p, b), sk = attn_seqlen_k(p, b);
     if (sq <= 0) continue;
     max_sk = std::max(max_sk, sk);
-    const int bq = G * sq < kSmallRows ? sq : std::max(1, kGemmRows / G);
+    const bool small = G * sq < kSmallRows;
+    const int bq = small ? sq : std::max(1, kGemmRows / G);
     for (int i0 = 0; i0 < sq; i0 += bq) {
       const int nq = std::min(bq, sq - i0);
       // Cost ~ rows x visible keys (+ a fixed part for rows that see none).
       const KeyRange a = attn_key_range(i0, sq, sk, p.window_left, p.window_right);
       const KeyRange z = attn_key_range(i0 + nq - 1, sq, sk, p.window_left, p.window_right);
       const double keys = std::max(0, std::min(z.hi, sk) - std::max(a.lo, 0));
-      for (int h = 0; h < p.num_kv_heads; ++h)
-        tasks.push_back(Task{b, h, i0, nq, 0, 0, sk, sq, sk, double(G) * nq * (keys + 16)});
+      const double cost = double(G) * nq * (keys + 16);
+      if (small)
+        tasks.push_back(Task{b, 0, p.num_kv_heads, true, i0, nq, 0, 0, sk, sq, sk, cost * p.num_kv_heads});
+      else
+        for (int h = 0; h < p.num_kv_heads; ++h)
+          tasks.push_back(Task{b, h, 1, false, i0, nq, 0, 0, sk, sq, sk, cost});
     }
   }
   if (tasks.empty()) return;
@@ -153,7 +158,7 @@ void run(const AttnParams& p) {
   parallel_for_dynamic(int64_t(tasks.size()), [&](int64_t k) {
     const Task& t = tasks[k];
     Scratch& sc = thread_scratch();
-    if (G * t.nq < kSmallRows) attend_small(p, t, sc);
+    if (t.small) attend_small(p, t, sc);
     else attend_gemm(p, t, sc);
     store_task<T>(p, t, sc, rows_total, part_o, part_lse);
   });

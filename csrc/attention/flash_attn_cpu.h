@@ -13,7 +13,8 @@ namespace attn {
 
 struct Task {
   int b;        // sequence
-  int kvh;      // kv head; the rows are its query heads kvh*G .. kvh*G+G-1
+  int kvh, nh;  // kv heads kvh .. kvh+nh-1; the rows are their query heads kvh*G .. (kvh+nh)*G-1
+  bool small;   // decode kernel (few rows per kv head) or GEMM kernel (nh = 1)
   int i0, nq;   // query rows i0 .. i0+nq-1 of the sequence
   int split;    // split index (0 when not split)
   int k0, k1;   // key range of the split
@@ -36,8 +37,8 @@ struct Buf {
   ~Buf() { free(p); }
 };
 
-// Per-thread results and scratch. Rows are ordered r = g * nq + (i - i0) (g = head within the
-// group); o has row stride dp (head_dim rounded up to the vector width).
+// Per-thread results and scratch. Rows are ordered r = g * nq + (i - i0) with g = the query head
+// minus kvh*G (head-major); o has row stride dp (head_dim rounded up to the vector width).
 struct Scratch {
   Buf o, m, l, q, s, k, v, t, aux;
   int dp = 0;
@@ -45,8 +46,9 @@ struct Scratch {
 
 Scratch& thread_scratch();
 
-// Rows with G * nq < kSmallRows go to the decode kernel (dot products over a few rows), larger
-// blocks to the GEMM kernel (register-blocked Q.K^T and P.V over tiles).
+// Sequences with G * sq < kSmallRows go to the decode kernel (dot products over a few rows per kv
+// head; one task covers all kv heads so that whole cache blocks stream in order), longer ones to
+// the GEMM kernel (register-blocked Q.K^T and P.V over tiles, one kv head per task).
 constexpr int kSmallRows = 16;
 
 void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc);

@@ -54,7 +54,7 @@ LLMK_ALWAYS_INLINE void row_to_f32(const E<T>* src, int d, float scale, float* d
   if (c < d) storeu(dst + c, load_tail<T>(src + c, d - c) * scale);
 }
 
-// Per-row mask / bias data of a task. Rows r = g * nq + qi; query i = i0 + qi, head kvh*G + g.
+// Per-row mask / bias data of a task. Rows r = g * nq + qi: query i = i0 + qi, head kvh*G + g.
 struct Rows {
   float* lo;     // first visible key
   float* hi;     // one past the last visible key
@@ -66,7 +66,7 @@ struct Rows {
 
 Rows make_rows(const AttnParams& p, const Task& t, int G, int Mp, float* aux) {
   Rows R{aux, aux + Mp, aux + 2 * Mp, aux + 3 * Mp, 0, 0, 0, 0};
-  const int M = G * t.nq;
+  const int M = t.nh * G * t.nq;
   for (int r = 0; r < Mp; ++r) {
     if (r >= M) {  // vector padding: never visible
       R.lo[r] = 1e30f, R.hi[r] = -1e30f, R.pos[r] = 0.f, R.slope[r] = 0.f;
@@ -246,17 +246,21 @@ void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
 // ---- decode kernel ----------------------------------------------------------------------------
 
 // Rows r0 .. r0+RR-1 against one key tile (nk keys whose K/V rows are kr[] / vr[]).
+// kn / vn (may be null): rows of the next tile, prefetched while this one is computed.
 template <DType T, int RR>
 void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* kr,
                  const E<T>* const* vr, int j0, int nk, const Rows& R, int r0, float cap,
-                 bool alibi, float* S, float* O, float* m, float* l) {
+                 bool alibi, float* S, float* O, float* m, float* l, const E<T>* const* kn,
+                 const E<T>* const* vn, int nn) {
   const int dfull = D / VL * VL;
+  const int row_bytes = D * int(sizeof(E<T>));
   // S[r][jj] = q_r . k_j, VL keys at a time, reduced together.
   for (int jb = 0; jb < nk; jb += VL) {
     const int nb = std::min(VL, nk - jb);
     vf tt[RR][VL];
     for (int k = 0; k < nb; ++k) {
       const E<T>* krow = kr[jb + k];
+      if (jb + k < nn) prefetch_row(kn[jb + k], row_bytes);
       vf acc[RR];
       for (int r = 0; r < RR; ++r) acc[r] = splat(0.f);
       int c = 0;
@@ -317,6 +321,7 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
     for (int r = 0; r < RR; ++r)
       for (int v = 0; v < NV; ++v) acc[r][v] = loadu(O + (r0 + r) * dp + d0 + v * VL) * alpha[r];
     for (int j = 0; j < nk; ++j) {
+      if (d0 == 0 && j < nn) prefetch_row(vn[j], row_bytes);
       vf x[NV];
       for (int v = 0; v < NV; ++v) x[v] = load<T>(vr[j] + d0 + v * VL);
       for (int r = 0; r < RR; ++r) {
@@ -342,7 +347,7 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
 template <DType T>
 void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   const int D = p.head_dim, dp = round_up(D, VL), G = p.num_heads / p.num_kv_heads;
-  const int M = G * t.nq, Mp = round_up(M, VL);
+  const int M = t.nh * G * t.nq, Mp = round_up(M, VL), Mh = G * t.nq;
   sc.dp = dp;
   float* O = sc.o.get(size_t(M) * dp);
   float* m = sc.m.get(Mp);
@@ -356,21 +361,44 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   for (int r = 0; r < M; ++r)
     row_to_f32<T>(q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq), D, p.softmax_scale,
                   qs + r * dp);
-  const E<T>* kr[kBK];
-  const E<T>* vr[kBK];
-  const bool alibi = p.alibi_slopes != nullptr;
-  for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
-    const int nk = std::min(kBK, R.khi - j0);
-    for (int jj = 0; jj < nk; ++jj) {
+  // Row pointers (head kvh) of the current and the next tile, double-buffered for the prefetch;
+  // head kvh + hh is hh * head_stride further.
+  const E<T>* rows[2][2][kBK];
+  auto fill = [&](int j0, int n, const E<T>** kr, const E<T>** vr) {
+    for (int jj = 0; jj < n; ++jj) {
       kr[jj] = kv_row<T>(p, false, t.b, j0 + jj, t.kvh);
       vr[jj] = kv_row<T>(p, true, t.b, j0 + jj, t.kvh);
     }
-    for (int r0 = 0; r0 < M; r0 += 4) {
-      switch (std::min(4, M - r0)) {
-        case 4: small_chunk<T, 4>(qs, dp, D, kr, vr, j0, nk, R, r0, p.softcap, alibi, S, O, m, l); break;
-        case 3: small_chunk<T, 3>(qs, dp, D, kr, vr, j0, nk, R, r0, p.softcap, alibi, S, O, m, l); break;
-        case 2: small_chunk<T, 2>(qs, dp, D, kr, vr, j0, nk, R, r0, p.softcap, alibi, S, O, m, l); break;
-        default: small_chunk<T, 1>(qs, dp, D, kr, vr, j0, nk, R, r0, p.softcap, alibi, S, O, m, l); break;
+  };
+  const bool alibi = p.alibi_slopes != nullptr;
+  int cur = 0;
+  fill(R.klo, std::min(kBK, R.khi - R.klo), rows[0][0], rows[0][1]);
+  const E<T>* kh[kBK];
+  const E<T>* vh[kBK];
+  const E<T>* khn[kBK];
+  const E<T>* vhn[kBK];
+  for (int j0 = R.klo; j0 < R.khi; j0 += kBK, cur ^= 1) {
+    const int nk = std::min(kBK, R.khi - j0);
+    const int nn = std::max(0, std::min(kBK, R.khi - j0 - kBK));
+    fill(j0 + kBK, nn, rows[cur ^ 1][0], rows[cur ^ 1][1]);
+    for (int hh = 0; hh < t.nh; ++hh) {
+      const int64_t ko = int64_t(hh) * p.k_head_stride, vo = int64_t(hh) * p.v_head_stride;
+      for (int jj = 0; jj < nk; ++jj) kh[jj] = rows[cur][0][jj] + ko, vh[jj] = rows[cur][1][jj] + vo;
+      // Passes run (tile, head) in order; each prefetches the rows of the next pass.
+      const bool last = hh + 1 == t.nh;
+      const int np = last ? nn : nk;
+      const int64_t kno = last ? 0 : ko + p.k_head_stride, vno = last ? 0 : vo + p.v_head_stride;
+      const int nb = last ? cur ^ 1 : cur;
+      for (int jj = 0; jj < np; ++jj) khn[jj] = rows[nb][0][jj] + kno, vhn[jj] = rows[nb][1][jj] + vno;
+      for (int c0 = 0; c0 < Mh; c0 += 4) {
+        const int r0 = hh * Mh + c0;
+        const int pn = c0 == 0 ? np : 0;  // the head's first chunk issues the prefetches
+        switch (std::min(4, Mh - c0)) {
+          case 4: small_chunk<T, 4>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
+          case 3: small_chunk<T, 3>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
+          case 2: small_chunk<T, 2>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
+          default: small_chunk<T, 1>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
+        }
       }
     }
   }

@@ -11,6 +11,7 @@
 #include "common/device_memory.h"
 #include "common/dispatch.h"
 #include "common/errors.h"
+#include "common/simt_selftest.h"
 
 namespace py = pybind11;
 
@@ -84,4 +85,5 @@ PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
   llmk::bind_kvcache(m);
   llmk::bind_attention(m);
   llmk::bind_sampling(m);
+  llmk::bind_simt_selftest(m);
 }

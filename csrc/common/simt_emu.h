@@ -5,6 +5,18 @@
 // values through per-warp slots; ldmatrix and mma reproduce the PTX per-lane fragment layouts.
 // A barrier or full-mask collective that part of a block/warp never reaches is reported as a
 // RuntimeError naming the kernel and primitive, never a hang.
+//
+// Emulation rules a kernel must satisfy (all are CUDA's own rules, checked strictly here):
+// - __syncthreads() is reached by every thread of the block, at the same source line (a thread
+//   that returned early, or one waiting at another barrier, is an error);
+// - a warp collective is reached by every non-exited lane of its mask with the same primitive;
+//   exited lanes are not waited for, but shuffling a value from one is an error; ldmatrix and
+//   mma need all 32 lanes; __activemask() is the set of non-exited lanes;
+// - cp.async data lands in shared memory at the issuing thread's cp_async_wait (never earlier),
+//   so a read before wait + __syncthreads sees stale data, as it may on a GPU;
+// - dynamic shared memory starts filled with 0xff bytes; launches over 48 KiB need
+//   llmk::simt::set_max_dynamic_smem first; mma accumulates exactly and rounds once to fp32.
+// Fiber stacks are 128 KiB (LLMKERN_SIMT_STACK_KB) with a guard page.
 #pragma once
 #include <math.h>
 
@@ -130,9 +142,10 @@ struct Launcher {
   }
 };
 
-template <typename... Params>
+// The stream is evaluated (as under nvcc) and ignored: launches run synchronously, in order.
+template <typename Stream, typename... Params>
 Launcher<Params...> make_launcher(void (*kernel)(Params...), const char* name, dim3 grid, dim3 block,
-                                  size_t smem) {
+                                  size_t smem, const Stream&) {
   return {kernel, {name, reinterpret_cast<const void*>(kernel), grid, block, smem}};
 }
 
@@ -141,7 +154,7 @@ Launcher<Params...> make_launcher(void (*kernel)(Params...), const char* name, d
 }  // namespace llmk
 
 #define LLMK_LAUNCH(kernel, grid, block, smem, stream) \
-  ::llmk::simt::emu::make_launcher(kernel, #kernel, dim3(grid), dim3(block), static_cast<size_t>(smem))
+  ::llmk::simt::emu::make_launcher(kernel, #kernel, dim3(grid), dim3(block), static_cast<size_t>(smem), stream)
 
 // ---- barriers and warp collectives -----------------------------------------------------------------
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {

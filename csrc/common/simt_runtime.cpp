@@ -74,6 +74,7 @@ struct Emulator {
   std::vector<std::unique_ptr<Fiber>> pool;
   int n = 0, nwarps = 0;
   std::vector<unsigned> warp_lanes;  // lanes that exist in each warp (last warp may be partial)
+  std::vector<unsigned> warp_exited;  // lanes that have exited, per warp
   std::vector<WarpGroup> groups;     // nwarps * 32
   Fiber* cur = nullptr;
   Context main;
@@ -216,12 +217,16 @@ void flush_cp(Fiber* f, long below_group) {
   f->cp.erase(f->cp.begin(), f->cp.begin() + static_cast<std::ptrdiff_t>(k));
 }
 
+void complete_after_exit(Fiber* me);
+
 void fiber_main(void* p) {
   Fiber* me = static_cast<Fiber*>(p);
   Emulator& g = emu();
+  bool ran = false;
   if (!g.aborting) {
     try {
       g.body(g.body_ctx);
+      ran = true;
     } catch (const FiberAbort&) {
     } catch (const std::exception& e) {
       if (g.error.empty()) g.error = str_cat("thread ", me->linear, " threw: ", e.what());
@@ -233,6 +238,13 @@ void fiber_main(void* p) {
   if (!g.aborting && g.error.empty()) flush_cp(me, 1L << 62);
   me->state = kDone;
   --g.live;
+  g.warp_exited[static_cast<size_t>(me->warp)] |= 1u << me->lane;
+  if (ran && g.error.empty()) {
+    try {
+      complete_after_exit(me);  // collectives that waited only for lanes that have now exited
+    } catch (const FiberAbort&) {
+    }
+  }
   for (;;) {  // a finished fiber is never resumed
     Fiber* nx = (g.aborting || !g.error.empty()) ? nullptr : next_ready(me->linear);
     if (nx) enter(&me->ctx, nx);
@@ -281,7 +293,7 @@ std::string describe_deadlock() {
       if (!grp.used) continue;
       std::string s = str_cat(op_name(grp.op), "(mask=", hex(grp.mask), ") at ", site(grp.file, grp.line),
                               " in warp ", w, " reached by lanes ", lanes_str(grp.arrived));
-      const unsigned missing = grp.mask & ~grp.arrived;
+      const unsigned missing = grp.mask & ~grp.arrived & ~g.warp_exited[static_cast<size_t>(w)];
       std::vector<std::pair<std::string, unsigned>> why;
       for (int l = 0; l < 32; ++l) {
         if (!(missing >> l & 1u)) continue;
@@ -372,11 +384,18 @@ void complete_mma(Fiber* const* lanes, bool fp16) {
   }
 }
 
+// Exited lanes named in a mask are not waited for (CUDA: "all non-exited threads named in mask
+// must execute the same intrinsic"), but reading a value from one is undefined, hence an error.
 void complete(int w, const WarpGroup& grp) {
   Emulator& g = emu();
+  const unsigned exited = g.warp_exited[static_cast<size_t>(w)] & grp.mask;
   Fiber* lanes[32] = {};
   for (int l = 0; l < 32; ++l)
-    if (grp.mask >> l & 1u) lanes[l] = g.pool[static_cast<size_t>(w) * 32 + l].get();
+    if ((grp.mask & ~exited) >> l & 1u) lanes[l] = g.pool[static_cast<size_t>(w) * 32 + l].get();
+  if ((grp.op == kLdmatrix || grp.op == kMma) && exited)
+    fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": needs all 32 lanes of warp ", w,
+                 ", but lanes ", lanes_str(exited), " have exited")
+             .c_str());
   switch (grp.op) {
     case kShflIdx: case kShflUp: case kShflDown: case kShflXor: {
       for (int l = 0; l < 32; ++l) {
@@ -390,6 +409,10 @@ void complete(int w, const WarpGroup& grp) {
       for (int l = 0; l < 32; ++l) {
         if (!lanes[l]) continue;
         const uint32_t j = shfl_source(grp.op, l, lanes[l]->arg);
+        if (exited >> j & 1u)
+          fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": lane ", l, " of warp ", w,
+                       " reads lane ", j, ", which has exited (undefined value)")
+                   .c_str());
         // Reading a lane outside the mask is undefined on the GPU; here it returns the own value.
         res[l] = lanes[j] ? lanes[j]->in : lanes[l]->in;
       }
@@ -401,7 +424,7 @@ void complete(int w, const WarpGroup& grp) {
       unsigned bits = 0;
       for (int l = 0; l < 32; ++l)
         if (lanes[l] && lanes[l]->in) bits |= 1u << l;
-      const uint64_t r = grp.op == kBallot ? bits : grp.op == kAny ? (bits != 0) : (bits == grp.mask);
+      const uint64_t r = grp.op == kBallot ? bits : grp.op == kAny ? (bits != 0) : (bits == (grp.mask & ~exited));
       for (int l = 0; l < 32; ++l)
         if (lanes[l]) lanes[l]->out = r;
       break;
@@ -422,6 +445,20 @@ void complete(int w, const WarpGroup& grp) {
     if (lanes[l] && lanes[l]->state == kInWarpOp) lanes[l]->state = kReady;
 }
 
+void complete_after_exit(Fiber* me) {
+  Emulator& g = emu();
+  const unsigned exited = g.warp_exited[static_cast<size_t>(me->warp)];
+  WarpGroup* groups = &g.groups[static_cast<size_t>(me->warp) * 32];
+  for (int k = 0; k < 32; ++k) {
+    WarpGroup& grp = groups[k];
+    if (grp.used && (grp.mask >> me->lane & 1u) && grp.arrived == (grp.mask & ~exited)) {
+      const WarpGroup done = grp;
+      grp.used = false;
+      complete(me->warp, done);
+    }
+  }
+}
+
 void run_block() {
   Emulator& g = emu();
   for (int i = 0; i < g.n; ++i) {
@@ -432,6 +469,7 @@ void run_block() {
     f->cp_group = 0;
   }
   for (WarpGroup& grp : g.groups) grp.used = false;
+  std::fill(g.warp_exited.begin(), g.warp_exited.end(), 0u);
   g.bar_arrived = 0;
   g.live = g.n;
   ++g.stats.blocks;
@@ -559,7 +597,7 @@ uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, const void* in,
   }
   WarpGroup& grp = groups[k];
   grp.arrived |= bit;
-  if (grp.arrived == grp.mask) {
+  if (grp.arrived == (grp.mask & ~g.warp_exited[static_cast<size_t>(me->warp)])) {
     const WarpGroup done = grp;
     grp.used = false;
     complete(me->warp, done);
@@ -648,6 +686,7 @@ void run_grid(const LaunchSpec& spec, void (*body)(void*), void* ctx) {
   g.n = n;
   g.nwarps = (n + 31) / 32;
   g.warp_lanes.assign(static_cast<size_t>(g.nwarps), 0xffffffffu);
+  g.warp_exited.assign(static_cast<size_t>(g.nwarps), 0u);
   if (n % 32) g.warp_lanes.back() = (1u << (n % 32)) - 1;
   g.groups.assign(static_cast<size_t>(g.nwarps) * 32, WarpGroup());
   for (int i = 0; i < n; ++i) {

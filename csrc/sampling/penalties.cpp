@@ -52,8 +52,9 @@ void apply_penalties(TensorView logits, std::optional<TensorView> output_token_c
   a.repetition = row_param(repetition_arr, repetition_val, "repetition_penalties", ParamKind::Repetition, b, vocab, logits);
   a.frequency = row_param(frequency_arr, frequency_val, "frequency_penalties", ParamKind::Penalty, b, vocab, logits);
   a.presence = row_param(presence_arr, presence_val, "presence_penalties", ParamKind::Penalty, b, vocab, logits);
+  a.stream = stream;
   if (b == 0 || vocab == 0) return;
-  LLMK_RUN_CPU(logits, apply_penalties, a);
+  LLMK_RUN(logits, apply_penalties, a);
 }
 
 }  // namespace llmk

@@ -55,8 +55,9 @@ void sample(TensorView x, bool is_logits, std::optional<TensorView> indices,
   check_row_vector(valid, "valid", batch, x, false);
   a.out = out;
   a.valid = valid;
+  a.stream = stream;
   if (batch == 0) return;
-  LLMK_RUN_CPU(x, sample_rows, a);
+  LLMK_RUN(x, sample_rows, a);
 }
 
 void renorm(TensorView x, TensorView out, const std::string& kind, std::optional<TensorView> arr,
@@ -88,8 +89,9 @@ void renorm(TensorView x, TensorView out, const std::string& kind, std::optional
   } else {
     a.param = row_param(arr, val, "top_k", ParamKind::TopK, batch, vocab, x);
   }
+  a.stream = stream;
   if (batch == 0) return;
-  LLMK_RUN_CPU(x, renorm_rows, a);
+  LLMK_RUN(x, renorm_rows, a);
 }
 
 }  // namespace llmk

@@ -31,6 +31,7 @@ struct SampleArgs {
   RowParam seed, offset;              // arr: int64 [1] or [batch]
   TensorView out;                     // [batch] int32/int64
   TensorView valid;                   // [batch] bool
+  int64_t stream = 0;                 // CUDA stream (cudaStream_t as an integer)
 };
 
 // Exact filtering of whole rows: top_k_renorm_probs / top_p_renorm_probs / top_k_mask_logits.
@@ -40,6 +41,7 @@ struct RenormArgs {
   TensorView out;  // [batch, vocab], same dtype
   RenormKind kind = RenormKind::TopK;
   RowParam param;  // top_k or top_p
+  int64_t stream = 0;
 };
 
 struct SpecArgs {
@@ -50,6 +52,7 @@ struct SpecArgs {
   TensorView accepted;                      // [b] int32/int64, incremented
   TensorView emitted;                       // [b] int32/int64, incremented
   RowParam seed, offset;
+  int64_t stream = 0;
 };
 
 struct PenaltyArgs {
@@ -59,6 +62,7 @@ struct PenaltyArgs {
   const TensorView* prompt_mask = nullptr;    // [b, V] bool
   const TensorView* prompt_ids = nullptr;     // [b, Lp] int32/int64, -1 = padding
   RowParam repetition, frequency, presence;   // float32 [b] or scalars
+  int64_t stream = 0;
 };
 
 }  // namespace llmk

@@ -42,8 +42,9 @@ void chain_speculative_sampling(std::optional<TensorView> draft_probs, TensorVie
   a.emitted = emitted;
   a.seed = seed_param(seed_arr, seed_val, "seed", b, target_probs);
   a.offset = seed_param(offset_arr, offset_val, "offset", b, target_probs);
+  a.stream = stream;
   if (b == 0) return;
-  LLMK_RUN_CPU(target_probs, chain_speculative, a);
+  LLMK_RUN(target_probs, chain_speculative, a);
 }
 
 }  // namespace llmk

@@ -14,6 +14,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
+from ._splitkv import split_workspace
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -129,10 +130,12 @@ def _kvcache(
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,),
                       dtype=torch.float32, device=q.device)
-    lib_for(q).flash_attn_kvcache_fwd(
+    lib = lib_for(q)
+    num_splits, workspace = split_workspace(lib, q, k_cache, block_table, num_splits)
+    lib.flash_attn_kvcache_fwd(
         dl(q), dl(k_cache), dl(v_cache), dl(k), dl(v), dl(cache_seqlens), dl(block_table),
         softmax_scale, causal, window_left, window_right, softcap, dl(alibi_slopes), num_splits,
-        dl(o), dl(lse) if return_lse else None, stream_of(q),
+        dl(o), dl(lse) if return_lse else None, dl(workspace), stream_of(q),
     )
     return (o if out is None else torch.empty(0, dtype=q.dtype, device=q.device)), lse
 

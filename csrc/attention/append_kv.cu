@@ -1,0 +1,106 @@
+// CUDA side of flash_attn_with_kvcache's in-place append (append_kv, declared in flash_attn.h):
+// new rows k/v [b, s_new, Hkv, D] are written into the dense or paged cache at rows
+// cache_seqlens[b] + i. One CTA per (sequence, new row) copies all kv heads of K and V, with
+// 16-byte vectors whenever every pointer and stride allows it.
+#include <cstdint>
+
+#include "attention/flash_attn.h"
+#include "common/device_memory.h"
+#include "common/simt.h"
+
+namespace llmk {
+namespace gpu {
+
+namespace {
+
+// Byte strides of the copy (converted once on the host).
+struct AppendGeom {
+  const char* kn;
+  const char* vn;
+  char* kc;
+  char* vc;
+  int64_t kn_b, kn_r, kn_h, vn_b, vn_r, vn_h;      // new rows
+  int64_t kc_b, kc_r, kc_h, kc_blk, vc_b, vc_r, vc_h, vc_blk;  // caches
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int block_size;
+  const int32_t* cache_seqlens;
+  int seqlen_new, heads, units;  // units of U per row
+};
+
+template <typename U>
+__global__ void append_kv_kernel(const AppendGeom g) {
+  const int b = blockIdx.x / g.seqlen_new, i = blockIdx.x % g.seqlen_new;
+  const int64_t j = int64_t(g.cache_seqlens[b]) + i;
+  int64_t kc_row, vc_row;
+  if (g.block_table) {
+    const int64_t blk = g.block_table[b * g.bt_stride + j / g.block_size];
+    const int64_t slot = j % g.block_size;
+    kc_row = blk * g.kc_blk + slot * g.kc_r;
+    vc_row = blk * g.vc_blk + slot * g.vc_r;
+  } else {
+    kc_row = b * g.kc_b + j * g.kc_r;
+    vc_row = b * g.vc_b + j * g.vc_r;
+  }
+  const int64_t kn_row = b * g.kn_b + i * g.kn_r, vn_row = b * g.vn_b + i * g.vn_r;
+  for (int e = threadIdx.x; e < g.heads * g.units; e += blockDim.x) {
+    const int h = e / g.units, u = e % g.units;
+    const int64_t ub = int64_t(u) * int64_t(sizeof(U));
+    *reinterpret_cast<U*>(g.kc + kc_row + h * g.kc_h + ub) =
+        *reinterpret_cast<const U*>(g.kn + kn_row + h * g.kn_h + ub);
+    *reinterpret_cast<U*>(g.vc + vc_row + h * g.vc_h + ub) =
+        *reinterpret_cast<const U*>(g.vn + vn_row + h * g.vn_h + ub);
+  }
+}
+
+}  // namespace
+
+void append_kv(const AppendKvParams& p, int64_t stream) {
+  if (p.batch == 0 || p.seqlen_new == 0 || p.num_kv_heads == 0 || p.head_dim == 0) return;
+  const int64_t es = int64_t(dtype_size(p.dtype));
+  AppendGeom g;
+  g.kn = static_cast<const char*>(p.k_new);
+  g.vn = static_cast<const char*>(p.v_new);
+  g.kc = static_cast<char*>(p.k_cache);
+  g.vc = static_cast<char*>(p.v_cache);
+  g.kn_b = p.kn_batch_stride * es, g.kn_r = p.kn_row_stride * es, g.kn_h = p.kn_head_stride * es;
+  g.vn_b = p.vn_batch_stride * es, g.vn_r = p.vn_row_stride * es, g.vn_h = p.vn_head_stride * es;
+  g.kc_b = p.k_batch_stride * es, g.kc_r = p.k_row_stride * es, g.kc_h = p.k_head_stride * es;
+  g.kc_blk = p.k_block_stride * es;
+  g.vc_b = p.v_batch_stride * es, g.vc_r = p.v_row_stride * es, g.vc_h = p.v_head_stride * es;
+  g.vc_blk = p.v_block_stride * es;
+  g.block_table = p.block_table;
+  g.bt_stride = p.block_table_stride;
+  g.block_size = p.block_size > 0 ? p.block_size : 1;
+  g.cache_seqlens = p.cache_seqlens;
+  g.seqlen_new = p.seqlen_new;
+  g.heads = p.num_kv_heads;
+  const int64_t row_bytes = p.head_dim * es;
+  bool vec = row_bytes % 16 == 0;
+  for (const void* ptr : {static_cast<const void*>(g.kn), static_cast<const void*>(g.vn),
+                          static_cast<const void*>(g.kc), static_cast<const void*>(g.vc)})
+    vec = vec && (reinterpret_cast<uintptr_t>(ptr) & 15) == 0;
+  for (int64_t st : {g.kn_b, g.kn_r, g.kn_h, g.vn_b, g.vn_r, g.vn_h, g.kc_b, g.kc_r, g.kc_h,
+                     g.kc_blk, g.vc_b, g.vc_r, g.vc_h, g.vc_blk})
+    vec = vec && st % 16 == 0;
+  const unsigned grid = unsigned(int64_t(p.batch) * p.seqlen_new);
+  if (vec) {
+    g.units = int(row_bytes / 16);
+    const int total = g.heads * g.units;
+    const int threads = total < 256 ? ((total + 31) / 32) * 32 : 256;
+    auto append_kv_vec16 = &append_kv_kernel<uint4>;
+    LLMK_LAUNCH(append_kv_vec16, grid, threads, 0, stream)(g);
+  } else if (es == 4) {
+    g.units = int(row_bytes / 4);
+    auto append_kv_f32 = &append_kv_kernel<uint32_t>;
+    LLMK_LAUNCH(append_kv_f32, grid, 128, 0, stream)(g);
+  } else {
+    g.units = int(row_bytes / 2);
+    auto append_kv_f16 = &append_kv_kernel<uint16_t>;
+    LLMK_LAUNCH(append_kv_f16, grid, 128, 0, stream)(g);
+  }
+  check_launch("flash_attn_with_kvcache (k/v append)");
+}
+
+}  // namespace gpu
+}  // namespace llmk

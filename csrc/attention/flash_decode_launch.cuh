@@ -1,0 +1,36 @@
+// Launcher of the decode-shaped kernel (flash_decode.cuh) for one (dtype, padded head dim).
+#pragma once
+#include "attention/flash_decode.cuh"
+#include "attention/flash_launch.h"
+
+namespace llmk {
+namespace gpu {
+namespace attn {
+
+template <typename T, int kD>
+struct DecodeTuning {  // fp16 / bf16: tensor cores; deeper pipeline where tiles are small
+  using Tile = MmaTile<T, kD>;
+  static constexpr int kStages = kD <= 64 ? 3 : 2;
+};
+template <int kD>
+struct DecodeTuning<float, kD> {
+  using Tile = FmaTile<kD>;
+  static constexpr int kStages = 2;
+};
+
+template <typename T, int kD>
+void launch_decode(KernelArgs a, int64_t stream) {
+  using Tn = DecodeTuning<T, kD>;
+  using Cfg = DecodeCfg<typename Tn::Tile, Tn::kStages>;
+  const AttnParams& p = a.p;
+  a.pack = a.group;
+  a.m_blocks = (p.max_seqlen_q * a.group + kDecodeRows - 1) / kDecodeRows;
+  const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_kv_heads), unsigned(p.batch));
+  auto flash_decode = &flash_decode_kernel<T, typename Tn::Tile, Tn::kStages>;
+  allow_dynamic_smem(flash_decode, Cfg::kSmem);
+  LLMK_LAUNCH(flash_decode, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+}
+
+}  // namespace attn
+}  // namespace gpu
+}  // namespace llmk

@@ -1,0 +1,15 @@
+// Tensor-core flash-attention prefill, head dims up to 64: 128 query rows x 64 keys per step, 4 warps of 32 rows, Q
+// fragments held in registers.
+// (One file per head-dim class so that the CUDA build compiles them in parallel.)
+#include "attention/flash_prefill_launch.cuh"
+
+namespace llmk {
+namespace gpu {
+namespace attn {
+
+template void launch_prefill<__half, 64>(KernelArgs a, int64_t stream);
+template void launch_prefill<__nv_bfloat16, 64>(KernelArgs a, int64_t stream);
+
+}  // namespace attn
+}  // namespace gpu
+}  // namespace llmk

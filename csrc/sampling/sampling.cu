@@ -1,0 +1,209 @@
+// CUDA kernels of the sampling ops: sorting-free rejection sampling with pivots (sample_rows) and
+// exact pivot searches for renormalisation / masking (renorm_rows). One CTA per output row; the
+// passes over a row are in sampling_row.cuh, the rules in sampling_math.h.
+#include "common/device_memory.h"
+#include "sampling/sampling.h"
+#include "sampling/sampling_row.cuh"
+#include "sampling/sampling_launch.cuh"
+
+namespace llmk {
+namespace gpu {
+
+namespace {
+
+using namespace samp;
+
+struct SampleK {
+  const void* x;
+  int64_t row_stride;  // elements
+  int64_t V;
+  const void* indices;
+  int idx64;
+  int is_logits;
+  int k_first;
+  int out64;
+  DParam temperature, top_k, top_p, min_p, seed, offset;
+  void* out;
+  bool* valid;
+};
+
+LLMK_DEVICE bool degenerate_mass(double m) { return !(m > 0.0) || m == static_cast<double>(INFINITY); }
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads) sample_rows_kernel(SampleK a) {
+  __shared__ RowSmem sm;
+  const int64_t i = blockIdx.x;
+  const int64_t src_row = a.indices ? read_index(a.indices, a.idx64 != 0, i) : i;
+  const T* x = static_cast<const T*>(a.x) + src_row * a.row_stride;
+  const RowFilter f{a.top_k.i64(i), static_cast<float>(a.top_p.f(i)), static_cast<float>(a.min_p.f(i)),
+                    a.k_first != 0};
+  const RowRng rng = RowRng::make(a.seed.u64(i), a.offset.u64(i), static_cast<uint32_t>(i));
+  RowResult res;
+  if (a.is_logits) {
+    // pass 1: maximum of the logits; pass 2 on: weights exp((x - max) / T) recomputed per pass
+    const ProbsSrc<T> raw(x, a.V);
+    const RowMax mx = row_load(raw, INFINITY, nullptr, sm);
+    const float temp = static_cast<float>(a.temperature.f(i));
+    if (!(mx.max_w > -INFINITY) || mx.max_w == INFINITY) {
+      res = {mx.argmax, false};  // nothing finite to sample from, or a +inf logit
+    } else if (!(temp > 0.0f)) {
+      res = {mx.argmax, true};  // temperature 0: greedy
+    } else {
+      // 1 / T in double rounds to the correctly rounded fp32 quotient (as on the CPU)
+      const LogitsSrc<T> w(x, a.V, mx.max_w, static_cast<float>(1.0 / static_cast<double>(temp)));
+      Stats st[1];
+      const float zero = 0.0f;
+      row_stats<1, true>(w, &zero, st, sm);
+      const Loaded L{st[0].mass, st[0].cnt, st[0].min_gt, 1.0f, mx.argmax, degenerate_mass(st[0].mass), false};
+      res = sample_loaded(w, L, f, rng, sm);
+    }
+  } else {
+    const ProbsSrc<T> w(x, a.V);
+    Stats st[1];
+    const RowMax mx = row_load(w, 0.0f, st, sm);
+    const Loaded L{st[0].mass, st[0].cnt, st[0].min_gt, mx.max_w, mx.argmax, degenerate_mass(st[0].mass), false};
+    res = sample_loaded(w, L, f, rng, sm);
+  }
+  if (threadIdx.x == 0) {
+    if (a.out64) static_cast<int64_t*>(a.out)[i] = res.token;
+    else static_cast<int32_t*>(a.out)[i] = static_cast<int32_t>(res.token);
+    a.valid[i] = res.valid;
+  }
+}
+
+struct RenormK {
+  const void* x;
+  int64_t x_stride;
+  void* out;
+  int64_t out_stride;
+  int64_t V;
+  int kind;
+  DParam param;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads) renorm_rows_kernel(RenormK a) {
+  __shared__ RowSmem sm;
+  const int64_t i = blockIdx.x;
+  const T* x = static_cast<const T*>(a.x) + i * a.x_stride;
+  T* out = static_cast<T*>(a.out) + i * a.out_stride;
+  const ProbsSrc<T> src(x, a.V);
+  const bool mask = a.kind == static_cast<int>(RenormKind::MaskLogitsTopK);
+  float lo;
+  double inv = 0.0;
+  Stats st[1];
+  const int64_t k = a.param.i64(i);
+  if (mask) {
+    // exact top-k threshold on the logits themselves (signed; -inf and NaN never counted)
+    row_load(src, -INFINITY, st, sm);
+    lo = (k > 0 && k < st[0].cnt) ? float_below(radix_kth_largest(src, -INFINITY, k, sm)) : -INFINITY;
+  } else {
+    const RowMax mx = row_load(src, 0.0f, st, sm);
+    const bool degenerate = degenerate_mass(st[0].mass);
+    double kept = st[0].mass;
+    lo = 0.0f;
+    if (!degenerate && a.kind == static_cast<int>(RenormKind::TopK)) {
+      if (k > 0 && k < st[0].cnt) {
+        lo = float_below(radix_kth_largest(src, 0.0f, k, sm));
+        Stats sk[1];
+        row_stats<1, false>(src, &lo, sk, sm);
+        kept = sk[0].mass;
+      }
+    } else if (!degenerate) {
+      TopPAcc acc{static_cast<float>(a.param.f(i)), st[0].mass};
+      if (acc.p < 1.0f) {
+        Search S{0.0f, st[0].min_gt, mx.max_w, st[0].mass, 0.0, st[0].cnt, 0};
+        exact_search(src, S, acc, RowRng::make(0x9e3779b97f4a7c15ull, 0, static_cast<uint32_t>(i)), sm);
+        lo = S.lo;
+        kept = S.mass_lo;
+      }
+    }
+    inv = (degenerate || !(kept > 0.0)) ? 0.0 : 1.0 / kept;
+  }
+  // write pass: 16-byte loads and stores when both rows allow them
+  constexpr int N = RowLoader<T>::N;
+  const bool vec = aligned16(x) && aligned16(out);
+  const int64_t nv = (a.V + N - 1) / N;
+  for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+    const int64_t j0 = v * N;
+    if (vec && j0 + N <= a.V) {
+      const uint4 u = *reinterpret_cast<const uint4*>(x + j0);
+      const T* e = reinterpret_cast<const T*>(&u);
+      uint4 r;
+      T* o = reinterpret_cast<T*>(&r);
+#pragma unroll
+      for (int q = 0; q < N; ++q) {
+        if (mask) {
+          if (to_f(e[q]) > lo) o[q] = e[q];
+          else from_f(-INFINITY, &o[q]);
+        } else {
+          from_f(renorm_value(to_f(e[q]), lo, inv), &o[q]);
+        }
+      }
+      *reinterpret_cast<uint4*>(out + j0) = r;
+    } else {
+      for (int64_t j = j0; j < j0 + N && j < a.V; ++j) {
+        if (mask) {
+          if (to_f(x[j]) > lo) out[j] = x[j];
+          else from_f(-INFINITY, &out[j]);
+        } else {
+          from_f(renorm_value(to_f(x[j]), lo, inv), &out[j]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void sample_rows(const SampleArgs& a) {
+  const int64_t V = a.x.size(1);
+  SampleK k;
+  k.x = a.x.data;
+  k.row_stride = a.x.stride(0);
+  k.V = V;
+  k.indices = a.indices ? a.indices->data : nullptr;
+  k.idx64 = a.indices && a.indices->dtype == DType::I64;
+  k.is_logits = a.is_logits;
+  k.k_first = a.k_first;
+  k.out64 = a.out.dtype == DType::I64;
+  k.temperature = dparam(a.temperature);
+  k.top_k = dparam(a.top_k);
+  k.top_p = dparam(a.top_p);
+  k.min_p = dparam(a.min_p);
+  k.seed = dparam(a.seed);
+  k.offset = dparam(a.offset);
+  k.out = a.out.data;
+  k.valid = a.valid.ptr<bool>();
+  const unsigned grid = static_cast<unsigned>(a.batch);
+  const int threads = row_threads(V, static_cast<int>(a.x.elem_size()));
+  switch (a.x.dtype) {
+    case DType::F32: LLMK_LAUNCH(sample_rows_kernel<float>, grid, threads, 0, a.stream)(k); break;
+    case DType::F16: LLMK_LAUNCH(sample_rows_kernel<__half>, grid, threads, 0, a.stream)(k); break;
+    default: LLMK_LAUNCH(sample_rows_kernel<__nv_bfloat16>, grid, threads, 0, a.stream)(k); break;
+  }
+  check_launch("sample_rows");
+}
+
+void renorm_rows(const RenormArgs& a) {
+  const int64_t V = a.x.size(1);
+  RenormK k;
+  k.x = a.x.data;
+  k.x_stride = a.x.stride(0);
+  k.out = a.out.data;
+  k.out_stride = a.out.stride(0);
+  k.V = V;
+  k.kind = static_cast<int>(a.kind);
+  k.param = dparam(a.param);
+  const unsigned grid = static_cast<unsigned>(a.x.size(0));
+  const int threads = row_threads(V, static_cast<int>(a.x.elem_size()));
+  switch (a.x.dtype) {
+    case DType::F32: LLMK_LAUNCH(renorm_rows_kernel<float>, grid, threads, 0, a.stream)(k); break;
+    case DType::F16: LLMK_LAUNCH(renorm_rows_kernel<__half>, grid, threads, 0, a.stream)(k); break;
+    default: LLMK_LAUNCH(renorm_rows_kernel<__nv_bfloat16>, grid, threads, 0, a.stream)(k); break;
+  }
+  check_launch("renorm_rows");
+}
+
+}  // namespace gpu
+}  // namespace llmk

@@ -1,0 +1,540 @@
+// CUDA row engine of the sampling kernels: one CTA owns one row and streams it from global memory
+// (16-byte vector loads) once per pass. A pass either computes statistics of a few pivots
+// (mass, count and smallest element strictly above each) or locates an inverse-CDF position
+// (block scan per chunk, stopping at the chunk that crosses the target). Every decision is taken
+// from block-wide results that all threads read in the same order, so control flow is uniform
+// across the CTA. The pivot rules (which pivots, how the bracket narrows) mirror the CPU kernels
+// (sampling_cpu.cpp) step by step, with the math itself from sampling_math.h, so both backends
+// draw the same tokens for the same seed whenever their floating-point sums agree.
+// No global scratch: weights are recomputed from the input on every pass (for logits,
+// exp((x - max) / T)), which keeps the kernels allocation-free and graph-capturable.
+#pragma once
+#include <climits>
+#include <cstdint>
+
+#include "common/simt.h"
+#include "common/simt_block.h"
+#include "sampling/sampling_math.h"
+
+namespace llmk {
+namespace gpu {
+namespace samp {
+
+constexpr int kMaxPivots = 4;
+constexpr int kMaxThreads = 1024;
+
+// ---- element types ---------------------------------------------------------------------------------
+
+LLMK_DEVICE float to_f(float x) { return x; }
+LLMK_DEVICE float to_f(__half x) { return __half2float(x); }
+LLMK_DEVICE float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+LLMK_DEVICE void from_f(float v, float* d) { *d = v; }
+LLMK_DEVICE void from_f(float v, __half* d) { *d = __float2half_rn(v); }
+LLMK_DEVICE void from_f(float v, __nv_bfloat16* d) { *d = __float2bfloat16_rn(v); }
+
+LLMK_HD bool finite_f(float x) { return (float_bits(x) & 0x7f800000u) != 0x7f800000u; }
+
+LLMK_DEVICE bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Elements [v * N, v * N + N) of a row as fp32; positions past the end read as -inf (never above a
+// pivot). One 16-byte load when the row start is 16-byte aligned, element loads otherwise.
+template <typename T>
+struct RowLoader {
+  static constexpr int N = 16 / static_cast<int>(sizeof(T));
+  const T* row;
+  int64_t V;
+  bool vec;
+
+  LLMK_DEVICE RowLoader(const T* r, int64_t v) : row(r), V(v), vec(aligned16(r)) {}
+  LLMK_DEVICE int64_t nvec() const { return (V + N - 1) / N; }
+  LLMK_DEVICE void load(int64_t v, float (&w)[N]) const {
+    const int64_t j0 = v * N;
+    if (vec && j0 + N <= V) {
+      const uint4 u = *reinterpret_cast<const uint4*>(row + j0);
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int i = 0; i < N; ++i) w[i] = to_f(e[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) w[i] = j0 + i < V ? to_f(row[j0 + i]) : -INFINITY;
+    }
+  }
+};
+
+// Weights of a row of probabilities (or of raw logits, for the top-k mask): the values themselves.
+template <typename T>
+struct ProbsSrc {
+  static constexpr int N = RowLoader<T>::N;
+  RowLoader<T> ld;
+  LLMK_DEVICE ProbsSrc(const T* r, int64_t V) : ld(r, V) {}
+  LLMK_DEVICE int64_t nvec() const { return ld.nvec(); }
+  LLMK_DEVICE void load(int64_t v, float (&w)[N]) const { ld.load(v, w); }
+};
+
+// Weights of a row of logits: exp((x - max) * inv_t), NaN -> 0; flushed to 0 below e^-87 like the
+// CPU kernels, so both backends see the same set of positive weights.
+template <typename T>
+struct LogitsSrc {
+  static constexpr int N = RowLoader<T>::N;
+  RowLoader<T> ld;
+  float m, inv_t;
+  LLMK_DEVICE LogitsSrc(const T* r, int64_t V, float mx, float it) : ld(r, V), m(mx), inv_t(it) {}
+  LLMK_DEVICE int64_t nvec() const { return ld.nvec(); }
+  LLMK_DEVICE void load(int64_t v, float (&w)[N]) const {
+    ld.load(v, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float t = (w[i] - m) * inv_t;
+      w[i] = (w[i] == w[i] && t >= -87.0f) ? __expf(t) : 0.0f;
+    }
+  }
+};
+
+// ---- per-row parameters on the device ---------------------------------------------------------------
+
+// A RowParam as kernels read it: a device array ([1] or [batch]) or a scalar.
+struct DParam {
+  const void* p;
+  int dt;  // 1 f32, 2 f64, 3 i32, 4 i64
+  int one; // the array has one entry for every row
+  double val;
+  unsigned long long uval;
+
+  LLMK_DEVICE int64_t at(int64_t i) const { return one ? 0 : i; }
+  LLMK_DEVICE double f(int64_t i) const {
+    if (!p) return val;
+    switch (dt) {
+      case 1: return static_cast<const float*>(p)[at(i)];
+      case 2: return static_cast<const double*>(p)[at(i)];
+      case 3: return static_cast<const int32_t*>(p)[at(i)];
+      default: return static_cast<double>(static_cast<const int64_t*>(p)[at(i)]);
+    }
+  }
+  LLMK_DEVICE int64_t i64(int64_t i) const {
+    if (!p) return static_cast<int64_t>(val);
+    if (dt == 4) return static_cast<const int64_t*>(p)[at(i)];
+    if (dt == 3) return static_cast<const int32_t*>(p)[at(i)];
+    return static_cast<int64_t>(f(i));
+  }
+  LLMK_DEVICE uint64_t u64(int64_t i) const {
+    if (!p) return uval;
+    if (dt == 4) return static_cast<uint64_t>(static_cast<const int64_t*>(p)[at(i)]);
+    return static_cast<uint64_t>(static_cast<uint32_t>(static_cast<const int32_t*>(p)[at(i)]));
+  }
+};
+
+LLMK_DEVICE int64_t read_index(const void* p, bool is64, int64_t i) {
+  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
+
+// ---- block-wide results ------------------------------------------------------------------------------
+
+struct Stats {
+  double mass;     // sum of weights > pivot
+  int64_t cnt;     // number of weights > pivot
+  float min_gt;    // smallest weight > pivot (+inf if none)
+};
+
+// Shared memory of one row (static size, one per CTA).
+struct RowSmem {
+  float mass[kMaxPivots][32];
+  int cnt[kMaxPivots][32];
+  float mn[kMaxPivots][32];
+  float scan[32];
+  int ired[32];
+  long long lred[32];
+  unsigned long long ured[32];
+  long long sel_pos;
+  float sel_w;
+  int hist[256];
+  int digit, remaining;
+};
+
+// Warp sums of (mass, count) travel as one 64-bit shuffle.
+LLMK_DEVICE unsigned long long pack_mc(float m, int c) {
+  return (static_cast<unsigned long long>(static_cast<uint32_t>(c)) << 32) | float_bits(m);
+}
+
+// Block reduction of P pivots' per-thread partials. Warp totals are combined in warp order in
+// double by every thread, so all threads hold identical results.
+template <int P, bool WantMin>
+LLMK_DEVICE void reduce_stats(float (&m)[P], int (&c)[P], float (&mn)[P], Stats* out, RowSmem& sm) {
+  const int lane = simt::lane_id(), warp = simt::warp_id(), nw = static_cast<int>(blockDim.x) >> 5;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long other = __shfl_xor_sync(0xffffffffu, pack_mc(m[p], c[p]), o);
+      m[p] += bits_float(static_cast<uint32_t>(other));
+      c[p] += static_cast<int>(static_cast<uint32_t>(other >> 32));
+      if (WantMin) mn[p] = fminf(mn[p], __shfl_xor_sync(0xffffffffu, mn[p], o));
+    }
+  }
+  __syncthreads();  // readers of the previous reduction are done
+  if (lane == 0) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      sm.mass[p][warp] = m[p];
+      sm.cnt[p][warp] = c[p];
+      sm.mn[p][warp] = mn[p];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    Stats s{0.0, 0, INFINITY};
+    for (int w = 0; w < nw; ++w) {
+      s.mass += static_cast<double>(sm.mass[p][w]);
+      s.cnt += sm.cnt[p][w];
+      if (WantMin) s.min_gt = fminf(s.min_gt, sm.mn[p][w]);
+    }
+    out[p] = s;
+  }
+}
+
+// Statistics of P pivots over the whole row.
+template <int P, bool WantMin, typename Src>
+LLMK_DEVICE void row_stats(const Src& src, const float* piv, Stats* out, RowSmem& sm) {
+  constexpr int N = Src::N;
+  float m[P], mn[P];
+  int c[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    m[p] = 0.0f;
+    c[p] = 0;
+    mn[p] = INFINITY;
+  }
+  const int64_t nv = src.nvec();
+  for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+    float w[N];
+    src.load(v, w);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (w[e] > piv[p]) {
+          m[p] += w[e];
+          c[p] += 1;
+          if (WantMin) mn[p] = fminf(mn[p], w[e]);
+        }
+      }
+    }
+  }
+  reduce_stats<P, WantMin>(m, c, mn, out, sm);
+}
+
+// The first load of a row: statistics of {w > p0} and the maximum with the first index reaching it
+// (NaN ignored; index 0 and -inf when nothing is above -inf).
+struct RowMax {
+  float max_w;
+  int64_t argmax;
+};
+
+LLMK_DEVICE unsigned long long pack_max(float v, int64_t j) {
+  return j < 0 ? 0ull
+               : (static_cast<unsigned long long>(order_key(v)) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(j));
+}
+
+template <typename Src>
+LLMK_DEVICE RowMax row_load(const Src& src, float p0, Stats* st, RowSmem& sm) {
+  constexpr int N = Src::N;
+  float m[1] = {0.0f}, mn[1] = {INFINITY};
+  int c[1] = {0};
+  float best = -INFINITY;
+  int64_t arg = -1;
+  const int64_t nv = src.nvec();
+  for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+    float w[N];
+    src.load(v, w);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      if (w[e] > p0) {
+        m[0] += w[e];
+        c[0] += 1;
+        mn[0] = fminf(mn[0], w[e]);
+      }
+      if (w[e] > best) {
+        best = w[e];
+        arg = v * N + e;
+      }
+    }
+  }
+  if (st) reduce_stats<1, true>(m, c, mn, st, sm);
+  const unsigned long long k = simt::block_allreduce(pack_max(best, arg), sm.ured, simt::MaxOp(), 0ull);
+  if (k == 0ull) return {-INFINITY, 0};
+  return {key_to_float(static_cast<uint32_t>(k >> 32)), static_cast<int64_t>(~static_cast<uint32_t>(k))};
+}
+
+// Inverse-CDF selection among the weights in (low, hi]: the first position (vocabulary order)
+// whose running mass exceeds target. Chunks of blockDim * N elements are scanned in order; the
+// chunk that crosses the target is searched thread by thread. When rounding keeps the running sum
+// from crossing, the last weight in range is returned (pos = -1: nothing in range).
+struct Pick {
+  int64_t pos;
+  float w;
+};
+
+template <typename Src>
+LLMK_DEVICE Pick row_select(const Src& src, float low, float hi, double target, RowSmem& sm) {
+  constexpr int N = Src::N;
+  const int tid = threadIdx.x;
+  const int64_t nv = src.nvec();
+  double acc = 0.0;
+  int64_t my_last = -1;
+  float my_last_w = 0.0f;
+  for (int64_t base = 0; base < nv; base += blockDim.x) {
+    const int64_t v = base + tid;
+    float w[N];
+    src.load(v, w);
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      if (w[e] > low && w[e] <= hi) {
+        s += w[e];
+        my_last = v * N + e;
+        my_last_w = w[e];
+      }
+    }
+    float total;
+    const float incl = block_inclusive_scan(s, sm.scan, &total);
+    if (!(total > 0.0f)) continue;
+    if (acc + static_cast<double>(total) > target) {
+      const bool pred = s > 0.0f && acc + static_cast<double>(incl) > target;
+      int first = simt::block_allreduce(pred ? tid : INT_MAX, sm.ired, simt::MinOp(), INT_MAX);
+      if (first == INT_MAX)  // rounding: the scan total crossed but no thread's prefix did
+        first = simt::block_allreduce(s > 0.0f ? tid : -1, sm.ired, simt::MaxOp(), -1);
+      if (tid == first) {
+        double r = acc + static_cast<double>(incl - s);
+        int64_t pick = -1;
+        float pw = 0.0f;
+        for (int e = 0; e < N; ++e) {
+          if (w[e] > low && w[e] <= hi) {
+            r += w[e];
+            pick = v * N + e;
+            pw = w[e];
+            if (r > target) break;
+          }
+        }
+        sm.sel_pos = pick;
+        sm.sel_w = pw;
+      }
+      __syncthreads();
+      const Pick res{sm.sel_pos, sm.sel_w};
+      __syncthreads();  // sel_* may be rewritten by the next call
+      return res;
+    }
+    acc += static_cast<double>(total);
+  }
+  const long long last = simt::block_allreduce(static_cast<long long>(my_last), sm.lred, simt::MaxOp(), -1ll);
+  if (last < 0) return {-1, 0.0f};
+  if (my_last == last) sm.sel_w = my_last_w;
+  __syncthreads();
+  const Pick res{last, sm.sel_w};
+  __syncthreads();
+  return res;
+}
+
+// ---- pivot searches (the CPU kernels' rules, see sampling_cpu.cpp) ------------------------------------
+
+template <int P>
+LLMK_DEVICE void sort_pivots(float* p) {
+#pragma unroll
+  for (int i = 1; i < P; ++i)
+    for (int j = i; j > 0 && p[j] < p[j - 1]; --j) {
+      const float t = p[j];
+      p[j] = p[j - 1];
+      p[j - 1] = t;
+    }
+}
+
+template <int P, typename Acc>
+LLMK_DEVICE int first_accepted(const Stats* st, Acc& accepts) {
+  for (int p = 0; p < P; ++p)
+    if (accepts(st[p])) return p;
+  return P;
+}
+
+// Exact search of the kept set {w > lo} of a monotone mass filter (top-p). State as in
+// ThresholdSearch: lo rejected, next_lo = smallest weight above lo, hi accepted, mass_hi = mass
+// above hi. Four pivots per pass: next_lo, a candidate drawn by mass from the bracket (lo, hi]
+// (a mass quantile of the bracket), and the key and arithmetic midpoints of [next_lo, hi]. The key
+// midpoint halves the bracket's key range every pass, so a row needs at most ~33 passes; typical
+// rows need about ten. Only the final set matters, so the pivot path is free to differ from the
+// CPU kernels'.
+struct Search {
+  float lo, next_lo, hi;
+  double mass_lo, mass_hi;
+  int64_t cnt_lo, cnt_hi;
+};
+
+template <typename Src, typename Acc>
+LLMK_DEVICE void exact_search(const Src& src, Search& S, Acc& accepts, const RowRng& rng, RowSmem& sm) {
+  for (uint32_t pass = 0; pass < 80; ++pass) {
+    if (!(S.next_lo < S.hi)) return;  // every element above lo is accepted
+    const float a = S.next_lo;
+    const Pick pk = row_select(src, S.lo, S.hi, static_cast<double>(rng.uniform(pass)) * (S.mass_lo - S.mass_hi), sm);
+    const float c = pk.pos >= 0 ? fminf(fmaxf(pk.w, a), S.hi) : a;
+    float amid = a + (S.hi - a) * 0.5f;
+    if (!finite_f(amid) || !(amid >= a) || !(amid <= S.hi)) amid = a;
+    float piv[kMaxPivots] = {a, c, key_midpoint(a, S.hi), amid};
+    sort_pivots<kMaxPivots>(piv);
+    Stats st[kMaxPivots];
+    row_stats<kMaxPivots, true>(src, piv, st, sm);
+    const int fa = first_accepted<kMaxPivots>(st, accepts);
+    if (fa == 0) return;  // the smallest element above lo is kept
+    const int j = fa - 1;
+    S.lo = piv[j];
+    S.next_lo = st[j].min_gt;
+    S.mass_lo = st[j].mass;
+    S.cnt_lo = st[j].cnt;
+    if (fa < kMaxPivots && piv[fa] < S.hi) {
+      S.hi = piv[fa];
+      S.mass_hi = st[fa].mass;
+      S.cnt_hi = st[fa].cnt;
+    }
+  }
+}
+
+// The k-th largest weight among those above dom_lo (1 <= k <= their count), by radix selection on
+// the order-preserving keys: four passes, one 8-bit digit each, with a shared-memory histogram of
+// the elements that match the digits chosen so far. The top-k set (ties included) is then
+// {w >= result} = {w > float_below(result)}.
+template <typename Src>
+LLMK_DEVICE float radix_kth_largest(const Src& src, float dom_lo, int64_t k, RowSmem& sm) {
+  constexpr int N = Src::N;
+  const int tid = threadIdx.x, lane = simt::lane_id();
+  const int64_t nv = src.nvec();
+  uint32_t prefix = 0, mask = 0;
+  int remaining = static_cast<int>(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += blockDim.x) sm.hist[i] = 0;
+    __syncthreads();
+    for (int64_t v = tid; v < nv; v += blockDim.x) {
+      float w[N];
+      src.load(v, w);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        if (w[e] > dom_lo) {
+          const uint32_t key = order_key(w[e]);
+          if ((key & mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & 255u], 1);
+        }
+      }
+    }
+    __syncthreads();
+    if (simt::warp_id() == 0) {
+      // lane l owns bins 255 - 8l down to 248 - 8l: the warp scans the histogram from the top
+      int cnt[8], local = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        cnt[j] = sm.hist[255 - 8 * lane - j];
+        local += cnt[j];
+      }
+      const int incl = warp_inclusive_scan(local);
+      const int first = simt::warp_allreduce(incl >= remaining ? lane : 32, simt::MinOp());
+      if (lane == first) {
+        int above = incl - local;
+        for (int j = 0; j < 8; ++j) {
+          if (above + cnt[j] >= remaining) {
+            sm.digit = 255 - 8 * lane - j;
+            sm.remaining = remaining - above;
+            break;
+          }
+          above += cnt[j];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(sm.digit) << shift;
+    mask |= 255u << shift;
+    remaining = sm.remaining;
+  }
+  return key_to_float(prefix);
+}
+
+struct TopPAcc {
+  float p;
+  double ref;
+  LLMK_DEVICE bool operator()(const Stats& s) const { return topp_accepts(p, s.mass, ref); }
+};
+struct JointAcc {
+  int64_t k;
+  float p;
+  double ref;
+  LLMK_DEVICE bool operator()(const Stats& s) const { return topk_accepts(k, s.cnt) && topp_accepts(p, s.mass, ref); }
+};
+
+// A row after its load pass (the CPU kernels' Loaded).
+struct Loaded {
+  double mass;
+  int64_t cnt;
+  float min_pos;
+  float max_w;
+  int64_t argmax;
+  bool degenerate;
+  bool done;  // greedy
+};
+
+struct RowResult {
+  int64_t token;
+  bool valid;
+};
+
+// Draws one token of a loaded row under filter f (rejection sampling with pivots).
+template <typename Src>
+LLMK_DEVICE RowResult sample_loaded(const Src& src, const Loaded& L, const RowFilter& f, const RowRng& rng,
+                                    RowSmem& sm) {
+  if (L.done) return {L.argmax, true};
+  if (L.degenerate) return {L.argmax, false};
+  uint32_t draw = 0;
+  float low = 0.0f, high = L.max_w;
+  double mass_low = L.mass, ref = L.mass;
+  bool need_k = f.k > 0 && f.k < L.cnt;
+  const bool need_p = f.has_p();
+  if (f.has_min_p()) {
+    const float tau = min_p_threshold(f.min_p, L.max_w);
+    if (tau > 0.0f) {
+      low = float_below(tau);
+      Stats st[1];
+      row_stats<1, false>(src, &low, st, sm);
+      mass_low = st[0].mass;
+    }
+  }
+  if (need_k && need_p && f.k_first) {
+    // top_k_first: the top-p mass is relative to the top-k set, found exactly first (radix
+    // selection here; the set, and so the sample, is the one the CPU kernels find by pivots).
+    low = float_below(radix_kth_largest(src, 0.0f, f.k, sm));
+    Stats st[1];
+    row_stats<1, false>(src, &low, st, sm);
+    mass_low = st[0].mass;
+    ref = st[0].mass;
+    need_k = false;
+  }
+  if (!need_k && !need_p) {
+    const Pick pk = row_select(src, low, INFINITY, static_cast<double>(rng.uniform(draw)) * mass_low, sm);
+    if (pk.pos < 0) return {L.argmax, false};
+    return {pk.pos, true};
+  }
+  JointAcc accepts{need_k ? f.k : 0, need_p ? f.top_p : 1.0f, ref};
+  Pick pk{-1, 0.0f};
+  for (int round = 0; round < 64; ++round) {
+    pk = row_select(src, low, INFINITY, static_cast<double>(rng.uniform(draw++)) * mass_low, sm);
+    if (pk.pos < 0) return {L.argmax, false};
+    const float v0 = pk.w;
+    if (!(v0 < high)) return {pk.pos, true};  // at or above a known-accepted weight
+    // candidate, key midpoint (bounds the rounds), arithmetic midpoint (fast for peaked rows)
+    float piv[3] = {v0, round_pivot(v0, high), v0 + (high - v0) * 0.5f};
+    sort_pivots<3>(piv);
+    Stats st[3];
+    row_stats<3, false>(src, piv, st, sm);
+    const int fa = first_accepted<3>(st, accepts);
+    if (fa == 0) return {pk.pos, true};
+    low = piv[fa - 1];
+    mass_low = st[fa - 1].mass;
+    if (fa < 3) high = fminf(high, piv[fa]);
+  }
+  return {pk.pos, true};  // not reached: the key range halves every round
+}
+
+}  // namespace samp
+}  // namespace gpu
+}  // namespace llmk

@@ -1,0 +1,283 @@
+"""Attention ops against the plain-torch references (tests/reference.py), with flash-attn's
+tolerance rule: max|out - ref| <= 2 * max|torch_same_dtype - ref| + floor, where ref is the fp32
+computation on the same (rounded) inputs and torch_same_dtype the same computation carried out in
+the input dtype. The grid of the issue is sampled (not its full product) to stay quick."""
+import pytest
+import torch
+
+import llmkern
+from llmkern.ops import attention as attn_ops
+from reference import ref_kvcache, ref_varlen
+
+# Flip when the CUDA attention kernels (csrc/attention/*.cu) land: the same tests then also run on
+# the SIMT emulator and on GPUs.
+CUDA_KERNELS_READY = False
+
+FLOOR = {torch.float32: 3e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def be(backend):
+    if backend.name != "cpu" and not CUDA_KERNELS_READY:
+        pytest.skip("attention has no CUDA kernel yet (csrc/attention/*.cu): CPU only for now")
+    return backend
+
+
+def _cu(lens, dev):
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=dev)
+
+
+def _assert_close(out, ref, same_dtype, dtype, what="out"):
+    err = (out.float() - ref).abs().max().item() if out.numel() else 0.0
+    base = (same_dtype.float() - ref).abs().max().item() if out.numel() else 0.0
+    tol = 2 * base + FLOOR[dtype]
+    assert err <= tol, f"{what}: max error {err:.3g} > {tol:.3g} (torch {dtype} error {base:.3g})"
+
+
+def _assert_lse(lse, ref):
+    assert lse.dtype == torch.float32 and lse.shape == ref.shape
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isinf(lse), ~fin), "rows without keys must have lse = +inf"
+    if fin.any():
+        assert (lse[fin] - ref[fin]).abs().max().item() < 1e-3
+
+
+def _paged(seqs, block_size, dev, extra_blocks=3):
+    """A random (permuted, non-contiguous) block table for sequences of the given lengths."""
+    need = [max(1, (n + block_size - 1) // block_size) for n in seqs]
+    num_blocks = sum(need) + extra_blocks
+    perm = torch.randperm(num_blocks)
+    width = max(need) + 1
+    table = torch.full((len(seqs), width), -1, dtype=torch.int32)  # unused entries stay invalid
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+    return table.to(dev), num_blocks
+
+
+# (hq, hkv, d, causal, window, softcap, alibi)
+VARLEN_CASES = [
+    (2, 2, 64, False, (-1, -1), 0.0, None),
+    (6, 2, 64, True, (-1, -1), 0.0, None),
+    (8, 1, 128, True, (-1, -1), 0.0, None),
+    (3, 3, 80, True, (-1, -1), 2.0, None),
+    (6, 2, 96, False, (16, 4), 0.0, None),
+    (8, 1, 256, True, (8, -1), 0.0, None),
+    (4, 4, 72, False, (-1, -1), 0.0, "heads"),
+    (6, 2, 128, True, (-1, -1), 5.0, "batch"),
+    (2, 1, 8, False, (3, 3), 0.0, None),
+]
+
+
+def _kw(causal, window, softcap, alibi):
+    return dict(causal=causal, window=window, softcap=softcap, alibi=alibi)
+
+
+def _alibi(kind, batch, hq, dev):
+    if kind is None:
+        return None
+    if kind == "heads":
+        return torch.rand(hq, device=dev) * 0.5
+    return torch.rand(batch, hq, device=dev) * 0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=[f"h{c[0]}-{c[1]}d{c[2]}{'c' if c[3] else ''}w{c[4]}s{c[5]}a{c[6]}" for c in VARLEN_CASES])
+def test_varlen_dense(be, dtype, case):
+    hq, hkv, d, causal, window, softcap, alibi_kind = case
+    dev = be.device
+    # ragged: empty sequences, single tokens, tile boundaries +-1, fewer keys than queries, longer
+    lens_q = [0, 1, 3, 63, 65, 130, 40, 7]
+    lens_k = [5, 1, 0, 64, 65, 130, 20, 300]
+    q = torch.randn(sum(lens_q), hq, d, device=dev).to(dtype)
+    k = torch.randn(sum(lens_k), hkv, d, device=dev).to(dtype)
+    v = torch.randn(sum(lens_k), hkv, d, device=dev).to(dtype)
+    cu_q, cu_k = _cu(lens_q, dev), _cu(lens_k, dev)
+    alibi = _alibi(alibi_kind, len(lens_q), hq, dev)
+    scale = 0.3 if softcap else d ** -0.5
+    out, lse = llmkern.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), softmax_scale=scale if softcap else None,
+        causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi, return_softmax_lse=True)
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (hq, q.shape[0])
+    kw = _kw(causal, window, softcap, alibi)
+    ref, ref_lse = ref_varlen(q, k, v, cu_q, cu_k, scale, **kw)
+    same, _ = ref_varlen(q, k, v, cu_q, cu_k, scale, compute_dtype=dtype, **kw)
+    _assert_close(out, ref, same, dtype)
+    _assert_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 16, 256])
+@pytest.mark.parametrize("dtype,hq,hkv,d", [(torch.bfloat16, 6, 2, 64), (torch.float32, 8, 1, 128), (torch.float16, 3, 3, 80)])
+def test_varlen_paged(be, block_size, dtype, hq, hkv, d):
+    """Chunked prefill / prefix hits: the queries are the last rows of each cached sequence."""
+    dev = be.device
+    bs = block_size
+    lens_k = [bs - 1 if bs > 1 else 3, bs, bs + 1, 2 * bs + 37, 0, 9]
+    lens_q = [min(n, c) for n, c in zip(lens_k, [4, 1, 40, 70, 0, 9])]
+    table, nblk = _paged(lens_k, bs, dev)
+    kc = torch.randn(nblk, bs, hkv, d, device=dev).to(dtype)
+    vc = torch.randn(nblk, bs, hkv, d, device=dev).to(dtype)
+    q = torch.randn(sum(lens_q), hq, d, device=dev).to(dtype)
+    cu_q, cu_k = _cu(lens_q, dev), _cu(lens_k, dev)
+    for causal, window in [(True, (-1, -1)), (False, (20, 0))]:
+        out, lse = llmkern.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                  causal=causal, window_size=window,
+                                                  block_table=table, return_softmax_lse=True)
+        kw = _kw(causal, window, 0.0, None)
+        ref, ref_lse = ref_varlen(q, kc, vc, cu_q, cu_k, d ** -0.5, block_table=table, **kw)
+        same, _ = ref_varlen(q, kc, vc, cu_q, cu_k, d ** -0.5, block_table=table, compute_dtype=dtype, **kw)
+        _assert_close(out, ref, same, dtype)
+        _assert_lse(lse, ref_lse)
+
+
+def test_varlen_out_and_int64_indices(be):
+    dev = be.device
+    lens = [17, 0, 33]
+    q = torch.randn(sum(lens), 4, 64, device=dev)
+    k, v = torch.randn(sum(lens), 2, 64, device=dev), torch.randn(sum(lens), 2, 64, device=dev)
+    cu = _cu(lens, dev)
+    out = torch.full_like(q, float("nan"))
+    res = llmkern.flash_attn_varlen_func(q, k, v, cu.long(), cu.long(), 33, 33, softmax_scale=0.05,
+                                         causal=True, out=out)
+    assert res is out
+    ref, _ = ref_varlen(q, k, v, cu, cu, 0.05, causal=True)
+    assert (out - ref).abs().max() < 3e-5
+    # strided q (a slice of a fused qkv buffer) and an out view
+    qkv = torch.randn(sum(lens), 3, 4, 64, device=dev)
+    big = torch.zeros(sum(lens), 8, 64, device=dev)
+    llmkern.flash_attn_varlen_func(qkv[:, 0], k, v, cu, cu, 33, 33, out=big[:, ::2])
+    ref, _ = ref_varlen(qkv[:, 0], k, v, cu, cu, 64 ** -0.5)
+    assert (big[:, ::2] - ref).abs().max() < 3e-5 and not big[:, 1::2].any()
+
+
+def test_varlen_empty(be):
+    dev = be.device
+    q = torch.randn(0, 2, 64, device=dev)
+    k = torch.randn(0, 2, 64, device=dev)
+    cu = torch.zeros(3, dtype=torch.int32, device=dev)
+    out, lse = llmkern.flash_attn_varlen_func(q, k, k, cu, cu, 0, 0, return_softmax_lse=True)
+    assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
+
+
+def _kvcache_case(dev, dtype, batch, s, hq, hkv, d, block_size, cache_lens, append):
+    cap = max(cache_lens) + s + 5
+    if block_size:
+        table, nblk = _paged([n + s for n in cache_lens], block_size, dev)
+        shape = (nblk, block_size, hkv, d)
+    else:
+        table, shape = None, (batch, cap, hkv, d)
+    kc = torch.randn(shape, device=dev).to(dtype)
+    vc = torch.randn(shape, device=dev).to(dtype)
+    q = torch.randn(batch, s, hq, d, device=dev).to(dtype)
+    kn = torch.randn(batch, s, hkv, d, device=dev).to(dtype) if append else None
+    vn = torch.randn(batch, s, hkv, d, device=dev).to(dtype) if append else None
+    lens = torch.tensor(cache_lens, dtype=torch.int32, device=dev)
+    return q, kc, vc, kn, vn, lens, table
+
+
+# (dtype, batch, s, hq, hkv, d, block_size, causal, window, softcap, alibi, append, num_splits)
+KV_CASES = [
+    (torch.bfloat16, 3, 1, 8, 2, 128, 16, False, (-1, -1), 0.0, None, True, 0),
+    (torch.float32, 2, 1, 6, 2, 64, 5, False, (-1, -1), 0.0, None, False, 3),
+    (torch.float16, 4, 1, 8, 1, 80, 1, False, (-1, -1), 0.0, "heads", True, 1),
+    (torch.float32, 2, 1, 3, 3, 96, 0, False, (32, -1), 0.0, None, True, 0),
+    (torch.bfloat16, 2, 4, 8, 2, 64, 16, True, (-1, -1), 0.0, None, True, 0),
+    (torch.float32, 3, 5, 8, 1, 128, 256, True, (-1, -1), 3.0, None, True, 2),
+    (torch.float16, 2, 3, 4, 4, 256, 0, True, (-1, -1), 0.0, "batch", True, 0),
+    (torch.bfloat16, 2, 6, 16, 2, 64, 7, True, (10, 0), 0.0, None, True, 4),
+    (torch.float32, 1, 1, 4, 1, 64, 16, False, (-1, -1), 0.0, None, True, 8),
+]
+
+
+@pytest.mark.parametrize("case", KV_CASES, ids=[f"{str(c[0])[6:]}-b{c[1]}s{c[2]}h{c[3]}-{c[4]}d{c[5]}bs{c[6]}{'c' if c[7] else ''}w{c[8]}sc{c[9]}a{c[10]}{'+kv' if c[11] else ''}n{c[12]}" for c in KV_CASES])
+def test_kvcache(be, case):
+    dtype, batch, s, hq, hkv, d, bs, causal, window, softcap, alibi_kind, append, splits = case
+    dev = be.device
+    cache_lens = [0, 300, 17, 1000][:batch] if batch > 1 else [1500]
+    if bs:
+        cache_lens = [n if n % bs else n + 1 for n in cache_lens]  # block boundaries differ by case
+    q, kc, vc, kn, vn, lens, table = _kvcache_case(dev, dtype, batch, s, hq, hkv, d, bs, cache_lens, append)
+    alibi = _alibi(alibi_kind, batch, hq, dev)
+    kw = _kw(causal, window, softcap, alibi)
+    scale = d ** -0.5
+    ref, ref_lse, ref_kc, ref_vc = ref_kvcache(q, kc, vc, lens, scale, k=kn, v=vn, block_table=table, **kw)
+    same, _, _, _ = ref_kvcache(q, kc, vc, lens, scale, k=kn, v=vn, block_table=table, compute_dtype=dtype, **kw)
+    out, lse = llmkern.flash_attn_with_kvcache(
+        q, kc, vc, k=kn, v=vn, cache_seqlens=lens, block_table=table, causal=causal,
+        window_size=window, softcap=softcap, alibi_slopes=alibi, num_splits=splits,
+        return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (batch, hq, s)
+    assert torch.equal(kc, ref_kc) and torch.equal(vc, ref_vc), "k/v must be appended in place"
+    _assert_close(out, ref, same, dtype)
+    _assert_lse(lse, ref_lse)
+    assert torch.equal(lens, torch.tensor(cache_lens, dtype=torch.int32, device=dev))
+
+
+def test_kvcache_splits_agree(be):
+    """Every num_splits gives the same result (up to fp32 rounding) as no split."""
+    dev = be.device
+    q, kc, vc, _, _, lens, table = _kvcache_case(dev, torch.float32, 2, 1, 8, 2, 64, 16, [700, 33], False)
+    base = llmkern.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, num_splits=1)
+    for n in (0, 2, 5, 64):
+        out = llmkern.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, num_splits=n)
+        assert (out - base).abs().max() < 1e-5
+
+
+def test_kvcache_defaults_and_out(be):
+    dev = be.device
+    kc = torch.randn(2, 40, 2, 64, device=dev)
+    vc = torch.randn(2, 40, 2, 64, device=dev)
+    q = torch.randn(2, 1, 4, 64, device=dev)
+    out = torch.empty_like(q)
+    res = llmkern.flash_attn_with_kvcache(q, kc, vc, out=out)  # cache_seqlens None: whole cache
+    assert res is out
+    ref, _, _, _ = ref_kvcache(q, kc, vc, torch.tensor([40, 40]), 64 ** -0.5)
+    assert (out - ref).abs().max() < 3e-5
+    res2 = llmkern.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=25)  # int cache_seqlens
+    ref2, _, _, _ = ref_kvcache(q, kc, vc, torch.tensor([25, 25]), 64 ** -0.5)
+    assert (res2 - ref2).abs().max() < 3e-5
+    # zero-length caches give zeros and lse = +inf
+    o, lse = llmkern.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=0, return_softmax_lse=True)
+    assert not o.any() and torch.isinf(lse).all()
+
+
+def test_opcheck_attention():
+    lens = [5, 0, 9]
+    q = torch.randn(14, 4, 64)
+    k, v = torch.randn(14, 2, 64), torch.randn(14, 2, 64)
+    cu = _cu(lens, "cpu")
+    torch.library.opcheck(attn_ops._varlen.op, (q, k, v, cu, cu, 9, 9, 0.125, True, -1, -1, 0.0, None, None, None, True))
+    table, nblk = _paged([9, 4], 4, "cpu")
+    kc, vc = torch.randn(nblk, 4, 2, 64), torch.randn(nblk, 4, 2, 64)
+    cuk = _cu([9, 4], "cpu")
+    cuq = _cu([3, 4], "cpu")
+    torch.library.opcheck(attn_ops._varlen.op, (torch.randn(7, 4, 64), kc, vc, cuq, cuk, 4, 9, 0.125, True, -1, -1, 0.0, None, table, None, False))
+    qd = torch.randn(2, 2, 4, 64)
+    kn, vn = torch.randn(2, 2, 2, 64), torch.randn(2, 2, 2, 64)
+    lens_c = torch.tensor([3, 1], dtype=torch.int32)
+    torch.library.opcheck(attn_ops._kvcache.op, (qd, kc, vc, kn, vn, lens_c, table, 0.125, True, -1, -1, 0.0, None, 0, None, True))
+
+
+def test_torch_compile_fullgraph_attention():
+    lens = [6, 3]
+    cu = _cu(lens, "cpu")
+    q = torch.randn(9, 4, 64)
+    k, v = torch.randn(9, 2, 64), torch.randn(9, 2, 64)
+    kc, vc = torch.zeros(2, 16, 2, 64), torch.zeros(2, 16, 2, 64)
+    qd = torch.randn(2, 1, 4, 64)
+
+    def f(q, k, v, cu, qd, kc, vc, lens):
+        o = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, 6, 6, causal=True)
+        od = llmkern.flash_attn_with_kvcache(qd, kc, vc, k=k[:2].unsqueeze(1), v=v[:2].unsqueeze(1), cache_seqlens=lens)
+        return o * 2, od + 1
+
+    lens = torch.tensor([4, 0], dtype=torch.int32)
+    kc_e, vc_e = kc.clone(), vc.clone()
+    want = f(q, k, v, cu, qd, kc_e, vc_e, lens)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, cu, qd, kc, vc, lens)
+    assert torch.allclose(got[0], want[0]) and torch.allclose(got[1], want[1])
+    assert torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
