@@ -1,4 +1,6 @@
 """Attention: llmkern vs torch in the same run.
+import os
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for the big K/V caches (see run())
 
 - prefill: flash_attn_varlen_func vs torch.nn.functional.scaled_dot_product_attention (causal),
   fp32 and bf16, 1 x 2048 and 8 x 512 tokens, 9q/3kv x 64 (SmolLM2) and 32q/8kv x 128 (Llama).

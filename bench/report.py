@@ -42,7 +42,8 @@ _AXIS_PATTERNS = {
     ],
     "requests": [
         (rf"(?<![\d.]){_NUM}\s*[-_ ]?(?:requests|request|reqs|req|prompts)\b", None),
-        (rf"(?<![A-Za-z])(?:requests|reqs|req|offline|n)\s*[-=:_]?\s*{_NUM}(?![\w.])", None),
+        (rf"(?<![A-Za-z])(?P<k>requests|reqs|req|offline|n)\s*[-=:_]?\s*{_NUM}(?![\w.])",
+         lambda m: m["k"] if m["k"].lower() == "offline" else ""),
     ],
 }
 _EDGE = {"x", "\u00d7", "-", ",", ";", "/", "over", "at", "with"}
@@ -63,24 +64,28 @@ def _label(text: str) -> str:
 
 
 def axis_value(r: Record, axis: str) -> tuple:
-    """(x, series label) of record r on axis, or (None, None) when the record does not say."""
+    """(x, series label, panel) of record r on axis, or (None, None, None) when the record does
+    not say. The panel is the benchmark name; when the x value is part of that name (the
+    runtime's "e2e/offline-32"), it is the name without it, so that sizes share one panel."""
     series = r.extra.get("series")
     given = r.extra.get(axis)
     for pat, keep in _AXIS_PATTERNS[axis]:
         m = re.search(pat, r.case, re.I)
         if m and (given is None or _num(m.group("v")) == float(given)):
             rest = r.case[:m.start()] + " " + (keep(m) if keep else "") + " " + r.case[m.end():]
-            return _num(m.group("v")), series or _label(rest) or r.bench.split("/")[-1]
-    name = r.bench.split("/", 1)[-1]  # e.g. "e2e/offline-32": the workload's size in its name
-    for pat, keep in _AXIS_PATTERNS[axis]:
-        m = re.search(pat, name, re.I)
-        if m and given is None:
-            return _num(m.group("v")), series or r.case
+            return _num(m.group("v")), series or _label(rest) or r.bench.split("/")[-1], r.bench
     if given is not None:  # the case string shows the value some other way: drop it from the label
         v = float(given)
         rest = re.sub(rf"(?<![\w.]){int(v) if v == int(v) else v}(?![\w.])", " ", r.case) if v >= 0 else r.case
-        return v, series or _label(rest) or r.bench.split("/")[-1]
-    return None, None
+        return v, series or _label(rest) or r.bench.split("/")[-1], r.bench
+    family, _, name = r.bench.rpartition("/")
+    for pat, keep in _AXIS_PATTERNS[axis]:
+        m = re.search(pat, name, re.I)
+        if m:  # the case then describes the comparison (peer), not a curve: one curve per panel
+            rest = name[:m.start()] + " " + (keep(m) if keep else "") + " " + name[m.end():]
+            panel = (family + "/" if family else "") + _label(rest)
+            return _num(m.group("v")), series or "", panel.rstrip("/-_ ")
+    return None, None, None
 
 
 def _tick(x: float) -> str:
@@ -128,7 +133,7 @@ def _series(spec: dict, records: list) -> tuple:
     out: dict = {}
     left_out = 0
     for r in picked:
-        x, label = axis_value(r, spec["x"])
+        x, label, panel = axis_value(r, spec["x"])
         if x is None:
             left_out += 1
             continue
@@ -136,13 +141,14 @@ def _series(spec: dict, records: list) -> tuple:
             y, yp = r.llmkern_s * 1e3, (r.peer_s * 1e3 if r.peer_s else None)
         else:
             y, yp = r.llmkern_value, r.peer_value
-        curve = out.setdefault((r.bench, label), {"llmkern": {}, "peers": {}})
+        curve = out.setdefault((panel, label), {"llmkern": {}, "peers": {}})
         curve["llmkern"].setdefault(x, y)  # several peers may share one llmkern measurement
         if yp is not None:
             curve["peers"].setdefault(r.peer, {})[x] = yp
     if not out:
         return {}, f"no record says its {spec['x']} (set Record.extra[{spec['x']!r}])"
-    return out, (f"{left_out} of {len(picked)} records left out: their {spec['x']} is not known"
+    what = {"seqlen": "sequence length", "batch": "batch size", "requests": "request count"}[spec["x"]]
+    return out, (f"{left_out} of {len(picked)} records left out (no {what} in their case or name)"
                  if left_out else "")
 
 
@@ -174,8 +180,8 @@ def draw_plots(records: list, out_dir: str, limits: Optional[dict] = None) -> tu
             _panel(ax, plt, ticker, spec, {k[1]: v for k, v in data.items() if k[0] == bench}, limits, bench)
         for ax in list(axes.flat)[len(benches):]:
             ax.set_visible(False)
-        fig.suptitle(spec["title"] + "\nsolid: llmkern; dashed / dotted or grey bars: peers measured in the same run",
-                     fontsize=12)
+        fig.suptitle(spec["title"] + "\nllmkern vs peers measured in the same run "
+                     "(curves: llmkern solid, peers dashed / dotted; bars: llmkern blue)", fontsize=12)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, spec["file"]), bbox_inches="tight")
         plt.close(fig)
@@ -245,13 +251,19 @@ def _bars(ax, spec: dict, curves: dict) -> None:
             bars = [("llmkern", y)] + [(p, v[x]) for p, v in sorted(curve["peers"].items()) if x in v]
             groups.append((f"{label}\n{axis_name} {_tick(x)}".strip(), bars))
     names = ["llmkern"] + sorted({n for _, bars in groups for n, _ in bars} - {"llmkern"})
-    colors = {n: c for n, c in zip(names, ["tab:blue", "tab:gray", "tab:orange", "tab:olive", "tab:brown"])}
-    h = 0.8 / len(names)
+    palette = ["tab:blue", "tab:gray", "tab:orange", "tab:olive", "tab:brown", "tab:purple"]
+    colors = {n: palette[i % len(palette)] for i, n in enumerate(names)}
+    h = 0.8 / max(len(bars) for _, bars in groups)
     centers = list(range(len(groups)))[::-1]
-    for k, n in enumerate(names):
-        pts = [(yc + 0.4 - h * (k + 0.5), v) for yc, (_, bars) in zip(centers, groups) for m, v in bars if m == n]
+    placed: dict = {}  # name -> [(y, value)]: bars of each group centred on the group's tick
+    for yc, (_, bars) in zip(centers, groups):
+        top = yc + h * len(bars) / 2
+        for k, (n, v) in enumerate(bars):
+            placed.setdefault(n, []).append((top - h * (k + 0.5), v))
+    for n in names:
+        pts = placed.get(n, [])
         if pts:
-            ax.barh([p[0] for p in pts], [p[1] for p in pts], height=h * 0.95, color=colors.get(n, "tab:gray"), label=n)
+            ax.barh([p[0] for p in pts], [p[1] for p in pts], height=h * 0.95, color=colors[n], label=n)
     ax.set_yticks(centers, [g[0] for g in groups], fontsize=7)
 
 
@@ -505,6 +517,23 @@ def load(path: str) -> dict:
     (whose per-module tests keep the figures in extra_info)."""
     with open(path) as f:
         data = json.load(f)
+    if isinstance(data, list):  # one module's records (e.g. bench_<name>.json of the device check)
+        return {"suite": "file", "command": os.path.basename(path), "records": data, "modules": [],
+                "limits": {}, "machine": {}, "quick": None}
+    if isinstance(data.get("benchmarks"), dict):  # device_check.sh summary.json
+        env = data.get("environment") or {}
+        gpu = ([{"name": env["gpu"], "capability": env.get("capability", "?"), "sms": env.get("sms", "?"),
+                 "memory_gib": env.get("memory_gib", "?")}] if env.get("gpu") else [])
+        res = {"suite": "device check", "command": "bash bench/device_check.sh", "started": data.get("started", "?"),
+               "device": "cuda" if gpu else "cpu", "quick": None, "limits": {}, "records": [], "modules": [],
+               "machine": {"gpus": gpu, "versions": {k: env[k] for k in ("python", "torch", "torch_cuda") if env.get(k)}},
+               "elapsed_s": data.get("duration_s")}
+        for name, recs in data["benchmarks"].items():
+            ok = isinstance(recs, list)
+            res["records"] += recs if ok else []
+            res["modules"].append({"name": "bench_" + name, "suite": "kernels", "status": "ok" if ok else "error",
+                                   "seconds": 0.0, "records": len(recs) if ok else 0, "note": "" if ok else str(recs)})
+        return res
     if "benchmarks" in data and "records" not in data:
         res = {"suite": "pytest", "command": "pytest bench/ --benchmark-json=" + os.path.basename(path),
                "started": data.get("datetime", "?"), "modules": [], "records": [], "limits": {},

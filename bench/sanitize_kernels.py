@@ -141,6 +141,12 @@ def _():
             print(f"      {name}: skipped ({str(e).splitlines()[0][:80]})")
 
 
+# every sampling kernel path (dtypes, misaligned rows, filters, degenerate rows, penalties)
+import sanitize_sampling  # noqa: E402  (bench/ is the script's directory)
+
+sanitize_sampling.register(case)
+
+
 if __name__ == "__main__":
     print(f"{len(failures)} failing launch groups" if failures else "all launch groups ran")
     sys.exit(1 if failures else 0)

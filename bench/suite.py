@@ -187,6 +187,8 @@ def run_module(name: str, quick: bool, device: str, bench_dir: str = HERE) -> tu
         return "skipped", [], f"{name}.py is not present in this build"
     try:
         mod = importlib.import_module(name)
+    except SystemExit as e:
+        return "skipped", [], str(e.code)
     except Exception as e:  # noqa: BLE001 - e.g. an op the module needs is not built
         return "error", [], f"import failed: {type(e).__name__}: {e}"
     if not hasattr(mod, "run"):
@@ -194,7 +196,11 @@ def run_module(name: str, quick: bool, device: str, bench_dir: str = HERE) -> tu
     torch.manual_seed(0)
     try:
         records = list(mod.run(quick=quick, device=device))
-    except Exception as e:  # noqa: BLE001
+    except SystemExit as e:  # a module that does not apply here says so and exits (e.g. GPU-only)
+        return "skipped", [], str(e.code) if e.code not in (None, 0) else "the module declined to run here"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - one module's failure must not end the run
         tb = traceback.extract_tb(e.__traceback__)[-1]
         return "error", [], f"{type(e).__name__}: {e} (at {os.path.basename(tb.filename)}:{tb.lineno})"
     finally:

@@ -281,3 +281,41 @@ def test_torch_compile_fullgraph_attention():
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, cu, qd, kc, vc, lens)
     assert torch.allclose(got[0], want[0]) and torch.allclose(got[1], want[1])
     assert torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
+
+
+@pytest.mark.parametrize("env", [{"LLMKERN_ATTN_BF16_DOT": "0"}, {"LLMKERN_CPU_ISA": "avx2"}, {"LLMKERN_CPU_ISA": "scalar"}],
+                         ids=["avx512-no-bf16-dot", "avx2", "scalar"])
+def test_other_cpu_paths(env):
+    """The SIMD level (and the AVX512_BF16 choice) is read once per process: run a bf16/fp16
+    prefill + paged decode check in a subprocess for the paths this CPU would not pick."""
+    import os
+    import subprocess
+    import sys
+
+    code = r'''
+import torch, llmkern
+from reference import ref_varlen, ref_kvcache
+torch.manual_seed(0)
+for dtype in (torch.bfloat16, torch.float16):
+    lens = [70, 3]
+    cu = torch.tensor([0, 70, 73], dtype=torch.int32)
+    q = torch.randn(73, 8, 72).to(dtype); k = torch.randn(73, 2, 72).to(dtype); v = torch.randn(73, 2, 72).to(dtype)
+    out = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, 70, 70, causal=True)
+    ref, _ = ref_varlen(q, k, v, cu, cu, 72 ** -0.5, causal=True)
+    same, _ = ref_varlen(q, k, v, cu, cu, 72 ** -0.5, causal=True, compute_dtype=dtype)
+    assert (out.float() - ref).abs().max() <= 2 * (same.float() - ref).abs().max() + 1e-2
+    kc = torch.randn(9, 16, 2, 72).to(dtype); vc = torch.randn(9, 16, 2, 72).to(dtype)
+    table = torch.randperm(9)[:8].view(2, 4).to(torch.int32)
+    lens = torch.tensor([50, 17], dtype=torch.int32)
+    qd = torch.randn(2, 1, 8, 72).to(dtype)
+    o = llmkern.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, block_table=table)
+    r, _, _, _ = ref_kvcache(qd, kc, vc, lens, 72 ** -0.5, block_table=table)
+    s, _, _, _ = ref_kvcache(qd, kc, vc, lens, 72 ** -0.5, block_table=table, compute_dtype=dtype)
+    assert (o.float() - r).abs().max() <= 2 * (s.float() - r).abs().max() + 1e-2
+print("ok")
+'''
+    here = os.path.dirname(os.path.abspath(__file__))
+    envs = dict(os.environ, **env)
+    envs["PYTHONPATH"] = os.pathsep.join([here] + sys.path)
+    res = subprocess.run([sys.executable, "-c", code], env=envs, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]

@@ -113,6 +113,7 @@ def test_suite_survives_missing_and_failing_modules(tmp_path, monkeypatch):
     (tmp_path / "bench_fine.py").write_text(
         "from common import Record\n"
         "def run(quick=False, device='cpu'):\n    return [Record('x/fine', 'one', 1.0, 'peer', 2.0)]\n")
+    (tmp_path / "bench_gpuonly.py").write_text("def run(quick=False, device='cpu'):\n    raise SystemExit('needs --device cuda')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(common._settings, "min_time", common._settings["min_time"])  # run_suite sets it
     res = suite.run_suite("kernels", quick=True, bench_dir=str(tmp_path), measure_limits=False, log=lambda s: None)
@@ -120,6 +121,7 @@ def test_suite_survives_missing_and_failing_modules(tmp_path, monkeypatch):
     assert status["bench_attention"][0] == "skipped" and "not present" in status["bench_attention"][1]
     assert status["bench_boom"][0] == "error" and "boom" in status["bench_boom"][1]
     assert status["bench_fine"][0] == "ok"
+    assert status["bench_gpuonly"] == ("skipped", "needs --device cuda")
     assert [r.bench for r in res["records"]] == ["x/fine"]
     assert [m for g, m in suite.select("e2e", bench_dir=str(tmp_path))] == suite.REGISTRY["e2e"]
     (tmp_path / "bench_spec_ngram.py").write_text("def run(quick=False, device='cpu'):\n    return []\n")
@@ -149,7 +151,7 @@ def test_cli_rerenders_saved_json(tmp_path, capsys):
     ("e2e/offline", "256 requests", "requests", 256),
 ])
 def test_axis_from_case_string(bench, case, axis, x):
-    got, label = report.axis_value(Record(bench, case, 1.0, "peer", 2.0), axis)
+    got, label, panel = report.axis_value(Record(bench, case, 1.0, "peer", 2.0), axis)
     assert got == x
     if x is not None:
         assert label and str(x) not in label.split()
@@ -166,5 +168,21 @@ def test_end_to_end_records_as_the_runtime_writes_them(tmp_path):
                    "ms TTFT", 10.0)]
     paths = report.write_report(result(recs), str(tmp_path))
     assert "e2e_throughput.png" in [os.path.basename(p) for p in paths["plots"]]
+    assert report.axis_value(recs[0], "requests") == (8, "", "e2e/offline")
     md = (tmp_path / "report.md").read_text()
     assert "25% of the matmul roofline" in md and "**3.50x**" in md and "**8.00x**" in md
+
+
+def test_device_check_summary_renders(tmp_path):
+    """bench/device_check.sh writes summary.json with each module's records: same report."""
+    recs = [r.as_dict() for r in synthetic()]
+    summary = {"started": "2026-01-01 00:00:00", "duration_s": 300,
+               "environment": {"python": "3.12", "torch": "2.11", "gpu": "NVIDIA H200", "capability": "9.0", "sms": 132,
+                               "memory_gib": 139.8},
+               "benchmarks": {"attention_gpu": recs[:3], "sampling": recs[5:8], "cache_ops": "unreadable (boom)"}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    res = report.load(str(tmp_path / "summary.json"))
+    paths = report.write_report(res, str(tmp_path / "out"), plots=False)
+    md = open(paths["markdown"]).read()
+    assert "NVIDIA H200" in md and "`bench_cache_ops` | kernels | error" in md
+    assert sum(ln.startswith("| `attention/") for ln in md.split("## All figures")[1].splitlines()) == 3

@@ -68,3 +68,25 @@ def test_numpy_arrays_cross_via_dlpack():
     k = np.arange(24, dtype=np.float32).reshape(3, 1, 8)
     _C.reshape_and_cache_flash(k, k, kc, vc, np.array([1, -1, 6], np.int64), "auto", None, None, 0)
     assert (kc.reshape(-1, 1, 8)[1] == k[0]).all() and (kc.reshape(-1, 1, 8)[6] == k[2]).all()
+
+
+# One kernel per op family: nvcc registers each kernel with the CUDA runtime by its mangled name,
+# so the names are in the module's binary exactly when the device code was compiled in.
+CUDA_KERNELS = [
+    b"reshape_and_cache_kernel", b"copy_blocks_kernel", b"append_kv_kernel",
+    b"flash_prefill_kernel", b"flash_decode_kernel", b"flash_combine_kernel",
+    b"sample_rows_kernel", b"renorm_rows_kernel", b"chain_speculative_kernel",
+    b"apply_penalties_kernel",
+]
+
+
+def test_cuda_kernels_are_in_the_extension():
+    info = llmkern.build_info()
+    if not info["cuda_compiled"]:
+        pytest.skip("built without CUDA")
+    with open(_C.__file__, "rb") as f:
+        blob = f.read()
+    assert b".nv_fatbin" in blob, "no device code section in the extension"
+    missing = [k.decode() for k in CUDA_KERNELS if k not in blob]
+    assert not missing, f"CUDA kernels missing from {_C.__file__}: {missing}"
+    assert set(info["cuda_archs"].split(",")) >= {"80", "90a"} or os.environ.get("LLMKERN_CUDA_ARCHS")

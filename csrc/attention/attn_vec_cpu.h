@@ -8,7 +8,7 @@
 
 #include <cmath>
 
-#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
@@ -33,7 +33,17 @@ typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 typedef uint16_t vh __attribute__((vector_size(VL * 2)));
 typedef uint16_t vh_u __attribute__((vector_size(VL * 2), aligned(2), may_alias));
 
-LLMK_ALWAYS_INLINE vf splat(float x) { return vf{} + x; }
+LLMK_ALWAYS_INLINE vf splat(float x) {  // one broadcast (GCC turns `vf{} + x` into add + broadcast)
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#elif defined(__AVX2__)
+  return _mm256_set1_ps(x);
+#elif defined(__SSE__)
+  return _mm_set1_ps(x);
+#else
+  return vf{} + x;
+#endif
+}
 LLMK_ALWAYS_INLINE vf loadu(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 LLMK_ALWAYS_INLINE void storeu(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
 LLMK_ALWAYS_INLINE vf vmax(vf a, vf b) { return a > b ? a : b; }

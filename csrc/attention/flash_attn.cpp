@@ -305,8 +305,12 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
                                    k_cache.size(1), k_cache.size(0));
     }
   }
-  p.q = q.data, p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
-  p.out = out.data, p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
+  // Query row b * s + i is addressed with one row stride: stride(1) when [b, s] is packed
+  // (checked above), stride(0) when s == 1 (a size-1 dim may carry any stride, e.g. unsqueeze of
+  // a fused-qkv slice).
+  auto row_stride = [&](const TensorView& t) { return sq == 1 ? t.stride(0) : t.stride(1); };
+  p.q = q.data, p.q_row_stride = row_stride(q), p.q_head_stride = q.stride(2);
+  p.out = out.data, p.o_row_stride = row_stride(out), p.o_head_stride = out.stride(2);
   p.k = k_cache.data, p.v = v_cache.data;
   p.seqlen_q = static_cast<int>(sq);
   p.seqused_k = cache_seqlens.ptr<const int32_t>();

@@ -11,6 +11,7 @@
 // attend_small (decode and short appends, few rows): K/V rows are read straight from the cache
 // and converted in registers; every load serves all rows of the group. Dot products are reduced
 // VL keys at a time by a transposing tree.
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -22,7 +23,10 @@ LLMK_NS_BEGIN
 namespace attn {
 namespace {
 
-constexpr int kBK = 64;  // keys per tile (a multiple of every VL)
+#ifndef LLMK_ATTN_BK
+#define LLMK_ATTN_BK 64
+#endif
+constexpr int kBK = LLMK_ATTN_BK;  // keys per tile (a multiple of every VL)
 constexpr int kMR = 6;   // keys per Q.K^T micro-tile, rows per P.V micro-tile
 #if defined(__AVX512F__)
 constexpr int kNR = 4;   // vectors per micro-tile: 6 x 4 accumulators of 32 registers
@@ -53,6 +57,22 @@ LLMK_ALWAYS_INLINE void row_to_f32(const E<T>* src, int d, float scale, float* d
   for (; c + VL <= d; c += VL) storeu(dst + c, load<T>(src + c) * scale);
   if (c < d) storeu(dst + c, load_tail<T>(src + c, d - c) * scale);
 }
+
+#if defined(__AVX512F__)
+// AVX512_BF16 (Zen 4, Sapphire Rapids, ...): vdpbf16ps multiplies pairs of bf16 values exactly
+// and accumulates them in fp32, twice the work of an fp32 FMA per instruction and no widening.
+// The build's AVX-512 flags do not include the extension, so only the functions that use it are
+// compiled for it (target attribute) and they run when the CPU reports it.
+// LLMKERN_ATTN_BF16_DOT=0 turns it off (to test the widening path on such CPUs).
+bool has_avx512bf16() {
+  static const bool v = [] {
+    const char* env = getenv("LLMKERN_ATTN_BF16_DOT");
+    return __builtin_cpu_supports("avx512bf16") && !(env && env[0] == '0');
+  }();
+  return v;
+}
+#define LLMK_BF16_TARGET __attribute__((target("avx512bf16")))
+#endif
 
 // Per-row mask / bias data of a task. Rows r = g * nq + qi: query i = i0 + qi, head kvh*G + g.
 struct Rows {
@@ -155,10 +175,49 @@ struct Pick {
   }
 };
 
+// Scores S^T [nk][Mp] of one tile -> probabilities exp(s - m_new), with the running max m, sum l
+// and the output scale alpha of every row (lane-wise: rows are the vector lanes).
+void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap,
+                  bool alibi, float* m, float* l, float* alpha) {
+  const float inv_cap = cap > 0.f ? 1.f / cap : 0.f;
+  for (int o = 0; o < Mp; o += VL) {
+    const vf lo = loadu(R.lo + o), hi = loadu(R.hi + o), pos = loadu(R.pos + o);
+    const vf slope = loadu(R.slope + o);
+    vf mt = splat(-INFINITY);
+    for (int jj = 0; jj < nk; ++jj) {
+      float* sp = S + jj * Mp + o;
+      vf s = loadu(sp);
+      if (cap > 0.f) s = cap * vtanh(s * inv_cap);
+      const vf jf = splat(float(j0 + jj));
+      if (alibi) {
+        const vf dist = pos - jf;
+        s -= slope * (dist < 0.f ? -dist : dist);
+      }
+      if (!full) s = ((jf >= lo) & (jf < hi)) ? s : splat(-INFINITY);
+      storeu(sp, s);
+      mt = vmax(mt, s);
+    }
+    const vf mo = loadu(m + o);
+    const vf mn = vmax(mo, mt);
+    const vf base = mn == splat(-INFINITY) ? splat(0.f) : mn;
+    const vf a = vexp(mo - base);
+    vf sum = splat(0.f);
+    for (int jj = 0; jj < nk; ++jj) {
+      float* sp = S + jj * Mp + o;
+      const vf e = vexp(loadu(sp) - base);
+      storeu(sp, e);
+      sum += e;
+    }
+    storeu(l + o, loadu(l + o) * a + sum);
+    storeu(m + o, mn);
+    storeu(alpha + o, a);
+  }
+}
+
 template <DType T>
 void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   const int D = p.head_dim, dp = round_up(D, VL), G = p.num_heads / p.num_kv_heads;
-  const int M = G * t.nq, Mp = round_up(M, VL), nrv = Mp / VL;
+  const int M = G * t.nq, Mp = round_up(M, VL);
   sc.dp = dp;
   float* O = sc.o.get(size_t(M) * dp);
   float* m = sc.m.get(Mp);
@@ -181,8 +240,6 @@ void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
     for (int d = 0; d < D; ++d) Qt[int64_t(d) * Mp + r] = to_f32<T>(src[d]) * p.softmax_scale;
   }
 
-  const float cap = p.softcap, inv_cap = cap > 0.f ? 1.f / cap : 0.f;
-  const bool alibi = p.alibi_slopes != nullptr;
   for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
     const int nk = std::min(kBK, R.khi - j0);
     for (int jj = 0; jj < nk; ++jj) {
@@ -197,40 +254,8 @@ void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
                                 S + jj * Mp + rv, Mp);
     }
     // Score transforms, masks and the online softmax, lane-wise over rows.
-    const bool full = j0 >= R.full_lo && j0 + nk <= R.full_hi;
-    for (int v = 0; v < nrv; ++v) {
-      const int o = v * VL;
-      const vf lo = loadu(R.lo + o), hi = loadu(R.hi + o), pos = loadu(R.pos + o);
-      const vf slope = loadu(R.slope + o);
-      vf mt = splat(-INFINITY);
-      for (int jj = 0; jj < nk; ++jj) {
-        float* sp = S + jj * Mp + o;
-        vf s = loadu(sp);
-        if (cap > 0.f) s = cap * vtanh(s * inv_cap);
-        const vf jf = splat(float(j0 + jj));
-        if (alibi) {
-          const vf dist = pos - jf;
-          s -= slope * (dist < 0.f ? -dist : dist);
-        }
-        if (!full) s = ((jf >= lo) & (jf < hi)) ? s : splat(-INFINITY);
-        storeu(sp, s);
-        mt = vmax(mt, s);
-      }
-      const vf mo = loadu(m + o);
-      const vf mn = vmax(mo, mt);
-      const vf base = mn == splat(-INFINITY) ? splat(0.f) : mn;
-      const vf a = vexp(mo - base);
-      vf sum = splat(0.f);
-      for (int jj = 0; jj < nk; ++jj) {
-        float* sp = S + jj * Mp + o;
-        const vf e = vexp(loadu(sp) - base);
-        storeu(sp, e);
-        sum += e;
-      }
-      storeu(l + o, loadu(l + o) * a + sum);
-      storeu(m + o, mn);
-      storeu(alpha + o, a);
-    }
+    softmax_tile(S, Mp, nk, j0, R, j0 >= R.full_lo && j0 + nk <= R.full_hi, p.softcap,
+                 p.alibi_slopes != nullptr, m, l, alpha);
     // O = alpha * O + P.V
     for (int r0 = 0; r0 < M; r0 += kMR) {
       const int mr = std::min(kMR, M - r0);
@@ -243,36 +268,249 @@ void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   }
 }
 
+#if defined(__AVX512F__)
+// ---- GEMM kernel for bf16 inputs with AVX512_BF16 ---------------------------------------------
+//
+// Same tiles as gemm_impl, with the reductions done on bf16 pairs: S^T = K.Q^T pairs over d (Q
+// packed once per task as [D/2][Mp] pairs, K pairs broadcast straight from the cache rows), and
+// O += P.V pairs over keys (P rounded to bf16, as flash-attn's tensor-core kernels do; V packed per
+// tile as [keys/2][dp] pairs). The softmax stays in fp32.
+
+template <int MK, int NV>
+LLMK_BF16_TARGET void qk_bf16_micro(const uint32_t* __restrict qp, int ldq,
+                                    const uint16_t* const* krow, int dpairs, float scale,
+                                    float* __restrict s, int lds) {
+  __m512 acc[MK][NV];
+  for (int k = 0; k < MK; ++k)
+    for (int v = 0; v < NV; ++v) acc[k][v] = _mm512_setzero_ps();
+  for (int i = 0; i < dpairs; ++i) {
+    __m512i q[NV];
+    for (int v = 0; v < NV; ++v) q[v] = _mm512_loadu_si512(qp + int64_t(i) * ldq + v * 16);
+    for (int k = 0; k < MK; ++k) {
+      uint32_t pair;
+      memcpy(&pair, krow[k] + 2 * i, 4);
+      const __m512bh kb = (__m512bh)_mm512_set1_epi32(int(pair));
+      for (int v = 0; v < NV; ++v) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], (__m512bh)q[v], kb);
+    }
+  }
+  for (int k = 0; k < MK; ++k)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + k * lds + v * 16, _mm512_mul_ps(acc[k][v], _mm512_set1_ps(scale)));
+}
+
+template <int MR, int NV>
+LLMK_BF16_TARGET void pv_bf16_micro(float* __restrict o, int ldo, const float* __restrict alpha,
+                                    const uint32_t* __restrict pp, int ldp,
+                                    const uint32_t* __restrict vp, int ldv, int npairs) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(o + r * ldo + v * 16), _mm512_set1_ps(alpha[r]));
+  for (int j = 0; j < npairs; ++j) {
+    __m512i x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = _mm512_loadu_si512(vp + int64_t(j) * ldv + v * 16);
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh pb = (__m512bh)_mm512_set1_epi32(int(pp[int64_t(j) * ldp + r]));
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], pb, (__m512bh)x[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + r * ldo + v * 16, acc[r][v]);
+}
+
+template <int MK, int NV>
+struct QKb {
+  template <typename... A>
+  static void call(A... a) { qk_bf16_micro<MK, NV>(a...); }
+};
+template <int MR, int NV>
+struct PVb {
+  template <typename... A>
+  static void call(A... a) { pv_bf16_micro<MR, NV>(a...); }
+};
+
+// Two fp32 vectors -> bf16 pairs (a in the low half of each 32-bit lane), round to nearest even.
+LLMK_BF16_TARGET LLMK_ALWAYS_INLINE __m512i bf16_pairs(__m512 a, __m512 b) {
+  const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(a));
+  const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(b));
+  return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16));
+}
+
+LLMK_BF16_TARGET void gemm_bf16(const AttnParams& p, const Task& t, Scratch& sc) {
+  using E16 = uint16_t;
+  const int D = p.head_dim, dp = round_up(D, VL), G = p.num_heads / p.num_kv_heads;
+  const int M = G * t.nq, Mp = round_up(M, VL), dpairs = D / 2;
+  sc.dp = dp;
+  float* O = sc.o.get(size_t(M) * dp);
+  float* m = sc.m.get(Mp);
+  float* l = sc.l.get(Mp);
+  uint32_t* Qp = reinterpret_cast<uint32_t*>(sc.q.get(size_t(dpairs) * Mp));
+  float* S = sc.s.get(size_t(kBK) * Mp);
+  uint32_t* Pp = reinterpret_cast<uint32_t*>(sc.k.get(size_t(kBK / 2) * Mp));
+  uint32_t* Vp = reinterpret_cast<uint32_t*>(sc.v.get(size_t(kBK / 2) * dp));
+  float* alpha = sc.t.get(Mp);
+  const Rows R = make_rows(p, t, G, Mp, sc.aux.get(4 * size_t(Mp)));
+
+  memset(O, 0, sizeof(float) * M * dp);
+  for (int r = 0; r < Mp; ++r) m[r] = -INFINITY, l[r] = 0.f;
+  if (R.klo >= R.khi) return;
+
+  if (Mp != M) memset(Qp, 0, sizeof(uint32_t) * dpairs * Mp);
+  for (int r = 0; r < M; ++r) {
+    const E16* src = q_row<DType::BF16>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+    for (int i = 0; i < dpairs; ++i) memcpy(Qp + int64_t(i) * Mp + r, src + 2 * i, 4);
+  }
+  const E16* krow[kBK + kMR];
+  for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
+    const int nk = std::min(kBK, R.khi - j0), np = (nk + 1) / 2;
+    for (int jj = 0; jj < nk; ++jj) krow[jj] = kv_row<DType::BF16>(p, false, t.b, j0 + jj, t.kvh);
+    // V pairs: Vp[jp][d] = (V[2jp][d], V[2jp+1][d]); a missing odd row and the d padding are 0.
+    for (int jp = 0; jp < np; ++jp) {
+      const E16* v0 = kv_row<DType::BF16>(p, true, t.b, j0 + 2 * jp, t.kvh);
+      const E16* v1 = 2 * jp + 1 < nk ? kv_row<DType::BF16>(p, true, t.b, j0 + 2 * jp + 1, t.kvh) : nullptr;
+      uint32_t* dst = Vp + int64_t(jp) * dp;
+      int d = 0;
+      for (; d + 16 <= D; d += 16) {
+        const __m512i a = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + d)));
+        const __m512i b = v1 ? _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + d)))
+                             : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + d, _mm512_or_si512(a, _mm512_maskz_slli_epi32(0xffff, b, 16)));
+      }
+      for (; d < dp; ++d)
+        dst[d] = d < D ? uint32_t(v0[d]) | (v1 ? uint32_t(v1[d]) << 16 : 0u) : 0u;
+    }
+    for (int rv = 0; rv < Mp; rv += kNR * VL) {
+      const int nv = std::min(kNR, (Mp - rv) / VL);
+      for (int jj = 0; jj < nk; jj += kMR)
+        Pick<QKb, kMR, kNR>::run(std::min(kMR, nk - jj), nv, Qp + rv, Mp, krow + jj, dpairs,
+                                 p.softmax_scale, S + jj * Mp + rv, Mp);
+    }
+    softmax_tile(S, Mp, nk, j0, R, j0 >= R.full_lo && j0 + nk <= R.full_hi, p.softcap,
+                 p.alibi_slopes != nullptr, m, l, alpha);
+    // P pairs over keys, per row lane.
+    for (int jp = 0; jp < np; ++jp)
+      for (int o = 0; o < Mp; o += VL) {
+        const __m512 a = _mm512_loadu_ps(S + (2 * jp) * Mp + o);
+        const __m512 b = 2 * jp + 1 < nk ? _mm512_loadu_ps(S + (2 * jp + 1) * Mp + o) : _mm512_setzero_ps();
+        _mm512_storeu_si512(Pp + int64_t(jp) * Mp + o, bf16_pairs(a, b));
+      }
+    for (int r0 = 0; r0 < M; r0 += kMR) {
+      const int mr = std::min(kMR, M - r0);
+      for (int d0 = 0; d0 < dp; d0 += kNR * VL) {
+        const int nv = std::min(kNR, (dp - d0) / VL);
+        Pick<PVb, kMR, kNR>::run(mr, nv, O + int64_t(r0) * dp + d0, dp, alpha + r0, Pp + r0, Mp,
+                                 Vp + d0, dp, np);
+      }
+    }
+  }
+}
+#endif
+
 // ---- decode kernel ----------------------------------------------------------------------------
+
+#if defined(__AVX512F__)
+// Decode q.k for bf16 inputs with AVX512_BF16 (see gemm_bf16): pairs of bf16 products summed in
+// fp32, no conversion of K.
+template <int RR>
+__attribute__((target("avx512bf16"))) void qk_dot_bf16(const uint16_t* const* q,
+                                                       const uint16_t* const* kr, int nk, int D,
+                                                       float scale, float* S,
+                                                       const uint16_t* const* kn, int nn) {
+  const int nfull = D / 32 * 32, tail = D % 32;
+  const __mmask32 tmask = tail ? static_cast<__mmask32>((1u << tail) - 1) : 0;
+  const int row_bytes = D * 2;
+  for (int jb = 0; jb < nk; jb += VL) {
+    const int nb = std::min(VL, nk - jb);
+    vf tt[RR][VL];
+    // Two keys per step: independent accumulator chains and one q load for both.
+    for (int k = 0; k < nb; k += 2) {
+      const uint16_t* k0 = kr[jb + k];
+      const uint16_t* k1 = k + 1 < nb ? kr[jb + k + 1] : k0;
+      if (jb + k < nn) prefetch_row(kn[jb + k], row_bytes);
+      if (jb + k + 1 < nn) prefetch_row(kn[jb + k + 1], row_bytes);
+      __m512 a0[RR], a1[RR];
+      for (int r = 0; r < RR; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+      for (int c = 0; c < nfull; c += 32) {
+        const __m512bh x0 = (__m512bh)_mm512_loadu_si512(k0 + c);
+        const __m512bh x1 = (__m512bh)_mm512_loadu_si512(k1 + c);
+        for (int r = 0; r < RR; ++r) {
+          const __m512bh qv = (__m512bh)_mm512_loadu_si512(q[r] + c);
+          a0[r] = _mm512_dpbf16_ps(a0[r], qv, x0);
+          a1[r] = _mm512_dpbf16_ps(a1[r], qv, x1);
+        }
+      }
+      if (tail) {
+        const __m512bh x0 = (__m512bh)_mm512_maskz_loadu_epi16(tmask, k0 + nfull);
+        const __m512bh x1 = (__m512bh)_mm512_maskz_loadu_epi16(tmask, k1 + nfull);
+        for (int r = 0; r < RR; ++r) {
+          const __m512bh qv = (__m512bh)_mm512_maskz_loadu_epi16(tmask, q[r] + nfull);
+          a0[r] = _mm512_dpbf16_ps(a0[r], qv, x0);
+          a1[r] = _mm512_dpbf16_ps(a1[r], qv, x1);
+        }
+      }
+      for (int r = 0; r < RR; ++r) {
+        tt[r][k] = a0[r];
+        if (k + 1 < nb) tt[r][k + 1] = a1[r];
+      }
+    }
+    for (int k = nb; k < VL; ++k)
+      for (int r = 0; r < RR; ++r) tt[r][k] = splat(0.f);
+    for (int r = 0; r < RR; ++r) storeu(S + r * kBK + jb, hsum_many(tt[r]) * scale);
+  }
+}
+#endif
 
 // Rows r0 .. r0+RR-1 against one key tile (nk keys whose K/V rows are kr[] / vr[]).
 // kn / vn (may be null): rows of the next tile, prefetched while this one is computed.
+// qsrc: the RR rows of q in the input dtype (unscaled), for the bf16 dot-product path.
 template <DType T, int RR>
 void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* kr,
                  const E<T>* const* vr, int j0, int nk, const Rows& R, int r0, float cap,
                  bool alibi, float* S, float* O, float* m, float* l, const E<T>* const* kn,
-                 const E<T>* const* vn, int nn) {
+                 const E<T>* const* vn, int nn, const E<T>* const* qsrc, float scale) {
   const int dfull = D / VL * VL;
   const int row_bytes = D * int(sizeof(E<T>));
+  bool done = false;
+#if defined(__AVX512F__)
+  if constexpr (T == DType::BF16) {
+    if (has_avx512bf16()) {
+      qk_dot_bf16<RR>(qsrc, kr, nk, D, scale, S, kn, nn);
+      done = true;
+    }
+  }
+#endif
   // S[r][jj] = q_r . k_j, VL keys at a time, reduced together.
-  for (int jb = 0; jb < nk; jb += VL) {
+  for (int jb = 0; jb < nk && !done; jb += VL) {
     const int nb = std::min(VL, nk - jb);
     vf tt[RR][VL];
-    for (int k = 0; k < nb; ++k) {
-      const E<T>* krow = kr[jb + k];
+    // Two keys per step: independent accumulator chains and one q load for both.
+    for (int k = 0; k < nb; k += 2) {
+      const E<T>* k0 = kr[jb + k];
+      const E<T>* k1 = k + 1 < nb ? kr[jb + k + 1] : k0;
       if (jb + k < nn) prefetch_row(kn[jb + k], row_bytes);
-      vf acc[RR];
-      for (int r = 0; r < RR; ++r) acc[r] = splat(0.f);
+      if (jb + k + 1 < nn) prefetch_row(kn[jb + k + 1], row_bytes);
+      vf a0[RR], a1[RR];
+      for (int r = 0; r < RR; ++r) a0[r] = a1[r] = splat(0.f);
       int c = 0;
       for (; c < dfull; c += VL) {
-        const vf x = load<T>(krow + c);
-        for (int r = 0; r < RR; ++r) acc[r] += loadu(qs + (r0 + r) * dp + c) * x;
+        const vf x0 = load<T>(k0 + c), x1 = load<T>(k1 + c);
+        for (int r = 0; r < RR; ++r) {
+          const vf qv = loadu(qs + (r0 + r) * dp + c);
+          a0[r] += qv * x0;
+          a1[r] += qv * x1;
+        }
       }
       if (c < D) {
-        const vf x = load_tail<T>(krow + c, D - c);
-        for (int r = 0; r < RR; ++r) acc[r] += loadu(qs + (r0 + r) * dp + c) * x;
+        const vf x0 = load_tail<T>(k0 + c, D - c), x1 = load_tail<T>(k1 + c, D - c);
+        for (int r = 0; r < RR; ++r) {
+          const vf qv = loadu(qs + (r0 + r) * dp + c);
+          a0[r] += qv * x0;
+          a1[r] += qv * x1;
+        }
       }
-      for (int r = 0; r < RR; ++r) tt[r][k] = acc[r];
+      for (int r = 0; r < RR; ++r) {
+        tt[r][k] = a0[r];
+        if (k + 1 < nb) tt[r][k + 1] = a1[r];
+      }
     }
     for (int k = nb; k < VL; ++k)
       for (int r = 0; r < RR; ++r) tt[r][k] = splat(0.f);
@@ -358,9 +596,11 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   memset(O, 0, sizeof(float) * M * dp);
   for (int r = 0; r < M; ++r) m[r] = -INFINITY, l[r] = 0.f;
   if (R.klo >= R.khi) return;
-  for (int r = 0; r < M; ++r)
-    row_to_f32<T>(q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq), D, p.softmax_scale,
-                  qs + r * dp);
+  const E<T>** qsrc = reinterpret_cast<const E<T>**>(sc.t.get(size_t(M) * 2 + 2));
+  for (int r = 0; r < M; ++r) {
+    qsrc[r] = q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+    row_to_f32<T>(qsrc[r], D, p.softmax_scale, qs + r * dp);
+  }
   // Row pointers (head kvh) of the current and the next tile, double-buffered for the prefetch;
   // head kvh + hh is hh * head_stride further.
   const E<T>* rows[2][2][kBK];
@@ -394,10 +634,10 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
         const int r0 = hh * Mh + c0;
         const int pn = c0 == 0 ? np : 0;  // the head's first chunk issues the prefetches
         switch (std::min(4, Mh - c0)) {
-          case 4: small_chunk<T, 4>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
-          case 3: small_chunk<T, 3>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
-          case 2: small_chunk<T, 2>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
-          default: small_chunk<T, 1>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn); break;
+          case 4: small_chunk<T, 4>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
+          case 3: small_chunk<T, 3>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
+          case 2: small_chunk<T, 2>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
+          default: small_chunk<T, 1>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
         }
       }
     }
@@ -407,6 +647,9 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
 }  // namespace
 
 void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc) {
+#if defined(__AVX512F__)
+  if (p.dtype == DType::BF16 && has_avx512bf16()) return gemm_bf16(p, t, sc);
+#endif
   switch (p.dtype) {
     case DType::F16: gemm_impl<DType::F16>(p, t, sc); break;
     case DType::BF16: gemm_impl<DType::BF16>(p, t, sc); break;

@@ -120,35 +120,34 @@ __global__ void __launch_bounds__(kMaxThreads) renorm_rows_kernel(RenormK a) {
     }
     inv = (degenerate || !(kept > 0.0)) ? 0.0 : 1.0 / kept;
   }
-  // write pass: 16-byte loads and stores when both rows allow them
+  // write pass: 16-byte loads (kUnroll in flight) and stores when both rows allow them
   constexpr int N = RowLoader<T>::N;
   const bool vec = aligned16(x) && aligned16(out);
-  const int64_t nv = (a.V + N - 1) / N;
-  for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
-    const int64_t j0 = v * N;
-    if (vec && j0 + N <= a.V) {
-      const uint4 u = *reinterpret_cast<const uint4*>(x + j0);
-      const T* e = reinterpret_cast<const T*>(&u);
-      uint4 r;
-      T* o = reinterpret_cast<T*>(&r);
+  const int64_t nv = (a.V + N - 1) / N, nt = blockDim.x;
+  auto value = [&](T e, T* o) {
+    if (!mask) from_f(renorm_value(to_f(e), lo, inv), o);
+    else if (to_f(e) > lo) *o = e;
+    else from_f(-INFINITY, o);
+  };
+  for (int64_t v0 = threadIdx.x; v0 < nv; v0 += nt * kUnroll) {
+    uint4 in[kUnroll];
 #pragma unroll
-      for (int q = 0; q < N; ++q) {
-        if (mask) {
-          if (to_f(e[q]) > lo) o[q] = e[q];
-          else from_f(-INFINITY, &o[q]);
-        } else {
-          from_f(renorm_value(to_f(e[q]), lo, inv), &o[q]);
-        }
-      }
-      *reinterpret_cast<uint4*>(out + j0) = r;
-    } else {
-      for (int64_t j = j0; j < j0 + N && j < a.V; ++j) {
-        if (mask) {
-          if (to_f(x[j]) > lo) out[j] = x[j];
-          else from_f(-INFINITY, &out[j]);
-        } else {
-          from_f(renorm_value(to_f(x[j]), lo, inv), &out[j]);
-        }
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j0 = (v0 + u * nt) * N;
+      if (vec && j0 + N <= a.V) in[u] = *reinterpret_cast<const uint4*>(x + j0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j0 = (v0 + u * nt) * N;
+      if (vec && j0 + N <= a.V) {
+        const T* e = reinterpret_cast<const T*>(&in[u]);
+        uint4 r;
+        T* o = reinterpret_cast<T*>(&r);
+#pragma unroll
+        for (int q = 0; q < N; ++q) value(e[q], &o[q]);
+        *reinterpret_cast<uint4*>(out + j0) = r;
+      } else {
+        for (int64_t j = j0; j < j0 + N && j < a.V; ++j) value(x[j], &out[j]);
       }
     }
   }

@@ -20,7 +20,7 @@ inline DParam dparam(const RowParam& r) {
 }
 
 // Threads of a row CTA: about eight 16-byte vectors per thread per pass, a multiple of 32 in
-// [32, 1024] (long rows use the full CTA; short ones do not pay for idle warps).
+// [32, kMaxThreads] (long rows use the full CTA; short ones do not pay for idle warps).
 inline int row_threads(int64_t V, int elem_size) {
   const int64_t n = 16 / elem_size;
   const int64_t nvec = (V + n - 1) / n;

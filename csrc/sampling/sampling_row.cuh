@@ -21,7 +21,7 @@ namespace gpu {
 namespace samp {
 
 constexpr int kMaxPivots = 4;
-constexpr int kMaxThreads = 1024;
+constexpr int kMaxThreads = 512;  // 128 registers per thread; 32 KiB of loads in flight per CTA
 
 // ---- element types ---------------------------------------------------------------------------------
 
@@ -127,6 +127,27 @@ LLMK_DEVICE int64_t read_index(const void* p, bool is64, int64_t i) {
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
 }
 
+// ---- passes ------------------------------------------------------------------------------------------
+
+// Vectors a thread loads before using any of them: 4 x 16 bytes in flight per thread.
+constexpr int kUnroll = 4;
+
+// f(v, w) for this thread's vectors v = tid, tid + T, tid + 2T, ... (in that order: the partition
+// of the row and the order of each thread's sums do not depend on the unrolling). Loads past the
+// end read -inf.
+template <typename Src, typename F>
+LLMK_DEVICE void for_each_vec(const Src& src, F&& f) {
+  constexpr int N = Src::N;
+  const int64_t nv = src.nvec(), T = blockDim.x;
+  for (int64_t v0 = threadIdx.x; v0 < nv; v0 += T * kUnroll) {
+    float w[kUnroll][N];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) src.load(v0 + u * T, w[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) f(v0 + u * T, w[u]);
+  }
+}
+
 // ---- block-wide results ------------------------------------------------------------------------------
 
 struct Stats {
@@ -146,7 +167,7 @@ struct RowSmem {
   unsigned long long ured[32];
   long long sel_pos;
   float sel_w;
-  int hist[256];
+  int hist[2048];
   int digit, remaining;
 };
 
@@ -204,10 +225,7 @@ LLMK_DEVICE void row_stats(const Src& src, const float* piv, Stats* out, RowSmem
     c[p] = 0;
     mn[p] = INFINITY;
   }
-  const int64_t nv = src.nvec();
-  for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
-    float w[N];
-    src.load(v, w);
+  for_each_vec(src, [&](int64_t, const float (&w)[N]) {
 #pragma unroll
     for (int e = 0; e < N; ++e) {
 #pragma unroll
@@ -219,7 +237,7 @@ LLMK_DEVICE void row_stats(const Src& src, const float* piv, Stats* out, RowSmem
         }
       }
     }
-  }
+  });
   reduce_stats<P, WantMin>(m, c, mn, out, sm);
 }
 
@@ -242,10 +260,7 @@ LLMK_DEVICE RowMax row_load(const Src& src, float p0, Stats* st, RowSmem& sm) {
   int c[1] = {0};
   float best = -INFINITY;
   int64_t arg = -1;
-  const int64_t nv = src.nvec();
-  for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
-    float w[N];
-    src.load(v, w);
+  for_each_vec(src, [&](int64_t v, const float (&w)[N]) {
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       if (w[e] > p0) {
@@ -258,7 +273,7 @@ LLMK_DEVICE RowMax row_load(const Src& src, float p0, Stats* st, RowSmem& sm) {
         arg = v * N + e;
       }
     }
-  }
+  });
   if (st) reduce_stats<1, true>(m, c, mn, st, sm);
   const unsigned long long k = simt::block_allreduce(pack_max(best, arg), sm.ured, simt::MaxOp(), 0ull);
   if (k == 0ull) return {-INFINITY, 0};
@@ -278,52 +293,59 @@ template <typename Src>
 LLMK_DEVICE Pick row_select(const Src& src, float low, float hi, double target, RowSmem& sm) {
   constexpr int N = Src::N;
   const int tid = threadIdx.x;
-  const int64_t nv = src.nvec();
+  const int64_t nv = src.nvec(), T = blockDim.x;
   double acc = 0.0;
   int64_t my_last = -1;
   float my_last_w = 0.0f;
-  for (int64_t base = 0; base < nv; base += blockDim.x) {
-    const int64_t v = base + tid;
-    float w[N];
-    src.load(v, w);
-    float s = 0.0f;
+  // Chunks of kUnroll slabs of T vectors (all loads of a chunk issued first); slabs are scanned
+  // in order, vector v = slab start + tid.
+  for (int64_t c0 = 0; c0 < nv; c0 += T * kUnroll) {
+    float w[kUnroll][N];
 #pragma unroll
-    for (int e = 0; e < N; ++e) {
-      if (w[e] > low && w[e] <= hi) {
-        s += w[e];
-        my_last = v * N + e;
-        my_last_w = w[e];
-      }
-    }
-    float total;
-    const float incl = block_inclusive_scan(s, sm.scan, &total);
-    if (!(total > 0.0f)) continue;
-    if (acc + static_cast<double>(total) > target) {
-      const bool pred = s > 0.0f && acc + static_cast<double>(incl) > target;
-      int first = simt::block_allreduce(pred ? tid : INT_MAX, sm.ired, simt::MinOp(), INT_MAX);
-      if (first == INT_MAX)  // rounding: the scan total crossed but no thread's prefix did
-        first = simt::block_allreduce(s > 0.0f ? tid : -1, sm.ired, simt::MaxOp(), -1);
-      if (tid == first) {
-        double r = acc + static_cast<double>(incl - s);
-        int64_t pick = -1;
-        float pw = 0.0f;
-        for (int e = 0; e < N; ++e) {
-          if (w[e] > low && w[e] <= hi) {
-            r += w[e];
-            pick = v * N + e;
-            pw = w[e];
-            if (r > target) break;
-          }
+    for (int u = 0; u < kUnroll; ++u) src.load(c0 + u * T + tid, w[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + u * T >= nv) break;  // uniform
+      const int64_t v = c0 + u * T + tid;
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        if (w[u][e] > low && w[u][e] <= hi) {
+          s += w[u][e];
+          my_last = v * N + e;
+          my_last_w = w[u][e];
         }
-        sm.sel_pos = pick;
-        sm.sel_w = pw;
       }
-      __syncthreads();
-      const Pick res{sm.sel_pos, sm.sel_w};
-      __syncthreads();  // sel_* may be rewritten by the next call
-      return res;
+      float total;
+      const float incl = block_inclusive_scan(s, sm.scan, &total);
+      if (!(total > 0.0f)) continue;
+      if (acc + static_cast<double>(total) > target) {
+        const bool pred = s > 0.0f && acc + static_cast<double>(incl) > target;
+        int first = simt::block_allreduce(pred ? tid : INT_MAX, sm.ired, simt::MinOp(), INT_MAX);
+        if (first == INT_MAX)  // rounding: the scan total crossed but no thread's prefix did
+          first = simt::block_allreduce(s > 0.0f ? tid : -1, sm.ired, simt::MaxOp(), -1);
+        if (tid == first) {
+          double r = acc + static_cast<double>(incl - s);
+          int64_t pick = -1;
+          float pw = 0.0f;
+          for (int e = 0; e < N; ++e) {
+            if (w[u][e] > low && w[u][e] <= hi) {
+              r += w[u][e];
+              pick = v * N + e;
+              pw = w[u][e];
+              if (r > target) break;
+            }
+          }
+          sm.sel_pos = pick;
+          sm.sel_w = pw;
+        }
+        __syncthreads();
+        const Pick res{sm.sel_pos, sm.sel_w};
+        __syncthreads();  // sel_* may be rewritten by the next call
+        return res;
+      }
+      acc += static_cast<double>(total);
     }
-    acc += static_cast<double>(total);
   }
   const long long last = simt::block_allreduce(static_cast<long long>(my_last), sm.lred, simt::MaxOp(), -1ll);
   if (last < 0) return {-1, 0.0f};
@@ -396,56 +418,55 @@ LLMK_DEVICE void exact_search(const Src& src, Search& S, Acc& accepts, const Row
 }
 
 // The k-th largest weight among those above dom_lo (1 <= k <= their count), by radix selection on
-// the order-preserving keys: four passes, one 8-bit digit each, with a shared-memory histogram of
-// the elements that match the digits chosen so far. The top-k set (ties included) is then
-// {w >= result} = {w > float_below(result)}.
+// the order-preserving keys: three passes (digits of 11, 11 and 10 bits, from the top), each a
+// shared-memory histogram of the elements that match the digits chosen so far, then a descending
+// block scan of the bins to find the digit holding the k-th element. Wide first digits spread a
+// row's weights (which share sign and top exponent bits) over many bins, which keeps the
+// shared-memory atomics of the first pass mostly conflict-free. The top-k set (ties included) is
+// then {w >= result} = {w > float_below(result)}.
 template <typename Src>
 LLMK_DEVICE float radix_kth_largest(const Src& src, float dom_lo, int64_t k, RowSmem& sm) {
   constexpr int N = Src::N;
-  const int tid = threadIdx.x, lane = simt::lane_id();
-  const int64_t nv = src.nvec();
+  const int tid = threadIdx.x, T = blockDim.x;
   uint32_t prefix = 0, mask = 0;
   int remaining = static_cast<int>(k);
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = tid; i < 256; i += blockDim.x) sm.hist[i] = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+    const int nbins = pass == 2 ? 1024 : 2048;
+    for (int i = tid; i < nbins; i += T) sm.hist[i] = 0;
     __syncthreads();
-    for (int64_t v = tid; v < nv; v += blockDim.x) {
-      float w[N];
-      src.load(v, w);
+    for_each_vec(src, [&](int64_t, const float (&w)[N]) {
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         if (w[e] > dom_lo) {
           const uint32_t key = order_key(w[e]);
-          if ((key & mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & 255u], 1);
+          if ((key & mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & static_cast<uint32_t>(nbins - 1)], 1);
         }
       }
-    }
+    });
     __syncthreads();
-    if (simt::warp_id() == 0) {
-      // lane l owns bins 255 - 8l down to 248 - 8l: the warp scans the histogram from the top
-      int cnt[8], local = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        cnt[j] = sm.hist[255 - 8 * lane - j];
-        local += cnt[j];
-      }
-      const int incl = warp_inclusive_scan(local);
-      const int first = simt::warp_allreduce(incl >= remaining ? lane : 32, simt::MinOp());
-      if (lane == first) {
-        int above = incl - local;
-        for (int j = 0; j < 8; ++j) {
-          if (above + cnt[j] >= remaining) {
-            sm.digit = 255 - 8 * lane - j;
-            sm.remaining = remaining - above;
-            break;
-          }
-          above += cnt[j];
+    // thread t owns the bins nbins-1-t*G down to nbins-(t+1)*G: a scan in descending bin order
+    const int G = (nbins + T - 1) / T;
+    const int d0 = tid * G, d1 = d0 + G < nbins ? d0 + G : nbins;
+    int local = 0;
+    for (int d = d0; d < d1; ++d) local += sm.hist[nbins - 1 - d];
+    const int incl = block_inclusive_scan(local, sm.ired);
+    const int first = simt::block_allreduce(incl >= remaining ? tid : INT_MAX, sm.ired, simt::MinOp(), INT_MAX);
+    if (tid == first) {
+      int above = incl - local;
+      for (int d = d0; d < d1; ++d) {
+        const int c = sm.hist[nbins - 1 - d];
+        if (above + c >= remaining) {
+          sm.digit = nbins - 1 - d;
+          sm.remaining = remaining - above;
+          break;
         }
+        above += c;
       }
     }
     __syncthreads();
     prefix |= static_cast<uint32_t>(sm.digit) << shift;
-    mask |= 255u << shift;
+    mask |= static_cast<uint32_t>(nbins - 1) << shift;
     remaining = sm.remaining;
   }
   return key_to_float(prefix);

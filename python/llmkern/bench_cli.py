@@ -28,7 +28,7 @@ def bench_dir() -> str:
     ]
     for d in candidates:
         if os.path.isfile(os.path.join(d, "suite.py")) and os.path.isfile(os.path.join(d, "report.py")):
-            return d
+            return os.path.abspath(d)
     raise FileNotFoundError(
         "llmkern bench: the benchmark modules were not found (looked in "
         + ", ".join(candidates) + "); run from a source checkout or set LLMKERN_BENCH_DIR")

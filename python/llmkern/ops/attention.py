@@ -46,7 +46,7 @@ def _window(window_size) -> Tuple[int, int]:
 # ---- flash_attn_varlen_func ------------------------------------------------------------------
 
 
-@kernel_op("flash_attn_varlen", mutates_args=("out",))
+@kernel_op("flash_attn_varlen_func", mutates_args=("out",))
 def _varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
@@ -114,6 +114,11 @@ def flash_attn_varlen_func(
     if out is not None:
         o = out
     return (o, lse) if return_softmax_lse else o
+
+
+# The registered custom op (torch.ops.llmkern.flash_attn_varlen_func) takes the normalised
+# arguments of _varlen; the public function fills defaults and converts indices around it.
+flash_attn_varlen_func.op = _varlen.op
 
 
 # ---- flash_attn_with_kvcache -----------------------------------------------------------------
@@ -211,3 +216,6 @@ def flash_attn_with_kvcache(
     if out is not None:
         o = out
     return (o, lse) if return_softmax_lse else o
+
+
+flash_attn_with_kvcache.op = _kvcache.op

@@ -36,6 +36,14 @@ Common rules of every op in this module:
   with no positive finite mass (all zero, or containing ``+inf``/overflowing) is *degenerate*: its
   output is the row's argmax (first ``+inf``; index 0 when every entry is NaN) and its ``valid``
   flag (``return_valid=True``) is False.
+- **CPU and CUDA.** Both backends apply the same filter rules, pivot updates and Philox stream
+  (one CUDA thread block per output row), so for the same seed they keep the same sets and draw
+  the same tokens, except where their floating-point sums of the weights differ by rounding right
+  at a token boundary (rare; never when the sums are exact). CUDA calls launch on the current
+  stream, allocate nothing and never synchronise the host (``check_nan=True`` excepted), so they
+  can be captured in CUDA graphs: pass ``seed``/``offset`` as device tensors and advance
+  ``offset`` between replays. The CUDA build flushes subnormal floats (below ~1.2e-38) to zero,
+  so such weights carry no mass there.
 """
 from __future__ import annotations
 
