@@ -31,6 +31,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-offload-gb", type=float, default=0.0)
     g.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     g.add_argument("--scheduler", default="continuous", choices=["continuous", "static"])
+    g.add_argument("--speculative", default=None, metavar="METHOD[:K][,key=value...]",
+                   help="speculative decoding, e.g. ngram:4 (prompt lookup), early_exit:3,num_layers=12, "
+                        "draft:4,model=PATH (default: off)")
 
 
 def _engine_kwargs(a) -> dict:
@@ -38,7 +41,8 @@ def _engine_kwargs(a) -> dict:
                 max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
                 kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
                 enable_chunked_prefill=not a.no_chunked_prefill, cpu_offload_gb=a.cpu_offload_gb,
-                preemption_mode=a.preemption_mode, scheduler=a.scheduler)
+                preemption_mode=a.preemption_mode, scheduler=a.scheduler,
+                speculative=getattr(a, "speculative", None))
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

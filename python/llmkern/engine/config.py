@@ -30,6 +30,9 @@ class EngineConfig:
     num_swap_blocks: Optional[int] = None
     seed: int = 0                           # sampling seed of requests without their own
     enforce_eager: bool = False             # GPU: no CUDA graphs for decode steps
+    # speculative decoding: None (off), a dict {"method": "ngram" | "draft" | "early_exit", ...}
+    # or "METHOD[:K][,key=value...]" (see spec_config.SpecConfig)
+    speculative: Optional[object] = None
 
     def __post_init__(self):
         def bad(name, expected):
@@ -56,6 +59,10 @@ class EngineConfig:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype is not None and self.dtype not in _DTYPES:
             bad("dtype", f"one of {', '.join(_DTYPES)}")
+        if self.speculative is not None:
+            from .spec_config import SpecConfig
+
+            self.speculative = SpecConfig.parse(self.speculative)
 
     @property
     def torch_device(self) -> torch.device:

@@ -45,7 +45,13 @@ class Engine:
         dtype = self.model.dtype
         bs = config.block_size
         elem = torch.empty((), dtype=dtype).element_size()
-        block_bytes = mc.kv_bytes_per_token(elem) * bs
+        self.spec = None
+        if config.speculative is not None:
+            from .spec_decode import SpecDecoder
+
+            self.spec = SpecDecoder(config.speculative, self.model, device, dtype)
+            self.spec.check_max_model_len(self.max_model_len)
+        block_bytes = (mc.kv_bytes_per_token(elem) + (self.spec.kv_bytes_per_token(elem) if self.spec else 0)) * bs
         num_blocks = config.num_gpu_blocks
         if num_blocks is None:
             num_blocks = int(self._kv_budget(device) // block_bytes)
@@ -63,6 +69,8 @@ class Engine:
             if n_swap is None:
                 n_swap = int(config.swap_space_gb * _GiB // block_bytes)
             swap = alloc_caches(n_swap, *geom, device="cpu", pin=True) if n_swap else None
+        if self.spec is not None:  # a draft model's KV layers live in the same blocks
+            caches, offload, swap = self.spec.extend_caches(caches, offload, swap)
         self.kv = KVCacheManager(caches, bs, config.enable_prefix_caching, offload, swap)
         self.num_blocks = num_blocks
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
@@ -73,6 +81,8 @@ class Engine:
         self._seq_ids = itertools.count()
         self._stream: Dict[str, bool] = {}
         self.metrics = RunMetrics()
+        if self.spec is not None:
+            self.spec.attach(self)
 
     def _kv_budget(self, device: torch.device) -> float:
         if self.config.kv_cache_memory_gb is not None:
@@ -177,13 +187,21 @@ class Engine:
     def step(self) -> List[RequestOutput]:
         """One scheduling + model step. Returns outputs of the requests that finished in it and,
         for streaming requests, of those that produced tokens."""
+        spec = self.spec
+        if spec is not None:
+            spec.before_schedule(self.scheduler.running)
         batch = self.scheduler.schedule()
+        if spec is not None:
+            spec.before_forward(batch)
         if batch.empty:
             if self.scheduler.has_work and not self.scheduler.running:
                 raise RuntimeError("engine: no request can be scheduled (KV pool too small for the queue head)")
             return self._collect([])
         t0 = time.perf_counter()
         logits, sample_seqs = self.runner.execute(batch)
+        verified = {}
+        if spec is not None:  # verified chunks leave the batch; their tokens are committed below
+            logits, sample_seqs, verified = spec.verify(batch, logits, sample_seqs)
         tokens = self.sampler(logits, sample_seqs) if sample_seqs else []
         now = time.perf_counter()
         for seq in batch.decodes:
@@ -197,6 +215,8 @@ class Engine:
             seq.append_token(tok, now)
             self._check_stop(seq, tok, now)
             touched.append(seq)
+        if verified:
+            touched += spec.commit(verified, now, self._check_stop)
         self.metrics.on_step(batch, len(sample_seqs), now - t0)
         return self._collect(touched)
 
@@ -282,4 +302,7 @@ class Engine:
         return out
 
     def run_metrics(self) -> dict:
-        return self.metrics.summary(self.kv.stats, self.scheduler.num_preemptions)
+        out = self.metrics.summary(self.kv.stats, self.scheduler.num_preemptions)
+        if self.spec is not None:
+            out["speculative"] = self.spec.metrics.summary()
+        return out

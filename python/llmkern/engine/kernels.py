@@ -7,7 +7,9 @@ from ..ops.attention import flash_attn_varlen_func, flash_attn_with_kvcache  # n
 from ..ops.kvcache import copy_blocks, reshape_and_cache_flash, swap_blocks  # noqa: F401
 from ..ops.sampling import (  # noqa: F401
     apply_penalties,
+    chain_speculative_sampling,
     min_p_sampling_from_probs,
+    sampling_from_probs,
     sampling_from_logits,
     top_k_mask_logits,
     top_k_top_p_sampling_from_logits,

@@ -82,8 +82,13 @@ def format_summary(s: dict) -> str:
     def ms(x):
         return "-" if x is None else f"{1e3 * x:.1f} ms"
 
+    spec = ""
+    if s.get("speculative"):
+        from .spec_decode import format_spec_summary
+
+        spec = " | " + format_spec_summary(s["speculative"])
     return (f"{s['requests']} requests in {s['elapsed_s']:.2f} s | prompt {s['prompt_tok_s']:.1f} tok/s, "
             f"output {s['output_tok_s']:.1f} tok/s | TTFT p50 {ms(s['ttft_p50_s'])}, p99 {ms(s['ttft_p99_s'])} | "
             f"ITL p50 {ms(s['itl_p50_s'])} | prefix-cache hit rate {100 * s['prefix_cache_hit_rate']:.1f}% | "
             f"preemptions {s['preemptions']} | offload {s['blocks_offloaded']} out / {s['blocks_restored']} back, "
-            f"swap {s['blocks_swapped_out']} out / {s['blocks_swapped_in']} in (blocks)")
+            f"swap {s['blocks_swapped_out']} out / {s['blocks_swapped_in']} in (blocks)" + spec)

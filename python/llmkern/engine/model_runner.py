@@ -61,7 +61,10 @@ class ModelRunner:
             row = nd
             for s, n in zip(batch.prefills, batch.prefill_lens):
                 start = s.num_computed_tokens
-                ids.extend(s.token_ids[start:start + n])
+                toks = s.token_ids[start:start + n]
+                if len(toks) < n:  # speculative verification: the last token, then the drafts
+                    toks = toks + s.spec_token_ids[:n - len(toks)]
+                ids.extend(toks)
                 p = np.arange(start, start + n, dtype=np.int64)
                 pos_parts.append(p)
                 blocks = np.asarray(s.block_ids, dtype=np.int64)
@@ -70,9 +73,12 @@ class ModelRunner:
                 cu_k.append(cu_k[-1] + start + n)
                 paged |= start > 0
                 row += n
-                if start + n == s.num_tokens:  # prompt complete: this row samples
-                    sample_rows.append(row - 1)
-                    sample_seqs.append(s)
+                # Rows from the last known token on predict a next token: one row when a prompt
+                # completes, 1 + drafts rows for a speculative verification chunk.
+                m = start + n - max(start, s.num_tokens - 1)
+                if m > 0:
+                    sample_rows.extend(range(row - m, row))
+                    sample_seqs.extend([s] * m)
             meta.num_prefill_tokens = cu_q[-1]
             meta.prefill_cu_q = self._tensor(np.asarray(cu_q, dtype=np.int32))
             meta.prefill_max_q = max(batch.prefill_lens)

@@ -80,6 +80,14 @@ class Scheduler:
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = seq.num_tokens - seq.num_computed_tokens
+            if n == 1 and seq.spec_token_ids:
+                # Speculative drafts ride along with the decode; they are the first thing dropped
+                # when the budget or the pool is short.
+                k = min(len(seq.spec_token_ids), budget - 1)
+                if k and self.kv.num_blocks_needed(seq, 1 + k) > self.kv.pool.num_free:
+                    k = 0
+                del seq.spec_token_ids[k:]
+                n += k
             if n > budget:
                 if not chunked:
                     continue
