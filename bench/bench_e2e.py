@@ -80,7 +80,7 @@ def run(quick: bool = False, device: str = "cpu", num_requests=None, peers: bool
     recs = [_to_record(r) for r in benchmark.throughput(quick=quick, device=device, num_requests=num_requests,
                                                         peers=peers)]
     if peers:
-        n_new = 32 if quick else 128
+        n_new = 16 if quick else 128
         t, note = llama_cpp_decode(n_new)
         ours = next((r for r in recs if r.bench == "e2e/decode-b1"), None)
         if ours is not None:
