@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llmkern  # noqa: E402
+from bench_attention import _gather, _paged_cache  # noqa: E402  (same paged inputs and torch peer as on CPU)
 from common import Record, copy_bandwidth, matmul_flops, print_records, timeit  # noqa: E402
 
 
@@ -69,18 +70,6 @@ def _prefill(device, batch, seqlen, hq, hkv, d, min_time, peak):
     return recs
 
 
-def _paged_cache(device, nseq, ctx, hkv, d, bs):
-    nblk = (ctx + bs - 1) // bs
-    block_table = torch.randperm(nseq * nblk, device=device).to(torch.int32).view(nseq, nblk)
-    kc = torch.randn(nseq * nblk, bs, hkv, d, device=device, dtype=torch.bfloat16)
-    return kc, torch.randn_like(kc), block_table
-
-
-def _gather(cache, block_table, ctx):
-    b = block_table.shape[0]
-    return cache[block_table.long()].view(b, -1, cache.shape[2], cache.shape[3])[:, :ctx].transpose(1, 2)
-
-
 _flex = None
 
 
@@ -94,7 +83,7 @@ def _flex_attention():
 
 
 def _decode(device, nseq, ctx, hq, hkv, d, bs, min_time, bw, with_flex):
-    kc, vc, bt = _paged_cache(device, nseq, ctx, hkv, d, bs)
+    kc, vc, bt = _paged_cache(device, torch.bfloat16, nseq, ctx, hkv, d, bs)
     q = torch.randn(nseq, 1, hq, d, device=device, dtype=torch.bfloat16)
     lens = torch.full((nseq,), ctx, dtype=torch.int32, device=device)
     out = torch.empty_like(q)
@@ -124,7 +113,7 @@ def _decode(device, nseq, ctx, hq, hkv, d, bs, min_time, bw, with_flex):
 
 def _paged_prefill(device, chunk, prefix, hq, hkv, d, bs, min_time, peak):
     ctx = prefix + chunk
-    kc, vc, bt = _paged_cache(device, 1, ctx, hkv, d, bs)
+    kc, vc, bt = _paged_cache(device, torch.bfloat16, 1, ctx, hkv, d, bs)
     q = torch.randn(chunk, hq, d, device=device, dtype=torch.bfloat16)
     cu_q = torch.tensor([0, chunk], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, ctx], dtype=torch.int32, device=device)
