@@ -9,4 +9,5 @@ namespace llmk {
 void bind_kvcache(pybind11::module_& m);
 void bind_attention(pybind11::module_& m);
 void bind_sampling(pybind11::module_& m);
+void bind_linear(pybind11::module_& m);
 }  // namespace llmk

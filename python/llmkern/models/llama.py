@@ -13,9 +13,18 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from ..ops.linear import MAX_ROWS, linear_small_m
 from .attention import AttnMetadata, paged_attention
 from .config import ModelConfig
 from .rope import apply_rope_, cos_sin_table
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
+    # Decode steps on CPU are matrix-vector products bound by reading the weights: llmkern's GEMV
+    # streams them at about twice the bandwidth torch's matmul reaches for a few rows.
+    if x.shape[0] <= MAX_ROWS and not x.is_cuda and x.stride(-1) == 1:
+        return linear_small_m(x, w, b)
+    return F.linear(x, w, b)
 
 
 @dataclass
@@ -109,20 +118,20 @@ class LlamaForCausalLM:
         norm_shape = (c.hidden_size,)
         for i, L in enumerate(self.layers):
             h = F.rms_norm(residual, norm_shape, L.input_norm, eps)
-            qkv = F.linear(h, L.qkv, L.qkv_bias)
+            qkv = _linear(h, L.qkv, L.qkv_bias)
             qk = apply_rope_(qkv[:, :qk_size].view(T, H + Hkv, D), cos, sin)
             v = qkv[:, qk_size:].view(T, Hkv, D)
             k_cache, v_cache = kv_caches[i]
             paged_attention(qk[:, :H], qk[:, H:], v, k_cache, v_cache, meta, self.scale, self.window,
                             attn_out)
-            o = F.linear(attn_out.view(T, H * D), L.o)
+            o = _linear(attn_out.view(T, H * D), L.o)
             residual = residual + o if i == 0 else residual.add_(o)
             h = F.rms_norm(residual, norm_shape, L.post_norm, eps)
-            gu = F.linear(h, L.gate_up)
+            gu = _linear(h, L.gate_up)
             inter = gu.shape[-1] // 2
             act = F.silu(gu[:, :inter])
             act.mul_(gu[:, inter:])
-            residual.add_(F.linear(act, L.down))
+            residual.add_(_linear(act, L.down))
         return residual
 
     def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -130,4 +139,4 @@ class LlamaForCausalLM:
         if rows is not None:
             hidden = hidden.index_select(0, rows)
         h = F.rms_norm(hidden, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
-        return F.linear(h, self.lm_head).float()
+        return _linear(h, self.lm_head).float()

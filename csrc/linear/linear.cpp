@@ -1,0 +1,36 @@
+#include "linear/linear.h"
+
+#include "common/checks.h"
+
+namespace llmk {
+
+constexpr int64_t kMaxRows = 16;  // beyond this a blocked GEMM (torch's) reuses W better
+
+void linear_small_m(TensorView x, TensorView weight, std::optional<TensorView> bias, TensorView out,
+                    int64_t stream) {
+  check_ndim(x, "x", 2, "[rows, in_features]");
+  check_ndim(weight, "weight", 2, "[out_features, in_features]");
+  check_ndim(out, "out", 2, "[rows, out_features]");
+  check_float(x, "x");
+  check_same_dtype(x, "x", weight, "weight");
+  check_same_dtype(x, "x", out, "out");
+  check_same_device(x, "x", weight, "weight");
+  check_same_device(x, "x", out, "out");
+  LLMK_CHECK(x.size(0) <= kMaxRows, ValueError, "x: at most ", kMaxRows, " rows (a decode step), got ",
+             x.size(0), "; use a GEMM for more");
+  check_dim(weight, "weight", 1, x.size(1), "in_features, from x");
+  check_shape(out, "out", {x.size(0), weight.size(0)}, "[rows, out_features]");
+  check_last_dim_contiguous(x, "x");
+  check_last_dim_contiguous(weight, "weight");
+  check_contiguous(out, "out");
+  if (bias) {
+    check_shape(*bias, "bias", {weight.size(0)}, "[out_features]");
+    check_same_dtype(x, "x", *bias, "bias");
+    check_same_device(x, "x", *bias, "bias");
+    check_contiguous(*bias, "bias");
+  }
+  if (out.numel() == 0) return;
+  LLMK_RUN_CPU(x, linear_small_m, x, weight, bias ? &*bias : nullptr, out, stream);
+}
+
+}  // namespace llmk
