@@ -1,7 +1,6 @@
 // CPU GEMV for decode: each weight row is streamed from memory once and dotted with every row of
 // x while it is in L1; threads split the output features.
-#include <cstring>
-
+#include "attention/attn_vec_cpu.h"  // scalar bf16 conversions shared with the attention kernels
 #include "common/parallel.h"
 #include "linear/linear.h"
 
@@ -9,23 +8,10 @@ LLMK_NS_BEGIN
 
 namespace {
 
-inline float bf16_to_f(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
-}
-
 template <typename T> inline float load(T v) { return static_cast<float>(v); }
-template <> inline float load<uint16_t>(uint16_t v) { return bf16_to_f(v); }
+template <> inline float load<uint16_t>(uint16_t v) { return attn::bf16_to_f32(v); }
 template <typename T> inline T store(float v) { return static_cast<T>(v); }
-template <> inline uint16_t store<uint16_t>(float v) { return f_to_bf16(v); }
+template <> inline uint16_t store<uint16_t>(float v) { return attn::f32_to_bf16(v); }
 
 constexpr int kMaxM = 16;
 
