@@ -48,16 +48,21 @@ void combine_load(Row& r, Loaded& L) {
   L.degenerate = !(L.mass > 0.0) || !std::isfinite(L.mass);
 }
 
+// fp32 rows are read in place; fp16/bf16 rows are converted into the shared scratch row.
+template <typename T>
+const float* row_weights(const T* x, Shared& s) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return s.w.data();
+  }
+}
+
 // Probabilities: fp32 rows are used in place, fp16/bf16 rows are converted into the scratch row.
 template <typename T>
 Loaded load_probs(Row& r, const T* x, int64_t V) {
   Shared& s = r.shared();
-  const float* w;
-  if constexpr (std::is_same_v<T, float>) {
-    w = x;
-  } else {
-    w = s.w.data();
-  }
+  const float* w = row_weights(x, s);
   r.span = Span{w, nullptr, V};
   const int64_t nb = r.span.nblocks();
   r.sync();
@@ -389,12 +394,7 @@ void renorm_rows(const RenormArgs& a) {
       const int64_t nb = (V + kBlock - 1) / kBlock;
       if (a.kind == RenormKind::MaskLogitsTopK) {
         // Exact top-k threshold on the logits themselves (signed; -inf and NaN never counted).
-        const float* w;
-        if constexpr (std::is_same_v<T, float>) {
-          w = x;
-        } else {
-          w = s.w.data();
-        }
+        const float* w = row_weights(x, s);
         r.span = Span{w, nullptr, V};
         r.sync();
         r.for_blocks(nb, [&](int64_t b) {
