@@ -29,21 +29,31 @@ from common import Record, matmul_flops, print_records, read_bandwidth, timeit  
 HEADS = {"smollm2 9/3x64": (9, 3, 64), "llama 32/8x128": (32, 8, 128)}
 
 
-def _prefill(device, dtype, batch, seqlen, hq, hkv, d, min_time):
+def prefill_case(device, dtype, batch, seqlen, hq, hkv, d):
+    """Equal-length causal prefill: (llmkern call, SDPA inputs (q, k, v) in [b, h, s, d] with K/V
+    repeated per query head, FLOPs of QK^T + PV under the causal mask)."""
     total = batch * seqlen
     q = torch.randn(total, hq, d, device=device).to(dtype)
     k = torch.randn(total, hkv, d, device=device).to(dtype)
     v = torch.randn(total, hkv, d, device=device).to(dtype)
     cu = torch.arange(0, total + 1, seqlen, dtype=torch.int32, device=device)
     out = torch.empty_like(q)
-    t = timeit(lambda: llmkern.flash_attn_varlen_func(q, k, v, cu, cu, seqlen, seqlen, causal=True, out=out),
-               device, min_time=min_time)
+
+    def ours():
+        return llmkern.flash_attn_varlen_func(q, k, v, cu, cu, seqlen, seqlen, causal=True, out=out)
+
     g = hq // hkv
     qp = q.view(batch, seqlen, hq, d).transpose(1, 2).contiguous()
     kp = k.view(batch, seqlen, hkv, d).transpose(1, 2).repeat_interleave(g, 1).contiguous()
     vp = v.view(batch, seqlen, hkv, d).transpose(1, 2).repeat_interleave(g, 1).contiguous()
+    flops = 4 * batch * hq * d * seqlen * (seqlen + 1) / 2
+    return ours, (qp, kp, vp), flops
+
+
+def _prefill(device, dtype, batch, seqlen, hq, hkv, d, min_time):
+    ours, (qp, kp, vp), flops = prefill_case(device, dtype, batch, seqlen, hq, hkv, d)
+    t = timeit(ours, device, min_time=min_time)
     tp = timeit(lambda: F.scaled_dot_product_attention(qp, kp, vp, is_causal=True), device, min_time=min_time)
-    flops = 4 * batch * hq * d * seqlen * (seqlen + 1) / 2  # causal QK^T + PV
     return t, tp, flops
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llmkern  # noqa: E402
-from bench_attention import _gather, _paged_cache  # noqa: E402  (same paged inputs and torch peer as on CPU)
+from bench_attention import _gather, _paged_cache, prefill_case  # noqa: E402  (same paged inputs and torch peer as on CPU)
 from common import Record, copy_bandwidth, matmul_flops, print_records, timeit  # noqa: E402
 
 
@@ -43,20 +43,8 @@ def _time_peer(fn, device, min_time):
 
 
 def _prefill(device, batch, seqlen, hq, hkv, d, min_time, peak):
-    dtype = torch.bfloat16
-    total = batch * seqlen
-    q = torch.randn(total, hq, d, device=device, dtype=dtype)
-    k = torch.randn(total, hkv, d, device=device, dtype=dtype)
-    v = torch.randn(total, hkv, d, device=device, dtype=dtype)
-    cu = torch.arange(0, total + 1, seqlen, dtype=torch.int32, device=device)
-    out = torch.empty_like(q)
-    t = timeit(lambda: llmkern.flash_attn_varlen_func(q, k, v, cu, cu, seqlen, seqlen, causal=True, out=out),
-               device, min_time=min_time)
-    g = hq // hkv
-    qp = q.view(batch, seqlen, hq, d).transpose(1, 2).contiguous()
-    kp = k.view(batch, seqlen, hkv, d).transpose(1, 2).repeat_interleave(g, 1).contiguous()
-    vp = v.view(batch, seqlen, hkv, d).transpose(1, 2).repeat_interleave(g, 1).contiguous()
-    flops = 4 * batch * hq * d * seqlen * (seqlen + 1) / 2
+    ours, (qp, kp, vp), flops = prefill_case(device, torch.bfloat16, batch, seqlen, hq, hkv, d)
+    t = timeit(ours, device, min_time=min_time)
     case = f"bf16 {batch}x{seqlen} {hq}/{hkv}x{d}"
     recs = []
     for backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
