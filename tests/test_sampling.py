@@ -426,6 +426,45 @@ def test_strided_and_half_probs(backend):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["logits_top_k", "logits_top_k_top_p", "logits_near_max", "probs_ties", "probs_top_p"])
+def test_small_k_one_pass_path_matches_general_path(dtype, case):
+    # On CPU, rows with k <= 1024 and 4k <= vocab take a one-pass path (small_k_cpu.h); others the
+    # pivot searches. Padding a row with tokens that carry no mass (-inf logits, zero
+    # probabilities) changes neither the kept set nor the draw, but moves a row from one path to
+    # the other: the two must draw the same tokens (rare flips from rounding of sums allowed).
+    g = torch.Generator().manual_seed(11)
+    k, n = 40, 120  # 4k > n: general path; padded to 4n: one-pass path
+    if case == "logits_near_max":
+        # 45 distinct logits one ulp apart, all of weight exp((x - max) / T) == 1: tied at the
+        # k-th weight, so all 45 are kept although only 40 logits reach the 40th largest logit.
+        top = [torch.tensor(0.01)]
+        for _ in range(44):
+            top.append(torch.nextafter(top[-1], torch.tensor(-1.0)))
+        x = torch.cat([torch.stack(top), torch.randn(n - 45, generator=g) * 0.5 - 3.0])
+    elif case == "probs_ties":
+        x = torch.tensor([0.05] * 12 + [0.02] * 20 + [0.001] * (n - 32))
+    else:
+        x = torch.randn(n, generator=g) * 2
+    is_logits = case.startswith("logits")
+    if not is_logits and case == "probs_top_p":
+        x = torch.softmax(x, -1)
+    pad = torch.full((3 * n,), -math.inf if is_logits else 0.0)
+    idx = torch.zeros(2000, dtype=torch.int64)
+    top_p = 0.6 if case.endswith("top_p") else 1.0
+    if is_logits:
+        f = lambda row: llmkern.top_k_top_p_sampling_from_logits(  # noqa: E731
+            row[None].to(dtype), k, top_p, indices=idx, temperature=0.7, seed=5, offset=3)
+    else:
+        f = lambda row: llmkern.top_k_top_p_sampling_from_probs(  # noqa: E731
+            row[None].to(dtype), k, top_p, indices=idx, seed=5, offset=3)
+    short, long_ = f(x), f(torch.cat([x, pad]))
+    long_shuffled = f(torch.cat([pad, x]))  # the same row behind the padding: ids shift by 3n
+    assert (short == long_).double().mean() >= 0.99
+    assert ((short + 3 * n) == long_shuffled).double().mean() >= 0.99
+    assert len(set(short.tolist())) > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_unaligned_rows_match_contiguous(backend, dtype):
     # Rows starting off a 16-byte boundary take the element-load path of the CUDA kernels; the
     # weights and their partition across threads are the same, so the results are too.

@@ -129,6 +129,7 @@ struct Shared {
   std::vector<int32_t> ci[2];               // their vocabulary ids
   std::vector<float> bmass, bmin, bmax;     // per-pivot per-block partials [kMaxPiv][nblocks]
   std::vector<int32_t> bcnt, barg;
+  int64_t fast_token = -1;                  // the leader's one-pass top-k result (-1: none)
   int64_t cap = -1;
 
   void ensure(int64_t V) {

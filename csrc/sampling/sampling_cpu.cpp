@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "sampling/row_engine_cpu.h"
+#include "sampling/small_k_cpu.h"
 
 LLMK_NS_BEGIN
 namespace {
@@ -283,8 +284,9 @@ RowResult sample_loaded(Row& r, const Loaded& L, RowFilter f, const RowRng& rng)
       cnt_low = st.cnt;
     }
   }
-  if (need_k && need_p && f.k_first) {
-    // top_k_first: the top-p mass is relative to the top-k set, found exactly first.
+  if (need_k && (f.k_first || !need_p)) {
+    // The top-k set is found exactly first (top_k_first: the top-p mass is relative to it), then
+    // the draw is made inside it: the one-pass path of small_k_cpu.h replays exactly this.
     Search S{0.0f, L.min_pos, L.max_w, L.mass, 0.0, 0.0, L.cnt, 0, 0};
     const int64_t k = f.k;
     exact_search(r, S, [k](float, const PivotStats& st) { return topk_accepts(k, st.cnt); }, &rng,
@@ -350,6 +352,13 @@ RowResult sample_loaded(Row& r, const Loaded& L, RowFilter f, const RowRng& rng)
   return {r.span.token(pos), true};
 }
 
+// Rows that take the one-pass path of small_k_cpu.h: small k, top-p (if any) relative to the
+// top-k set, no min-p, and a positive temperature for logits.
+bool small_k_eligible(const RowFilter& f, int64_t V, float temperature) {
+  return f.k > 0 && f.k <= kSmallK && 4 * f.k <= V && !f.has_min_p() && (!f.has_p() || f.k_first) &&
+         temperature > 0.0f && std::isfinite(temperature);
+}
+
 template <typename T>
 const T* row_ptr(const TensorView& x, int64_t r) {
   return reinterpret_cast<const T*>(x.bytes() + r * x.stride(0) * static_cast<int64_t>(x.elem_size()));
@@ -372,8 +381,24 @@ void sample_rows(const SampleArgs& a) {
       RowFilter f{param_i(a.top_k, i), static_cast<float>(param_f(a.top_p, i)),
                   static_cast<float>(param_f(a.min_p, i)), a.k_first};
       const RowRng rng = RowRng::make(param_u64(a.seed, i), param_u64(a.offset, i), static_cast<uint32_t>(i));
-      Loaded L = a.is_logits ? load_logits(r, x, V, static_cast<float>(param_f(a.temperature, i)))
-                             : load_probs(r, x, V);
+      const float temp = a.is_logits ? static_cast<float>(param_f(a.temperature, i)) : 1.0f;
+      if (small_k_eligible(f, V, temp)) {
+        // one pass by the team's leader (the result must not depend on the team size)
+        Shared& s = r.shared();
+        if (r.leader()) {
+          int64_t tok = -1;
+          s.fast_token = sample_small_k(x, V, a.is_logits, temp, f.k, f.top_p, rng, tok) ? tok : -1;
+        }
+        r.sync();
+        if (s.fast_token >= 0) {
+          if (r.leader()) {
+            write_index(a.out, i, s.fast_token);
+            a.valid.ptr<bool>()[i] = true;
+          }
+          return;
+        }
+      }
+      Loaded L = a.is_logits ? load_logits(r, x, V, temp) : load_probs(r, x, V);
       const RowResult res = sample_loaded(r, L, f, rng);
       if (r.leader()) {
         write_index(a.out, i, res.token);

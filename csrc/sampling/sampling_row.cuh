@@ -520,9 +520,9 @@ LLMK_DEVICE RowResult sample_loaded(const Src& src, const Loaded& L, const RowFi
       mass_low = st[0].mass;
     }
   }
-  if (need_k && need_p && f.k_first) {
-    // top_k_first: the top-p mass is relative to the top-k set, found exactly first (radix
-    // selection here; the set, and so the sample, is the one the CPU kernels find by pivots).
+  if (need_k && (f.k_first || !need_p)) {
+    // The top-k set is found exactly first (top_k_first: the top-p mass is relative to it), by
+    // radix selection here; the set, and so the sample, is the one the CPU kernels find.
     low = float_below(radix_kth_largest(src, 0.0f, f.k, sm));
     Stats st[1];
     row_stats<1, false>(src, &low, st, sm);

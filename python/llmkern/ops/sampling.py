@@ -23,7 +23,10 @@ Common rules of every op in this module:
 
   The kernels never sort the vocabulary: they draw a candidate from the weights above a lower
   pivot (inverse CDF), test it and a second pivot against the filter in one pass, raise the
-  lower pivot and repeat (rejection sampling; at most ~33 rounds, typically 1-4).
+  lower pivot and repeat (rejection sampling; at most ~33 rounds, typically 1-4). With top-k
+  (alone, or before top-p) the top-k set is found exactly first and the draw is made inside it;
+  on CPU, for ``k <= 1024``, that set comes from one pass over the row that keeps a short
+  candidate list under a rising threshold.
 - **Randomness.** Counter-based Philox 4x32-10: draw ``d`` of output row ``i`` uses counter
   ``(offset, i, d)`` under key ``seed``. Pass ``seed`` and ``offset`` (ints, or int64 tensors of
   shape ``(1,)`` / ``(batch_size,)`` for CUDA graphs) for explicit control — advance ``offset``

@@ -1,0 +1,215 @@
+// CPU fast path of top-k sampling for small k (top_k_first order): one pass over the row keeps a
+// short candidate list under a rising threshold, and everything else (exact top-k set, top-p on
+// it, the draw) works on those few candidates. The pivot searches of sampling_cpu.cpp need several
+// passes over the whole row; here the row is read once.
+//
+// The kept set is exactly the one of the general rule in sampling_math.h (ties at the k-th weight
+// all kept): for logits the threshold is held in logit space, T / 1024 below the k-th largest
+// logit. Two logits that far apart have exponents (x - max) / T at least ~1e-3 apart after
+// rounding (|exponent| <= 87 where the weight is non-zero), and exp_nonpos is accurate to ~1e-6,
+// so their weights keep their order: every token whose weight reaches the k-th weight stays a
+// candidate.
+// The draw then replays the general path's rounds on the top-k set (see draw_small_k), so both
+// paths, and the CUDA kernels, give the same token for the same seed. Included by
+// sampling_cpu.cpp.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "sampling/row_engine_cpu.h"
+
+LLMK_NS_BEGIN
+namespace rowcpu {
+
+constexpr int64_t kSmallK = 1024;  // largest k taking the one-pass path
+
+// Bit l set when lane l of x is > lo (NaN never). Only the control flow depends on the ISA:
+// the candidate set is the same on every build.
+inline uint32_t gt_mask(vf x, float lo) {
+#if defined(__AVX512F__)
+  __m512 v;
+  __builtin_memcpy(&v, &x, sizeof(v));
+  return _mm512_cmp_ps_mask(v, _mm512_set1_ps(lo), _CMP_GT_OQ);
+#elif defined(__AVX2__)
+  __m256 a, b;
+  __builtin_memcpy(&a, &x, sizeof(a));
+  __builtin_memcpy(&b, reinterpret_cast<const char*>(&x) + 32, sizeof(b));
+  const __m256 l = _mm256_set1_ps(lo);
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, l, _CMP_GT_OQ))) |
+         static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(b, l, _CMP_GT_OQ))) << 8;
+#else
+  uint32_t m = 0;
+  for (int l = 0; l < kL; ++l) m |= (x[l] > lo ? 1u : 0u) << l;
+  return m;
+#endif
+}
+// Lane maximum ignoring NaN on either side (a NaN lane must not hide a number from the mask test).
+inline vf vmax(vf a, vf b) { return vsel((b > a) | (a != a), b, a); }
+
+struct Cand {
+  float key;  // logit (logits rows) or weight (probability rows)
+  int32_t id;
+  float w;    // weight, filled after the pass
+};
+
+// Per-thread candidate storage.
+struct CandBuf {
+  std::vector<Cand> c;
+  std::vector<float> tmp;
+};
+inline CandBuf& thread_cands() {
+  static thread_local CandBuf b;
+  return b;
+}
+
+// Drops the candidates more than `margin` below the k-th largest key (ties with it kept) and
+// returns the new threshold (never below lo): the list then holds the keys > threshold.
+inline float shrink_candidates(CandBuf& b, int64_t k, float margin, float lo) {
+  std::vector<Cand>& c = b.c;
+  b.tmp.resize(c.size());
+  for (size_t i = 0; i < c.size(); ++i) b.tmp[i] = c[i].key;
+  std::nth_element(b.tmp.begin(), b.tmp.begin() + (k - 1), b.tmp.end(), std::greater<float>());
+  const float kth = b.tmp[k - 1];
+  const float nlo = std::min(float_below(kth), kth - margin);  // strictly below kth: ties kept
+  if (!(nlo > lo)) return lo;
+  c.erase(std::remove_if(c.begin(), c.end(), [nlo](const Cand& e) { return !(e.key > nlo); }), c.end());
+  return nlo;
+}
+
+// The pass: collects every element with key > lo into `cand`, raising lo to (k-th largest key
+// minus margin) whenever the list fills. Returns false when the list cannot stay short (a margin
+// so wide that most of the row is within it): the caller then takes the general path.
+template <typename T>
+bool collect_candidates(const T* x, int64_t V, int64_t k, float margin, float init_lo, CandBuf& b,
+                        float& row_max) {
+  std::vector<Cand>& c = b.c;
+  c.clear();
+  int64_t cap = std::max<int64_t>(4 * k, 256);
+  const int64_t give_up = std::max<int64_t>(cap, V / 8);
+  float lo = init_lo;
+  vf m = vsplat(-kInf);
+  auto shrink = [&]() {
+    lo = shrink_candidates(b, k, margin, lo);
+    while (static_cast<int64_t>(c.size()) * 2 > cap) cap *= 2;
+    return cap <= give_up;
+  };
+  auto push_lanes = [&](vf v, int64_t j0) {
+    for (uint32_t msk = gt_mask(v, lo); msk; msk &= msk - 1) {
+      const int l = __builtin_ctz(msk);
+      c.push_back(Cand{v[l], static_cast<int32_t>(j0 + l), 0.0f});
+    }
+  };
+  constexpr int64_t kStep = 4 * kL;
+  int64_t j = 0;
+  for (; j + kStep <= V; j += kStep) {
+    const vf v0 = vload_conv(x + j), v1 = vload_conv(x + j + kL);
+    const vf v2 = vload_conv(x + j + 2 * kL), v3 = vload_conv(x + j + 3 * kL);
+    const vf a = vmax(vmax(v0, v1), vmax(v2, v3));
+    m = vmax(m, a);
+    if (!gt_mask(a, lo)) continue;
+    push_lanes(v0, j);
+    push_lanes(v1, j + kL);
+    push_lanes(v2, j + 2 * kL);
+    push_lanes(v3, j + 3 * kL);
+    if (static_cast<int64_t>(c.size()) >= cap && !shrink()) return false;
+  }
+  float mx = -kInf;
+  for (int l = 0; l < kL; ++l) mx = m[l] > mx ? m[l] : mx;
+  for (; j < V; ++j) {
+    const float v = to_f(x[j]);
+    mx = v > mx ? v : mx;
+    if (v > lo) c.push_back(Cand{v, static_cast<int32_t>(j), 0.0f});
+  }
+  row_max = mx;
+  return true;
+}
+
+// Inverse CDF over the candidates with w > low, in vocabulary order: the first whose running
+// mass exceeds target (the last one above low when rounding leaves the target uncrossed).
+inline int64_t select_in(const std::vector<Cand>& c, float low, double target) {
+  double acc = 0.0;
+  int64_t last = -1;
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (!(c[i].w > low)) continue;
+    last = static_cast<int64_t>(i);
+    acc += c[i].w;
+    if (acc > target) break;
+  }
+  return last;
+}
+
+// The exact top-k set K (ties kept), then the draw of the general path restricted to K: it keeps
+// K first and then only ever looks at weights inside K (every pivot is at least the drawn
+// candidate's weight), so replaying its rounds on K gives the same token for the same stream.
+// Candidates have their weights set; max_w is the row's largest weight. -1: no positive weight.
+inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, const RowRng& rng) {
+  std::vector<Cand>& c = b.c;
+  c.erase(std::remove_if(c.begin(), c.end(), [](const Cand& e) { return !(e.w > 0.0f); }), c.end());
+  if (c.empty()) return -1;
+  if (static_cast<int64_t>(c.size()) > k) {  // keep w >= the k-th weight
+    b.tmp.resize(c.size());
+    for (size_t i = 0; i < c.size(); ++i) b.tmp[i] = c[i].w;
+    std::nth_element(b.tmp.begin(), b.tmp.begin() + (k - 1), b.tmp.end(), std::greater<float>());
+    const float kth = b.tmp[k - 1];
+    c.erase(std::remove_if(c.begin(), c.end(), [kth](const Cand& e) { return e.w < kth; }), c.end());
+  }
+  std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.id < y.id; });
+  double mass_low = 0.0;
+  for (const Cand& e : c) mass_low += e.w;
+  const double ref = mass_low;
+  if (!(top_p < 1.0f)) return c[select_in(c, 0.0f, static_cast<double>(rng.uniform(0)) * mass_low)].id;
+  float low = 0.0f, high = max_w;
+  int64_t pos = 0;
+  for (uint32_t round = 0; round < 64; ++round) {  // rejection rounds of sample_loaded
+    pos = select_in(c, low, static_cast<double>(rng.uniform(round)) * mass_low);
+    const float v0 = c[pos].w;
+    if (!(v0 < high)) break;
+    float piv[3] = {v0, round_pivot(v0, high), v0 + (high - v0) * 0.5f};
+    std::sort(piv, piv + 3);
+    double mass[3] = {0.0, 0.0, 0.0};
+    for (const Cand& e : c)
+      for (int p = 0; p < 3; ++p) mass[p] += e.w > piv[p] ? e.w : 0.0f;
+    int fa = 0;
+    while (fa < 3 && !topp_accepts(top_p, mass[fa], ref)) ++fa;
+    if (fa == 0) break;
+    low = piv[fa - 1];
+    mass_low = mass[fa - 1];
+    if (fa < 3) high = std::min(high, piv[fa]);
+  }
+  return c[pos].id;
+}
+
+// One row of top-k (+ top-p, top_k_first) sampling from logits (temperature > 0) or
+// probabilities. Returns false when the row needs the general path (non-finite maximum, a list
+// that cannot stay short, no positive weight, infinite mass).
+template <typename T>
+bool sample_small_k(const T* x, int64_t V, bool is_logits, float temperature, int64_t k, float top_p,
+                    const RowRng& rng, int64_t& token) {
+  CandBuf& b = thread_cands();
+  float mx;
+  const float margin = is_logits ? temperature * (1.0f / 1024.0f) : 0.0f;
+  const float init_lo = is_logits ? -kInf : 0.0f;
+  if (!collect_candidates(x, V, k, margin, init_lo, b, mx)) return false;
+  if (!std::isfinite(mx)) return false;
+  if (static_cast<int64_t>(b.c.size()) > 2 * k) shrink_candidates(b, k, margin, init_lo);
+  const float inv_t = 1.0f / temperature;
+  for (Cand& e : b.c) {
+    // the same weight as the general path (load_logits / load_probs)
+    e.w = is_logits ? exp_nonpos((e.key - mx) * inv_t) : e.key;
+    if (!std::isfinite(e.w)) return false;
+  }
+  const float max_w = is_logits ? 1.0f : mx;  // exp(0) at the maximum logit
+  const int64_t t = draw_small_k(b, k, top_p, max_w, rng);
+  if (t < 0) return false;
+  token = t;
+  return true;
+}
+
+}  // namespace rowcpu
+LLMK_NS_END
