@@ -86,5 +86,6 @@ PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
   llmk::bind_attention(m);
   llmk::bind_sampling(m);
   llmk::bind_linear(m);
+  llmk::bind_layernorm(m);
   llmk::bind_simt_selftest(m);
 }

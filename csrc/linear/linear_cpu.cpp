@@ -1,6 +1,6 @@
 // CPU GEMV for decode: each weight row is streamed from memory once and dotted with every row of
 // x while it is in L1; threads split the output features.
-#include "attention/attn_vec_cpu.h"  // scalar bf16 conversions shared with the attention kernels
+#include "common/elem_cpu.h"
 #include "common/parallel.h"
 #include "linear/linear.h"
 
@@ -8,14 +8,12 @@ LLMK_NS_BEGIN
 
 namespace {
 
-template <typename T> inline float load(T v) { return static_cast<float>(v); }
-template <> inline float load<uint16_t>(uint16_t v) { return attn::bf16_to_f32(v); }
-template <typename T> inline T store(float v) { return static_cast<T>(v); }
-template <> inline uint16_t store<uint16_t>(float v) { return attn::f32_to_bf16(v); }
 
 constexpr int kMaxM = 16;
 
-// Four weight rows at a time: four independent accumulator chains per x row hide FMA latency.
+// One weight row at a time, read front to back: a single sequential stream per thread is what
+// the hardware prefetchers follow best (interleaving four rows ran ~30% below the read bandwidth).
+// The row stays in L1 while it is dotted with every row of x, four rows of x at a time.
 template <typename T>
 void gemv_rows(const T* x, int64_t ldx, int64_t M, const T* w, int64_t ldw, int64_t K,
                const T* bias, T* out, int64_t N, int64_t n0, int64_t n1) {
@@ -24,47 +22,52 @@ void gemv_rows(const T* x, int64_t ldx, int64_t M, const T* w, int64_t ldw, int6
   if (stage)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t k = 0; k < K; ++k) xf[m][k] = load<T>(x[m * ldx + k]);
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    const T* w0 = w + n * ldw;
-    const T* w1 = w0 + ldw;
-    const T* w2 = w1 + ldw;
-    const T* w3 = w2 + ldw;
-    for (int64_t m = 0; m < M; ++m) {
+  auto xrow = [&](int64_t m) { return stage ? nullptr : x + m * ldx; };
+  for (int64_t n = n0; n < n1; ++n) {
+    const T* wr = w + n * ldw;
+    const float b = bias ? load<T>(bias[n]) : 0.f;
+    int64_t m = 0;
+    // four rows of x per pass over the weight row: four independent FMA chains
+    for (; m + 4 <= M; m += 4) {
       float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
       if (stage) {
-        const float* xm = xf[m];
+        const float *x0 = xf[m], *x1 = xf[m + 1], *x2 = xf[m + 2], *x3 = xf[m + 3];
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
         for (int64_t k = 0; k < K; ++k) {
-          const float xv = xm[k];
-          s0 += xv * load<T>(w0[k]);
-          s1 += xv * load<T>(w1[k]);
-          s2 += xv * load<T>(w2[k]);
-          s3 += xv * load<T>(w3[k]);
+          const float wv = load<T>(wr[k]);
+          s0 += x0[k] * wv;
+          s1 += x1[k] * wv;
+          s2 += x2[k] * wv;
+          s3 += x3[k] * wv;
         }
       } else {
-        const T* xm = x + m * ldx;
+        const T *x0 = xrow(m), *x1 = xrow(m + 1), *x2 = xrow(m + 2), *x3 = xrow(m + 3);
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
         for (int64_t k = 0; k < K; ++k) {
-          const float xv = load<T>(xm[k]);
-          s0 += xv * load<T>(w0[k]);
-          s1 += xv * load<T>(w1[k]);
-          s2 += xv * load<T>(w2[k]);
-          s3 += xv * load<T>(w3[k]);
+          const float wv = load<T>(wr[k]);
+          s0 += load<T>(x0[k]) * wv;
+          s1 += load<T>(x1[k]) * wv;
+          s2 += load<T>(x2[k]) * wv;
+          s3 += load<T>(x3[k]) * wv;
         }
       }
-      const float s[4] = {s0, s1, s2, s3};
-      for (int j = 0; j < 4; ++j)
-        out[m * N + n + j] = store<T>(s[j] + (bias ? load<T>(bias[n + j]) : 0.f));
+      out[m * N + n] = store<T>(s0 + b);
+      out[(m + 1) * N + n] = store<T>(s1 + b);
+      out[(m + 2) * N + n] = store<T>(s2 + b);
+      out[(m + 3) * N + n] = store<T>(s3 + b);
     }
-  }
-  for (; n < n1; ++n) {
-    const T* wr = w + n * ldw;
-    for (int64_t m = 0; m < M; ++m) {
+    for (; m < M; ++m) {
       float s = 0.f;
+      if (stage) {
+        const float* xm = xf[m];
 #pragma omp simd reduction(+ : s)
-      for (int64_t k = 0; k < K; ++k) s += load<T>(x[m * ldx + k]) * load<T>(wr[k]);
-      out[m * N + n] = store<T>(s + (bias ? load<T>(bias[n]) : 0.f));
+        for (int64_t k = 0; k < K; ++k) s += xm[k] * load<T>(wr[k]);
+      } else {
+        const T* xm = xrow(m);
+#pragma omp simd reduction(+ : s)
+        for (int64_t k = 0; k < K; ++k) s += load<T>(xm[k]) * load<T>(wr[k]);
+      }
+      out[m * N + n] = store<T>(s + b);
     }
   }
 }
@@ -76,10 +79,9 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
   const T* wp = weight.ptr<const T>();
   const T* bp = bias ? bias->ptr<const T>() : nullptr;
   T* op = out.ptr<T>();
-  // Chunks of whole 4-row groups; >= 64 rows per task keeps the pool's wake-up cost small.
-  const int64_t groups = (N + 3) / 4;
-  parallel_for(groups, 16, [&](int64_t g0, int64_t g1) {
-    gemv_rows<T>(xp, x.stride(0), M, wp, weight.stride(0), K, bp, op, N, g0 * 4, std::min(N, g1 * 4));
+  // >= 64 weight rows per task keeps the pool's wake-up cost small.
+  parallel_for(N, 64, [&](int64_t r0, int64_t r1) {
+    gemv_rows<T>(xp, x.stride(0), M, wp, weight.stride(0), K, bp, op, N, r0, r1);
   });
 }
 

@@ -18,6 +18,7 @@
 #include <omp.h>
 #endif
 
+#include "common/exp_cpu.h"
 #include "common/parallel.h"
 #include "common/tensor.h"
 #include "sampling/sampling.h"
@@ -90,25 +91,6 @@ inline void dispatch_float(DType dt, F&& f) {
   if (dt == DType::F32) f(static_cast<float*>(nullptr));
   else if (dt == DType::F16) f(static_cast<F16*>(nullptr));
   else f(static_cast<BF16*>(nullptr));
-}
-
-// exp(x) for x <= 0 (and -inf -> 0): Cody-Waite style split x*log2(e) = n + f, 2^f by a degree-6
-// Taylor polynomial (|f| <= 1/2, error ~1 ulp), 2^n through the exponent bits. Branch free so that
-// the row loops vectorise; exp(0) is exactly 1.
-inline float exp_nonpos(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;
-  const float t = xc * 1.44269504088896341f;
-  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float f = (t - n) * 0.693147180559945309f;
-  float p = 1.0f / 720.0f;
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  const float scale = bits_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : p * scale;
 }
 
 // ---- the working set of a row ---------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""The one place where the runtime binds to kernels: attention, KV-cache and sampling ops.
+"""The one place where the runtime binds to kernels: attention, KV-cache, layer and sampling ops.
 
 Everything in the engine and the models calls ``kernels.<op>``; nothing else imports an op."""
 from __future__ import annotations
 
 from ..ops.attention import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: F401
 from ..ops.kvcache import copy_blocks, reshape_and_cache_flash, swap_blocks  # noqa: F401
+from ..ops.layernorm import fused_add_rms_norm, rms_norm, silu_and_mul  # noqa: F401
 from ..ops.sampling import (  # noqa: F401
     apply_penalties,
     chain_speculative_sampling,

@@ -3,26 +3,32 @@ bias, tied embeddings, over a paged KV cache.
 
 Lean by construction: token rows of all sequences are one flat [T, hidden] batch; the Q/K/V and
 gate/up projections are single fused matmuls; RoPE indexes a precomputed cos/sin table once per
-step; norms and activations are single torch calls; logits are computed only for the rows that
+step; norms (fused with the residual add) and the gated SiLU are single llmkern kernels; logits are computed only for the rows that
 sample."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..ops.linear import MAX_ROWS, linear_small_m
+from ..engine import kernels as K
+from ..ops.linear import linear_small_m
 from .attention import AttnMetadata, paged_attention
 from .config import ModelConfig
+from .hugepages import move_to_hugepages
 from .rope import apply_rope_, cos_sin_table
+
+
+GEMV_ROWS = 8
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
     # Decode steps on CPU are matrix-vector products bound by reading the weights: llmkern's GEMV
-    # streams them at about twice the bandwidth torch's matmul reaches for a few rows.
-    if x.shape[0] <= MAX_ROWS and not x.is_cuda and x.stride(-1) == 1:
+    # streams them at the read bandwidth, 2-3x torch's matmul for a few rows. From ~8 rows on the
+    # dots, not the stream, are the limit, and torch's blocked GEMM is as fast.
+    if x.shape[0] <= GEMV_ROWS and not x.is_cuda and x.stride(-1) == 1:
         return linear_small_m(x, w, b)
     return F.linear(x, w, b)
 
@@ -41,6 +47,12 @@ class LayerWeights:
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: List[LayerWeights],
                  norm: torch.Tensor, lm_head: torch.Tensor):
+        if embed.device.type == "cpu":  # decode streams the weights: keep them on huge pages
+            names = [f.name for f in fields(LayerWeights)]
+            flat = [embed, norm, lm_head] + [getattr(L, n) for L in layers for n in names]
+            flat = move_to_hugepages(flat)
+            embed, norm, lm_head = flat[:3]
+            layers = [LayerWeights(*flat[3 + i * len(names):3 + (i + 1) * len(names)]) for i in range(len(layers))]
         self.config = config
         self.embed = embed
         self.layers = layers
@@ -114,29 +126,31 @@ class LlamaForCausalLM:
         qk_size = self.q_size + self.kv_size
         hidden = F.embedding(input_ids, self.embed)
         residual = hidden
+        hidden = torch.empty_like(residual)
         attn_out = torch.empty((T, H, D), dtype=self.dtype, device=self.device)
-        norm_shape = (c.hidden_size,)
         for i, L in enumerate(self.layers):
-            h = F.rms_norm(residual, norm_shape, L.input_norm, eps)
-            qkv = _linear(h, L.qkv, L.qkv_bias)
+            if i == 0:
+                K.rms_norm(hidden, residual, L.input_norm, eps)
+            else:  # residual += previous MLP output; hidden = norm(residual)
+                K.fused_add_rms_norm(hidden, residual, L.input_norm, eps)
+            qkv = _linear(hidden, L.qkv, L.qkv_bias)
             qk = apply_rope_(qkv[:, :qk_size].view(T, H + Hkv, D), cos, sin)
             v = qkv[:, qk_size:].view(T, Hkv, D)
             k_cache, v_cache = kv_caches[i]
             paged_attention(qk[:, :H], qk[:, H:], v, k_cache, v_cache, meta, self.scale, self.window,
                             attn_out)
-            o = _linear(attn_out.view(T, H * D), L.o)
-            residual = residual + o if i == 0 else residual.add_(o)
-            h = F.rms_norm(residual, norm_shape, L.post_norm, eps)
-            gu = _linear(h, L.gate_up)
-            inter = gu.shape[-1] // 2
-            act = F.silu(gu[:, :inter])
-            act.mul_(gu[:, inter:])
-            residual.add_(_linear(act, L.down))
-        return residual
+            hidden = _linear(attn_out.view(T, H * D), L.o)
+            K.fused_add_rms_norm(hidden, residual, L.post_norm, eps)
+            gu = _linear(hidden, L.gate_up)
+            act = torch.empty((T, gu.shape[-1] // 2), dtype=self.dtype, device=self.device)
+            K.silu_and_mul(act, gu)
+            hidden = _linear(act, L.down)
+        return residual.add_(hidden)
 
     def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Final norm + LM head on the selected rows only; fp32 logits [rows, vocab]."""
         if rows is not None:
             hidden = hidden.index_select(0, rows)
-        h = F.rms_norm(hidden, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
+        h = torch.empty_like(hidden)
+        K.rms_norm(h, hidden, self.norm, self.config.rms_norm_eps)
         return _linear(h, self.lm_head).float()

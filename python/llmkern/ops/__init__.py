@@ -1,8 +1,9 @@
-"""Kernel ops, one module per family: attention.py, kvcache.py, sampling.py, linear.py."""
-from . import attention, kvcache, linear, sampling
+"""Kernel ops, one module per family: attention.py, kvcache.py, sampling.py, linear.py, layernorm.py."""
+from . import attention, kvcache, layernorm, linear, sampling
 from .attention import *  # noqa: F401,F403
 from .kvcache import *  # noqa: F401,F403
+from .layernorm import *  # noqa: F401,F403
 from .linear import *  # noqa: F401,F403
 from .sampling import *  # noqa: F401,F403
 
-__all__ = [*attention.__all__, *kvcache.__all__, *linear.__all__, *sampling.__all__]
+__all__ = [*attention.__all__, *kvcache.__all__, *layernorm.__all__, *linear.__all__, *sampling.__all__]

