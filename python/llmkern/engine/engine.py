@@ -14,6 +14,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager, alloc_caches
 from .metrics import RunMetrics
+from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .sampler import Sampler
@@ -74,7 +75,10 @@ class Engine:
         self.kv = KVCacheManager(caches, bs, config.enable_prefix_caching, offload, swap)
         self.num_blocks = num_blocks
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
-        self.runner = ModelRunner(self.model, caches, bs)
+        graphs = None
+        if device.type == "cuda" and not config.enforce_eager and self.spec is None:
+            graphs = DecodeGraphs(self.model, caches, bs, config.max_num_seqs, self.max_model_len)
+        self.runner = ModelRunner(self.model, caches, bs, graphs)
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, device, config.seed)
         self.requests: Dict[str, Request] = {}
         self._ids = itertools.count()

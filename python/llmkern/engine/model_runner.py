@@ -2,24 +2,27 @@
 the rows that sample. Host-side preparation is vectorised per sequence (numpy), never per token."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..models.attention import AttnMetadata
 from ..models.llama import LlamaForCausalLM
+from .cuda_graphs import DecodeGraphs
 from .kv_cache_manager import Caches
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, caches: Caches, block_size: int):
+    def __init__(self, model: LlamaForCausalLM, caches: Caches, block_size: int,
+                 graphs: Optional[DecodeGraphs] = None):
         self.model = model
         self.caches = caches
         self.block_size = block_size
         self.device = model.device
+        self.graphs = graphs  # CUDA graphs of decode-only steps (GPU), or None
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
@@ -96,6 +99,11 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, List[Sequence]]:
         """fp32 logits [num sampling rows, vocab] and the sequences they belong to."""
         input_ids, positions, meta, rows, sample_seqs = self.prepare(batch)
+        if (self.graphs is not None and not batch.prefills and meta.num_decode
+                and self.graphs.fits(meta.num_decode, meta.decode_block_table.shape[1])):
+            logits = self.graphs.run(input_ids, positions, meta)
+            if logits is not None:
+                return logits, sample_seqs
         hidden = self.model.forward(input_ids, positions, meta, self.caches)
         if not sample_seqs:
             return None, []
