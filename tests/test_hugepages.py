@@ -18,3 +18,21 @@ def test_copies_keep_values_and_sharing():
     assert out[0].data_ptr() == out[2].data_ptr()  # tied stays tied
     out[0].add_(1)  # writable, independent of the source
     assert torch.equal(out[2], a + 1) and not torch.equal(out[0], a)
+
+
+def test_loaded_model_weights_on_one_arena_and_early_exit_shares_them():
+    from llmkern.engine.proposers import early_exit_model
+    from llmkern.models.config import ModelConfig
+    from llmkern.models.llama import LlamaForCausalLM
+    from llmkern.models.loader import dummy_state_dict
+
+    cfg = ModelConfig.from_hf(dict(model_type="llama", hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        vocab_size=128, max_position_embeddings=64, tie_word_embeddings=True))
+    sd = dummy_state_dict(cfg, 0)
+    ref = {k: v.clone() for k, v in sd.items()}
+    m = LlamaForCausalLM.from_state_dict(cfg, sd, torch.float32, "cpu")
+    assert torch.equal(m.layers[1].down, ref["model.layers.1.mlp.down_proj.weight"])
+    assert m.lm_head.data_ptr() == m.embed.data_ptr()  # tied
+    d = early_exit_model(m, 1)
+    assert d.layers[0].qkv.data_ptr() == m.layers[0].qkv.data_ptr()  # shared, not copied

@@ -3,8 +3,8 @@ bias, tied embeddings, over a paged KV cache.
 
 Lean by construction: token rows of all sequences are one flat [T, hidden] batch; the Q/K/V and
 gate/up projections are single fused matmuls; RoPE indexes a precomputed cos/sin table once per
-step; norms (fused with the residual add) and the gated SiLU are single llmkern kernels; logits are computed only for the rows that
-sample."""
+step; norms (fused with the residual add) and the gated SiLU are single llmkern kernels; logits
+are computed only for the rows that sample; CPU weights live on huge pages (hugepages.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -47,12 +47,6 @@ class LayerWeights:
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: List[LayerWeights],
                  norm: torch.Tensor, lm_head: torch.Tensor):
-        if embed.device.type == "cpu":  # decode streams the weights: keep them on huge pages
-            names = [f.name for f in fields(LayerWeights)]
-            flat = [embed, norm, lm_head] + [getattr(L, n) for L in layers for n in names]
-            flat = move_to_hugepages(flat)
-            embed, norm, lm_head = flat[:3]
-            layers = [LayerWeights(*flat[3 + i * len(names):3 + (i + 1) * len(names)]) for i in range(len(layers))]
         self.config = config
         self.embed = embed
         self.layers = layers
@@ -101,7 +95,13 @@ class LlamaForCausalLM:
         lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", required=False)
         if lm_head is None:  # some checkpoints tie without saying so
             lm_head = embed
-        return cls(config, embed, layers, take("model.norm.weight"), lm_head)
+        norm = take("model.norm.weight")
+        if embed.device.type == "cpu":  # decode streams the weights: keep them on huge pages
+            names = [f.name for f in fields(LayerWeights)]
+            flat = move_to_hugepages([embed, norm, lm_head] + [getattr(L, n) for L in layers for n in names])
+            embed, norm, lm_head = flat[:3]
+            layers = [LayerWeights(*flat[3 + i * len(names):3 + (i + 1) * len(names)]) for i in range(len(layers))]
+        return cls(config, embed, layers, norm, lm_head)
 
     @property
     def weight_bytes(self) -> int:
