@@ -168,6 +168,7 @@ inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, con
   int64_t pos = 0;
   for (uint32_t round = 0; round < 64; ++round) {  // rejection rounds of sample_loaded
     pos = select_in(c, low, static_cast<double>(rng.uniform(round)) * mass_low);
+    if (pos < 0) return -1;  // not reached (a rejected pivot has mass above it): general path
     const float v0 = c[pos].w;
     if (!(v0 < high)) break;
     float piv[3] = {v0, round_pivot(v0, high), v0 + (high - v0) * 0.5f};
