@@ -66,29 +66,20 @@ void run_silu_and_mul(const TensorView& out, const TensorView& in) {
   });
 }
 
-template <typename F>
-void by_dtype(DType dt, F&& f) {
-  switch (dt) {
-    case DType::F32: f(static_cast<float*>(nullptr)); break;
-    case DType::BF16: f(static_cast<uint16_t*>(nullptr)); break;
-    default: f(static_cast<_Float16*>(nullptr)); break;
-  }
-}
-
 }  // namespace
 
 void rms_norm(const TensorView& out, const TensorView& input, const TensorView& weight, float eps,
               int64_t /*stream*/) {
-  by_dtype(input.dtype, [&](auto* tag) { run_rms_norm<std::remove_pointer_t<decltype(tag)>>(out, input, weight, eps); });
+  dispatch_elem(input.dtype, [&](auto* tag) { run_rms_norm<std::remove_pointer_t<decltype(tag)>>(out, input, weight, eps); });
 }
 
 void fused_add_rms_norm(const TensorView& input, const TensorView& residual, const TensorView& weight,
                         float eps, int64_t /*stream*/) {
-  by_dtype(input.dtype, [&](auto* tag) { run_fused_add<std::remove_pointer_t<decltype(tag)>>(input, residual, weight, eps); });
+  dispatch_elem(input.dtype, [&](auto* tag) { run_fused_add<std::remove_pointer_t<decltype(tag)>>(input, residual, weight, eps); });
 }
 
 void silu_and_mul(const TensorView& out, const TensorView& input, int64_t /*stream*/) {
-  by_dtype(input.dtype, [&](auto* tag) { run_silu_and_mul<std::remove_pointer_t<decltype(tag)>>(out, input); });
+  dispatch_elem(input.dtype, [&](auto* tag) { run_silu_and_mul<std::remove_pointer_t<decltype(tag)>>(out, input); });
 }
 
 LLMK_NS_END

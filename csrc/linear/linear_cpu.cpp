@@ -22,7 +22,7 @@ void gemv_rows(const T* x, int64_t ldx, int64_t M, const T* w, int64_t ldw, int6
   if (stage)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t k = 0; k < K; ++k) xf[m][k] = load<T>(x[m * ldx + k]);
-  auto xrow = [&](int64_t m) { return stage ? nullptr : x + m * ldx; };
+  auto xrow = [&](int64_t m) { return x + m * ldx; };  // unstaged rows
   for (int64_t n = n0; n < n1; ++n) {
     const T* wr = w + n * ldw;
     const float b = bias ? load<T>(bias[n]) : 0.f;
@@ -89,11 +89,7 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
 
 void linear_small_m(const TensorView& x, const TensorView& weight, const TensorView* bias,
                     const TensorView& out, int64_t /*stream*/) {
-  switch (x.dtype) {
-    case DType::F32: run<float>(x, weight, bias, out); break;
-    case DType::BF16: run<uint16_t>(x, weight, bias, out); break;
-    default: run<_Float16>(x, weight, bias, out); break;
-  }
+  dispatch_elem(x.dtype, [&](auto* tag) { run<std::remove_pointer_t<decltype(tag)>>(x, weight, bias, out); });
 }
 
 LLMK_NS_END

@@ -238,6 +238,18 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
   }
 }
 
+// Load-pass partials of block b: mass, count and minimum of the positive weights of w[lo, hi),
+// stored as pivot 0 of the shared per-block buffers.
+inline void store_positive_stats(Shared& s, const float* w, int64_t lo, int64_t hi, int64_t b) {
+  const float zero = 0.0f;
+  float mass, mn;
+  int32_t cnt;
+  block_stats<1>(w, lo, hi, &zero, &mass, &cnt, &mn);
+  s.bmass[b] = mass;
+  s.bcnt[b] = cnt;
+  s.bmin[b] = mn;
+}
+
 // Maximum (NaN ignored) and the first index reaching it, over x[lo, hi) converted to fp32.
 template <typename T>
 inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {

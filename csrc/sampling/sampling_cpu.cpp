@@ -70,13 +70,7 @@ Loaded load_probs(Row& r, const T* x, int64_t V) {
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
     if constexpr (!std::is_same_v<T, float>) block_convert(x, lo, hi, s.w.data());
-    const float zero = 0.0f;
-    float mass, mn;
-    int32_t cnt;
-    block_stats<1>(w, lo, hi, &zero, &mass, &cnt, &mn);
-    s.bmass[b] = mass;
-    s.bcnt[b] = cnt;
-    s.bmin[b] = mn;
+    store_positive_stats(s, w, lo, hi, b);
     block_max_arg(w, lo, hi, s.bmax[b], s.barg[b]);
   });
   Loaded L;
@@ -116,13 +110,7 @@ Loaded load_logits(Row& r, const T* x, int64_t V, float temperature) {
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
     block_exp(x, lo, hi, m, inv_t, w);
-    const float zero = 0.0f;
-    float mass, mn;
-    int32_t cnt;
-    block_stats<1>(w, lo, hi, &zero, &mass, &cnt, &mn);
-    s.bmass[b] = mass;
-    s.bcnt[b] = cnt;
-    s.bmin[b] = mn;
+    store_positive_stats(s, w, lo, hi, b);
     s.bmax[b] = 1.0f;  // exp(0) at the argmax
   });
   const int64_t arg = L.argmax;

@@ -68,14 +68,20 @@ inline CandBuf& thread_cands() {
   return b;
 }
 
+// The k-th largest of field(c) over the candidates (1 <= k <= their number).
+template <typename Field>
+inline float kth_largest(CandBuf& b, int64_t k, Field field) {
+  b.tmp.resize(b.c.size());
+  for (size_t i = 0; i < b.c.size(); ++i) b.tmp[i] = field(b.c[i]);
+  std::nth_element(b.tmp.begin(), b.tmp.begin() + (k - 1), b.tmp.end(), std::greater<float>());
+  return b.tmp[k - 1];
+}
+
 // Drops the candidates more than `margin` below the k-th largest key (ties with it kept) and
 // returns the new threshold (never below lo): the list then holds the keys > threshold.
 inline float shrink_candidates(CandBuf& b, int64_t k, float margin, float lo) {
   std::vector<Cand>& c = b.c;
-  b.tmp.resize(c.size());
-  for (size_t i = 0; i < c.size(); ++i) b.tmp[i] = c[i].key;
-  std::nth_element(b.tmp.begin(), b.tmp.begin() + (k - 1), b.tmp.end(), std::greater<float>());
-  const float kth = b.tmp[k - 1];
+  const float kth = kth_largest(b, k, [](const Cand& e) { return e.key; });
   const float nlo = std::min(float_below(kth), kth - margin);  // strictly below kth: ties kept
   if (!(nlo > lo)) return lo;
   c.erase(std::remove_if(c.begin(), c.end(), [nlo](const Cand& e) { return !(e.key > nlo); }), c.end());
@@ -153,10 +159,7 @@ inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, con
   c.erase(std::remove_if(c.begin(), c.end(), [](const Cand& e) { return !(e.w > 0.0f); }), c.end());
   if (c.empty()) return -1;
   if (static_cast<int64_t>(c.size()) > k) {  // keep w >= the k-th weight
-    b.tmp.resize(c.size());
-    for (size_t i = 0; i < c.size(); ++i) b.tmp[i] = c[i].w;
-    std::nth_element(b.tmp.begin(), b.tmp.begin() + (k - 1), b.tmp.end(), std::greater<float>());
-    const float kth = b.tmp[k - 1];
+    const float kth = kth_largest(b, k, [](const Cand& e) { return e.w; });
     c.erase(std::remove_if(c.begin(), c.end(), [kth](const Cand& e) { return e.w < kth; }), c.end());
   }
   std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.id < y.id; });

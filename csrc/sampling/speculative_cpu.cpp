@@ -31,12 +31,7 @@ int64_t draw_residual(Row& r, const float* p, const float* q, int64_t q_token, i
       } else {
         for (int64_t j = lo; j < hi; ++j) w[j] = j == q_token ? spec_residual(p[j], 1.0f) : p[j];
       }
-      const float zero = 0.0f;
-      float mass, mn;
-      int32_t cnt;
-      block_stats<1>(w, lo, hi, &zero, &mass, &cnt, &mn);
-      s.bmass[b] = mass;
-      s.bcnt[b] = cnt;
+      store_positive_stats(s, w, lo, hi, b);
     });
     double total = 0.0;
     auto& lm = r.low_mass_blocks();
