@@ -32,7 +32,15 @@ def test_loaded_model_weights_on_one_arena_and_early_exit_shares_them():
     sd = dummy_state_dict(cfg, 0)
     ref = {k: v.clone() for k, v in sd.items()}
     m = LlamaForCausalLM.from_state_dict(cfg, sd, torch.float32, "cpu")
-    assert torch.equal(m.layers[1].down, ref["model.layers.1.mlp.down_proj.weight"])
-    assert m.lm_head.data_ptr() == m.embed.data_ptr()  # tied
+    w = ref["model.layers.1.mlp.down_proj.weight"]
+    x = torch.randn(3, w.shape[1])
+    torch.testing.assert_close(m.layers[1].down(x), x @ w.T)
+    assert m.embed is None  # tied: the rows are looked up in the packed head, no second copy
+    ids = torch.tensor([0, 17, 127])
+    assert torch.equal(m.lm_head.rows(ids), ref["model.embed_tokens.weight"][ids])
+    weights = [t for t in m._tensors() if t is not None]
+    base = min(t.data_ptr() for t in weights)
+    assert max(t.data_ptr() for t in weights) - base < m.weight_bytes + 4096 * len(weights)  # one arena
     d = early_exit_model(m, 1)
-    assert d.layers[0].qkv.data_ptr() == m.layers[0].qkv.data_ptr()  # shared, not copied
+    assert d.layers[0].qkv.weight.data_ptr() == m.layers[0].qkv.weight.data_ptr()  # shared, not copied
+    assert d.lm_head is m.lm_head

@@ -44,3 +44,77 @@ def test_opcheck_and_compile():
         return llmkern.linear_small_m(x * 2, w, b)
 
     torch.testing.assert_close(f(x), F.linear(x * 2, w, b), rtol=1e-5, atol=1e-5)
+
+
+# linear_packed: the register-tiled GEMM on pre-packed weights. Rows cover every tile height and
+# the row-block split (AVX-512 tiles are 12 rows, AVX2 6, SSE 2), N covers the padded last panel and
+# a lone panel after the pairs, K covers the k chunks (2048).
+PACKED_CASES = [(1, 64, 16), (2, 576, 960), (3, 100, 33), (5, 576, 577), (13, 576, 48), (24, 1536, 576),
+                (37, 200, 100), (64, 96, 1000), (150, 64, 40), (7, 4100, 50)]
+
+
+def _packed_ref(x, w, b):
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("rows,k,n", PACKED_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_matches_fp64_linear(rows, k, n, bias):
+    x = torch.randn(rows, k)
+    w = torch.randn(n, k) / k**0.5
+    b = torch.randn(n) if bias else None
+    p = llmkern.pack_linear_weight(w)
+    assert p.shape == ((n + 15) // 16, k, 16)
+    out = llmkern.linear_packed(x, p, n, b)
+    assert out.dtype == torch.float32 and out.shape == (rows, n)
+    ref = _packed_ref(x, w, b)
+    err = (out.double() - ref).abs().max().item()
+    same = (F.linear(x, w, b).double() - ref).abs().max().item()  # torch's own fp32 error
+    assert err <= 2 * same + 1e-6 * k**0.5
+
+
+def test_packed_layout_and_strided_rows():
+    w = torch.randn(20, 8)
+    p = llmkern.pack_linear_weight(w)
+    assert torch.equal(p[1, 3, :4], w[16:20, 3]) and not p[1, :, 4:].any()  # k-major panels, zero-padded
+    big = torch.randn(30, 700)
+    x = big[:, 50:626]  # row stride 700, as a slice of a fused activation
+    w = torch.randn(300, 576)
+    torch.testing.assert_close(llmkern.linear_packed(x, llmkern.pack_linear_weight(w), 300),
+                               F.linear(x.double(), w.double()).float(), rtol=1e-5, atol=2e-4)
+
+
+def test_packed_empty_and_compile():
+    p = llmkern.pack_linear_weight(torch.randn(3, 8))
+    assert llmkern.linear_packed(torch.zeros(0, 8), p, 3).shape == (0, 3)
+    x, w, b = torch.randn(2, 64), torch.randn(40, 64), torch.randn(40)
+    p = llmkern.pack_linear_weight(w)
+    torch.library.opcheck(llmkern.linear_packed.op, (x, p, 40, b))
+    torch.library.opcheck(llmkern.pack_linear_weight.op, (torch.randn(21, 8),))
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(x):
+        return llmkern.linear_packed(x * 2, p, 40, b)
+
+    torch.testing.assert_close(f(x), F.linear(x * 2, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_packed_other_simd_levels(isa):
+    """Each SIMD level has its own tile shape; the level is read once per process."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, llmkern, torch.nn.functional as F\n"
+        "torch.manual_seed(0)\n"
+        f"for rows, k, n in {PACKED_CASES!r}:\n"
+        "    x = torch.randn(rows, k); w = torch.randn(n, k) / k ** 0.5; b = torch.randn(n)\n"
+        "    out = llmkern.linear_packed(x, llmkern.pack_linear_weight(w), n, b)\n"
+        "    ref = F.linear(x.double(), w.double(), b.double())\n"
+        "    assert (out.double() - ref).abs().max() < 1e-4, (rows, k, n)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LLMKERN_CPU_ISA=isa),
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

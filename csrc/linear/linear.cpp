@@ -33,4 +33,32 @@ void linear_small_m(TensorView x, TensorView weight, std::optional<TensorView> b
   LLMK_RUN_CPU(x, linear_small_m, x, weight, bias ? &*bias : nullptr, out, stream);
 }
 
+void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features, std::optional<TensorView> bias,
+                   TensorView out, int64_t stream) {
+  check_ndim(x, "x", 2, "[rows, in_features]");
+  check_ndim(weight_packed, "weight_packed", 3, "[ceil(out_features / 16), in_features, 16]");
+  check_ndim(out, "out", 2, "[rows, out_features]");
+  check_dtype(x, "x", DType::F32);
+  check_dtype(weight_packed, "weight_packed", DType::F32);
+  check_dtype(out, "out", DType::F32);
+  check_on_cpu(x, "x");
+  check_on_cpu(weight_packed, "weight_packed");
+  check_on_cpu(out, "out");
+  LLMK_CHECK(out_features > 0, ValueError, "out_features: must be positive, got ", out_features);
+  check_shape(weight_packed, "weight_packed", {(out_features + 15) / 16, x.size(1), 16},
+              "[ceil(out_features / 16), in_features, 16]");
+  check_shape(out, "out", {x.size(0), out_features}, "[rows, out_features]");
+  check_last_dim_contiguous(x, "x");
+  check_contiguous(weight_packed, "weight_packed");
+  check_last_dim_contiguous(out, "out");
+  if (bias) {
+    check_shape(*bias, "bias", {out_features}, "[out_features]");
+    check_dtype(*bias, "bias", DType::F32);
+    check_on_cpu(*bias, "bias");
+    check_contiguous(*bias, "bias");
+  }
+  if (out.numel() == 0) return;
+  LLMK_RUN_CPU(x, linear_packed, x, weight_packed, out_features, bias ? &*bias : nullptr, out, stream);
+}
+
 }  // namespace llmk

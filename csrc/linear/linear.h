@@ -1,5 +1,6 @@
-// linear_small_m: y = x W^T (+ bias) for few rows of x (decode steps), where a matmul is a
-// matrix-vector product bound by reading W once. Layout follows torch.nn.functional.linear.
+// CPU projections y = x W^T (+ bias), layout of torch.nn.functional.linear.
+// linear_small_m: few rows of x (decode steps), W as it is; a matrix-vector product bound by
+// reading W once. linear_packed: any number of rows, W packed once at load time.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -11,7 +12,13 @@
 LLMK_DECLARE_KERNEL(linear_small_m, (const TensorView& x, const TensorView& weight,
                                      const TensorView* bias, const TensorView& out, int64_t stream))
 
+// out [M, N] = x [M, K] W^T + bias, fp32, W pre-packed into panels [ceil(N/16), K, 16] (gemm_cpu.h).
+LLMK_DECLARE_KERNEL(linear_packed, (const TensorView& x, const TensorView& weight_packed, int64_t out_features,
+                                    const TensorView* bias, const TensorView& out, int64_t stream))
+
 namespace llmk {
+void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features, std::optional<TensorView> bias,
+                   TensorView out, int64_t stream);
 void linear_small_m(TensorView x, TensorView weight, std::optional<TensorView> bias, TensorView out,
                     int64_t stream);
 }  // namespace llmk

@@ -1,7 +1,11 @@
-// CPU GEMV for decode: each weight row is streamed from memory once and dotted with every row of
-// x while it is in L1; threads split the output features.
+// CPU projections. linear_small_m: a GEMV for decode, each weight row streamed from memory once and
+// dotted with every row of x while it is in L1; threads split the output features.
+// linear_packed: the register-tiled GEMM of gemm_cpu.h on weights packed at load time.
+#include <vector>
+
 #include "common/elem_cpu.h"
 #include "common/parallel.h"
+#include "linear/gemm_cpu.h"
 #include "linear/linear.h"
 
 LLMK_NS_BEGIN
@@ -90,6 +94,16 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
 void linear_small_m(const TensorView& x, const TensorView& weight, const TensorView* bias,
                     const TensorView& out, int64_t /*stream*/) {
   dispatch_elem(x.dtype, [&](auto* tag) { run<std::remove_pointer_t<decltype(tag)>>(x, weight, bias, out); });
+}
+
+void linear_packed(const TensorView& x, const TensorView& weight_packed, int64_t out_features,
+                   const TensorView* bias, const TensorView& out, int64_t /*stream*/) {
+  const int64_t M = x.size(0), K = x.size(1);
+  thread_local std::vector<float> xpack;  // grows to the largest x seen; reused across calls
+  const size_t need = size_t((M + gemm::MR - 1) / gemm::MR) * gemm::MR * size_t(K);
+  if (xpack.size() < need) xpack.resize(need);
+  gemm::gemm_packed(x.ptr<const float>(), x.stride(0), M, K, weight_packed.ptr<const float>(), out_features,
+                    bias ? bias->ptr<const float>() : nullptr, out.ptr<float>(), out.stride(0), xpack.data());
 }
 
 LLMK_NS_END

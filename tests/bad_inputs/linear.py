@@ -2,8 +2,10 @@ import torch
 
 import llmkern
 
-OPS = ["linear_small_m"]
+OPS = ["linear_small_m", "pack_linear_weight", "linear_packed"]
 f = llmkern.linear_small_m
+g = llmkern.linear_packed
+P = llmkern.pack_linear_weight(torch.randn(20, 8))  # 2 panels, in_features 8
 
 CASES = [
     ("lin-x-rank", lambda: f(torch.randn(2, 3, 8), torch.randn(4, 8)), ValueError, "x"),
@@ -16,4 +18,18 @@ CASES = [
     ("lin-bias-dtype", lambda: f(torch.randn(2, 8), torch.randn(4, 8), torch.randn(4).double()), TypeError, "bias"),
     ("lin-noncontig-w", lambda: f(torch.randn(2, 8), torch.randn(8, 4).t()), ValueError, "weight"),
     ("lin-not-tensor", lambda: f([1.0], torch.randn(4, 8)), TypeError, "x"),
+    ("pack-rank", lambda: llmkern.pack_linear_weight(torch.randn(8)), ValueError, "weight"),
+    ("pack-int", lambda: llmkern.pack_linear_weight(torch.ones(4, 8, dtype=torch.int32)), TypeError, "weight"),
+    ("packed-x-rank", lambda: g(torch.randn(8), P, 20), ValueError, "x"),
+    ("packed-w-rank", lambda: g(torch.randn(2, 8), torch.randn(20, 8), 20), ValueError, "weight_packed"),
+    ("packed-k", lambda: g(torch.randn(2, 9), P, 20), ValueError, "weight_packed"),
+    ("packed-n", lambda: g(torch.randn(2, 8), P, 40), ValueError, "weight_packed"),
+    ("packed-n-zero", lambda: g(torch.randn(2, 8), P, 0), ValueError, "out_features"),
+    ("packed-half", lambda: g(torch.randn(2, 8).half(), P, 20), TypeError, "x"),
+    ("packed-w-dtype", lambda: g(torch.randn(2, 8), P.double(), 20), TypeError, "weight_packed"),
+    ("packed-bias", lambda: g(torch.randn(2, 8), P, 20, torch.randn(16)), ValueError, "bias"),
+    ("packed-bias-dtype", lambda: g(torch.randn(2, 8), P, 20, torch.randn(20).double()), TypeError, "bias"),
+    ("packed-noncontig", lambda: g(torch.randn(2, 8), P.transpose(0, 1).contiguous().transpose(0, 1), 20),
+     ValueError, "weight_packed"),
+    ("packed-not-tensor", lambda: g(torch.randn(2, 8), [1.0], 20), TypeError, "weight_packed"),
 ]

@@ -4,17 +4,18 @@ bias, tied embeddings, over a paged KV cache.
 Lean by construction: token rows of all sequences are one flat [T, hidden] batch; the Q/K/V and
 gate/up projections are single fused matmuls; RoPE indexes a precomputed cos/sin table once per
 step; norms (fused with the residual add) and the gated SiLU are single llmkern kernels; logits
-are computed only for the rows that sample; CPU weights live on huge pages (hugepages.py)."""
+are computed only for the rows that sample; CPU fp32 weights are packed for llmkern's GEMM and live
+on huge pages (hugepages.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..engine import kernels as K
-from ..ops.linear import linear_small_m
+from ..ops.linear import PANEL, linear_packed, linear_small_m, pack_linear_weight
 from .attention import AttnMetadata, paged_attention
 from .config import ModelConfig
 from .hugepages import move_to_hugepages
@@ -24,36 +25,56 @@ from .rope import apply_rope_, cos_sin_table
 GEMV_ROWS = 8
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
-    # Decode steps on CPU are matrix-vector products bound by reading the weights: llmkern's GEMV
-    # streams them at the read bandwidth, 2-3x torch's matmul for a few rows. From ~8 rows on the
-    # dots, not the stream, are the limit, and torch's blocked GEMM is as fast.
-    if x.shape[0] <= GEMV_ROWS and not x.is_cuda and x.stride(-1) == 1:
-        return linear_small_m(x, w, b)
-    return F.linear(x, w, b)
+class Linear:
+    """One projection, its weight in the layout of the kernel that runs it.
+
+    CPU fp32: packed once into 16-feature panels for llmkern's register-tiled GEMM (linear_packed),
+    ~2x torch's sgemm at the 8-64 rows of batched decode and ~1.5x at prefill sizes. Other CPU
+    dtypes: llmkern's GEMV up to GEMV_ROWS rows (it streams the weights at the read bandwidth),
+    torch beyond. CUDA: torch (cuBLAS)."""
+
+    __slots__ = ("weight", "bias", "out_features", "packed")
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
+        self.out_features = weight.shape[0]
+        self.packed = weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.weight = pack_linear_weight(weight) if self.packed else weight
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return linear_packed(x, self.weight, self.out_features, self.bias)
+        if x.shape[0] <= GEMV_ROWS and not x.is_cuda and x.stride(-1) == 1:
+            return linear_small_m(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Weight rows `ids` [T] -> [T, in_features] (an embedding lookup of a tied LM head)."""
+        if self.packed:  # row n lives in panel n // 16, lane n % 16
+            return self.weight[torch.div(ids, PANEL, rounding_mode="floor"), :, ids % PANEL]
+        return F.embedding(ids, self.weight)
 
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor               # [(H + 2 Hkv) * D, hidden]
-    qkv_bias: Optional[torch.Tensor]
-    o: torch.Tensor                 # [hidden, H * D]
+    qkv: Linear                     # [(H + 2 Hkv) * D, hidden], optional bias
+    o: Linear                       # [hidden, H * D]
     post_norm: torch.Tensor
-    gate_up: torch.Tensor           # [2 * inter, hidden]
-    down: torch.Tensor              # [hidden, inter]
+    gate_up: Linear                 # [2 * inter, hidden]
+    down: Linear                    # [hidden, inter]
 
 
 class LlamaForCausalLM:
-    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: List[LayerWeights],
-                 norm: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(self, config: ModelConfig, embed: Optional[torch.Tensor], layers: List[LayerWeights],
+                 norm: torch.Tensor, lm_head: Linear):
         self.config = config
         self.embed = embed
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head
-        self.dtype = embed.dtype
-        self.device = embed.device
+        self.dtype = norm.dtype
+        self.device = norm.device
         c = config
         self.scale = c.head_dim ** -0.5
         self.window = (c.sliding_window - 1, 0) if c.sliding_window else (-1, -1)
@@ -86,29 +107,43 @@ class LlamaForCausalLM:
                 bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).contiguous()
             gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
             layers.append(LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"), qkv=torch.cat([q, k, v]).contiguous(),
-                qkv_bias=bias, o=take(p + "self_attn.o_proj.weight"),
+                input_norm=take(p + "input_layernorm.weight"), qkv=Linear(torch.cat([q, k, v]), bias),
+                o=Linear(take(p + "self_attn.o_proj.weight")),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([gate, up]).contiguous(), down=take(p + "mlp.down_proj.weight")))
+                gate_up=Linear(torch.cat([gate, up])), down=Linear(take(p + "mlp.down_proj.weight"))))
             del q, k, v, gate, up
         embed = take("model.embed_tokens.weight")
-        lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", required=False)
-        if lm_head is None:  # some checkpoints tie without saying so
-            lm_head = embed
+        head = None if config.tie_word_embeddings else take("lm_head.weight", required=False)
+        lm_head = Linear(embed if head is None else head)  # some checkpoints tie without saying so
+        if head is None and lm_head.packed:  # tied: look rows up in the packed head, no second copy
+            embed = None
         norm = take("model.norm.weight")
-        if embed.device.type == "cpu":  # decode streams the weights: keep them on huge pages
-            names = [f.name for f in fields(LayerWeights)]
-            flat = move_to_hugepages([embed, norm, lm_head] + [getattr(L, n) for L in layers for n in names])
-            embed, norm, lm_head = flat[:3]
-            layers = [LayerWeights(*flat[3 + i * len(names):3 + (i + 1) * len(names)]) for i in range(len(layers))]
-        return cls(config, embed, layers, norm, lm_head)
+        model = cls(config, embed, layers, norm, lm_head)
+        if norm.device.type == "cpu":  # decode streams the weights: keep them on huge pages
+            model._move_to_hugepages()
+        return model
+
+    def _linears(self) -> List[Linear]:
+        return [self.lm_head] + [getattr(L, n) for L in self.layers for n in ("qkv", "o", "gate_up", "down")]
+
+    def _tensors(self) -> List[Optional[torch.Tensor]]:
+        """Every weight tensor, in a fixed order (tied ones repeated)."""
+        out = [self.embed, self.norm] + [t for L in self.layers for t in (L.input_norm, L.post_norm)]
+        return out + [t for lin in self._linears() for t in (lin.weight, lin.bias)]
+
+    def _move_to_hugepages(self) -> None:
+        it = iter(move_to_hugepages(self._tensors()))
+        self.embed, self.norm = next(it), next(it)
+        for L in self.layers:
+            L.input_norm, L.post_norm = next(it), next(it)
+        for lin in self._linears():
+            lin.weight, lin.bias = next(it), next(it)
 
     @property
     def weight_bytes(self) -> int:
         seen, total = set(), 0
-        for t in [self.embed, self.norm, self.lm_head] + [
-                w for L in self.layers for w in vars(L).values() if w is not None]:
-            if t.data_ptr() not in seen:
+        for t in self._tensors():
+            if t is not None and t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
         return total
@@ -124,7 +159,7 @@ class LlamaForCausalLM:
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         qk_size = self.q_size + self.kv_size
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = F.embedding(input_ids, self.embed) if self.embed is not None else self.lm_head.rows(input_ids)
         residual = hidden
         hidden = torch.empty_like(residual)
         attn_out = torch.empty((T, H, D), dtype=self.dtype, device=self.device)
@@ -133,18 +168,18 @@ class LlamaForCausalLM:
                 K.rms_norm(hidden, residual, L.input_norm, eps)
             else:  # residual += previous MLP output; hidden = norm(residual)
                 K.fused_add_rms_norm(hidden, residual, L.input_norm, eps)
-            qkv = _linear(hidden, L.qkv, L.qkv_bias)
+            qkv = L.qkv(hidden)
             qk = apply_rope_(qkv[:, :qk_size].view(T, H + Hkv, D), cos, sin)
             v = qkv[:, qk_size:].view(T, Hkv, D)
             k_cache, v_cache = kv_caches[i]
             paged_attention(qk[:, :H], qk[:, H:], v, k_cache, v_cache, meta, self.scale, self.window,
                             attn_out)
-            hidden = _linear(attn_out.view(T, H * D), L.o)
+            hidden = L.o(attn_out.view(T, H * D))
             K.fused_add_rms_norm(hidden, residual, L.post_norm, eps)
-            gu = _linear(hidden, L.gate_up)
+            gu = L.gate_up(hidden)
             act = torch.empty((T, gu.shape[-1] // 2), dtype=self.dtype, device=self.device)
             K.silu_and_mul(act, gu)
-            hidden = _linear(act, L.down)
+            hidden = L.down(act)
         return residual.add_(hidden)
 
     def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -153,4 +188,4 @@ class LlamaForCausalLM:
             hidden = hidden.index_select(0, rows)
         h = torch.empty_like(hidden)
         K.rms_norm(h, hidden, self.norm, self.config.rms_norm_eps)
-        return _linear(h, self.lm_head).float()
+        return self.lm_head(h).float()
