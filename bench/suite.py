@@ -161,8 +161,7 @@ def machine_info() -> dict:
         bi = llmkern.build_info()
         info.update(simd=bi.get("cpu_simd"), simd_supported=bi.get("cpu_simd_supported"),
                     simd_compiled=bi.get("cpu_simd_compiled"), llmkern_threads=bi.get("num_threads"),
-                    llmkern_backends=bi.get("backends"), cuda_archs=bi.get("cuda_archs"),
-                    openmp=bi.get("openmp"))
+                    llmkern_backends=bi.get("backends"), cuda_archs=bi.get("cuda_archs"))
     except Exception as e:  # noqa: BLE001
         info["llmkern_error"] = f"{type(e).__name__}: {e}"
     return info

@@ -3,15 +3,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 #include "common/bindings.h"
 #include "common/device_memory.h"
 #include "common/dispatch.h"
 #include "common/errors.h"
 #include "common/simt_selftest.h"
+#include "common/thread_pool.h"
 
 namespace py = pybind11;
 
@@ -37,30 +34,16 @@ py::dict build_info() {
 #else
   d["cpu_simd_compiled"] = py::make_tuple("scalar");
 #endif
-#if defined(_OPENMP)
-  d["openmp"] = true;
-  d["num_threads"] = omp_get_max_threads();
-#else
-  d["openmp"] = false;
-  d["num_threads"] = 1;
-#endif
+  d["num_threads"] = llmk::pool_threads();
   return d;
 }
 
 void set_num_threads(int n) {
   LLMK_CHECK(n >= 1, ValueError, "n: number of threads must be >= 1, got ", n);
-#if defined(_OPENMP)
-  omp_set_num_threads(n);
-#endif
+  llmk::set_pool_threads(n);
 }
 
-int get_num_threads() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
+int get_num_threads() { return llmk::pool_threads(); }
 
 }  // namespace
 

