@@ -118,3 +118,14 @@ def test_packed_other_simd_levels(isa):
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LLMKERN_CPU_ISA=isa),
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("n,k", [(20, 8), (49152 // 64, 576), (33, 100)])
+def test_packed_weight_rows_is_an_embedding_lookup(n, k):
+    w = torch.randn(n, k)
+    ids = torch.randint(0, n, (70,))
+    p = llmkern.pack_linear_weight(w)
+    assert torch.equal(llmkern.packed_weight_rows(p, n, ids), F.embedding(ids, w))
+    assert torch.equal(llmkern.packed_weight_rows(p, n, ids.int()[:3]), w[ids[:3]])
+    assert llmkern.packed_weight_rows(p, n, ids[:0]).shape == (0, k)
+    torch.library.opcheck(llmkern.packed_weight_rows.op, (p, n, ids))

@@ -2,6 +2,7 @@
 // reduction, and each thread re-reads only the elements it wrote (no second barrier needed).
 #include <cstdint>
 
+#include "common/elem_device.cuh"
 #include "common/simt.h"
 #include "common/simt_block.h"
 #include "layernorm/layernorm.h"
@@ -13,14 +14,6 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-
-LLMK_DEVICE float ld(float v) { return v; }
-LLMK_DEVICE float ld(__half v) { return __half2float(v); }
-LLMK_DEVICE float ld(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> LLMK_DEVICE T st(float v);
-template <> LLMK_DEVICE float st<float>(float v) { return v; }
-template <> LLMK_DEVICE __half st<__half>(float v) { return __float2half_rn(v); }
-template <> LLMK_DEVICE __nv_bfloat16 st<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // out[r] = rmsnorm(x[r]) * w; with a residual: res[r] = x[r] + res[r] first, and out = x (in place).
 template <typename T, bool Fused>
@@ -52,15 +45,6 @@ __global__ void silu_and_mul_kernel(T* out, int64_t out_stride, const T* x, int6
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     const float a = ld(g[i]);
     o[i] = st<T>(a / (1.0f + expf(-a)) * ld(g[d + i]));
-  }
-}
-
-template <typename F>
-void by_dtype(DType dt, F&& f) {
-  switch (dt) {
-    case DType::F32: f(static_cast<float*>(nullptr)); break;
-    case DType::BF16: f(static_cast<__nv_bfloat16*>(nullptr)); break;
-    default: f(static_cast<__half*>(nullptr)); break;
   }
 }
 

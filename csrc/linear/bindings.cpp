@@ -5,5 +5,6 @@ namespace llmk {
 void bind_linear(pybind11::module_& m) {
   m.def("linear_small_m", &linear_small_m);
   m.def("linear_packed", &linear_packed);
+  m.def("packed_weight_rows", &packed_weight_rows);
 }
 }  // namespace llmk

@@ -61,4 +61,24 @@ void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features,
   LLMK_RUN_CPU(x, linear_packed, x, weight_packed, out_features, bias ? &*bias : nullptr, out, stream);
 }
 
+void packed_weight_rows(TensorView weight_packed, int64_t out_features, TensorView indices, TensorView out,
+                        int64_t stream) {
+  check_ndim(weight_packed, "weight_packed", 3, "[ceil(out_features / 16), in_features, 16]");
+  check_dtype(weight_packed, "weight_packed", DType::F32);
+  check_on_cpu(weight_packed, "weight_packed");
+  check_contiguous(weight_packed, "weight_packed");
+  LLMK_CHECK(out_features > 0, ValueError, "out_features: must be positive, got ", out_features);
+  check_dim(weight_packed, "weight_packed", 0, (out_features + 15) / 16, "ceil(out_features / 16)");
+  check_ndim(indices, "indices", 1, "[num_rows]");
+  check_index(indices, "indices");
+  check_on_cpu(indices, "indices");
+  check_contiguous(indices, "indices");
+  check_index_range(indices, "indices", 0, out_features, "rows of the weight (out_features)");
+  check_shape(out, "out", {indices.size(0), weight_packed.size(1)}, "[num_rows, in_features]");
+  check_dtype(out, "out", DType::F32);
+  check_contiguous(out, "out");
+  if (out.numel() == 0) return;
+  LLMK_RUN_CPU(out, packed_weight_rows, weight_packed, indices, out, stream);
+}
+
 }  // namespace llmk

@@ -16,7 +16,14 @@ LLMK_DECLARE_KERNEL(linear_small_m, (const TensorView& x, const TensorView& weig
 LLMK_DECLARE_KERNEL(linear_packed, (const TensorView& x, const TensorView& weight_packed, int64_t out_features,
                                     const TensorView* bias, const TensorView& out, int64_t stream))
 
+// out [T, K] = the rows `indices` [T] of the weight packed in weight_packed (an embedding lookup of
+// a tied LM head).
+LLMK_DECLARE_KERNEL(packed_weight_rows, (const TensorView& weight_packed, const TensorView& indices,
+                                         const TensorView& out, int64_t stream))
+
 namespace llmk {
+void packed_weight_rows(TensorView weight_packed, int64_t out_features, TensorView indices, TensorView out,
+                        int64_t stream);
 void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features, std::optional<TensorView> bias,
                    TensorView out, int64_t stream);
 void linear_small_m(TensorView x, TensorView weight, std::optional<TensorView> bias, TensorView out,

@@ -106,4 +106,18 @@ void linear_packed(const TensorView& x, const TensorView& weight_packed, int64_t
                     bias ? bias->ptr<const float>() : nullptr, out.ptr<float>(), out.stride(0), xpack.data());
 }
 
+void packed_weight_rows(const TensorView& weight_packed, const TensorView& indices, const TensorView& out,
+                        int64_t /*stream*/) {
+  const int64_t T = indices.size(0), K = weight_packed.size(1);
+  const float* w = weight_packed.ptr<const float>();
+  float* o = out.ptr<float>();
+  parallel_for(T, 64, [&](int64_t t0, int64_t t1) {  // a row is K strided loads: 64 rows per task
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = indices.dtype == DType::I64 ? indices.ptr<const int64_t>()[t] : indices.ptr<const int32_t>()[t];
+      const float* src = w + (n / gemm::PW) * K * gemm::PW + n % gemm::PW;
+      for (int64_t k = 0; k < K; ++k) o[t * K + k] = src[k * gemm::PW];
+    }
+  });
+}
+
 LLMK_NS_END

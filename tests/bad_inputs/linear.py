@@ -2,7 +2,8 @@ import torch
 
 import llmkern
 
-OPS = ["linear_small_m", "pack_linear_weight", "linear_packed"]
+OPS = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows"]
+r = llmkern.packed_weight_rows
 f = llmkern.linear_small_m
 g = llmkern.linear_packed
 P = llmkern.pack_linear_weight(torch.randn(20, 8))  # 2 panels, in_features 8
@@ -32,4 +33,10 @@ CASES = [
     ("packed-noncontig", lambda: g(torch.randn(2, 8), P.transpose(0, 1).contiguous().transpose(0, 1), 20),
      ValueError, "weight_packed"),
     ("packed-not-tensor", lambda: g(torch.randn(2, 8), [1.0], 20), TypeError, "weight_packed"),
+    ("rows-range", lambda: r(P, 20, torch.tensor([0, 20])), ValueError, "indices"),
+    ("rows-negative", lambda: r(P, 20, torch.tensor([-1])), ValueError, "indices"),
+    ("rows-float", lambda: r(P, 20, torch.tensor([1.0])), TypeError, "indices"),
+    ("rows-n", lambda: r(P, 40, torch.tensor([1])), ValueError, "weight_packed"),
+    ("rows-rank", lambda: r(torch.randn(20, 8), 20, torch.tensor([1])), ValueError, "weight_packed"),
+    ("rows-w-dtype", lambda: r(P.double(), 20, torch.tensor([1])), TypeError, "weight_packed"),
 ]

@@ -149,7 +149,7 @@ class ModelProposer:
             ids = self._t(np.asarray([cur[i] for i in act], dtype=np.int64))
             hidden = self.model.forward(ids, self._t(pos), meta, self.caches)
             logits = self.model.compute_logits(hidden)
-            nxt = logits.argmax(dim=-1)
+            nxt = K.greedy_tokens(logits)
             sampled = [r for r, i in enumerate(act) if not seqs[i].params.greedy]
             if sampled:
                 p = filtered_probs(logits[sampled], [seqs[act[r]].params for r in sampled])

@@ -27,10 +27,10 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: List[Sequence]) -> List[int]:
         params = [s.params for s in seqs]
         if all(p.greedy and not p.has_penalties and not p.min_tokens for p in params):
-            return logits.argmax(dim=-1).tolist()
+            return K.greedy_tokens(logits).tolist()
         self._mask_min_tokens(logits, seqs)
         self._apply_penalties(logits, seqs)
-        out = logits.argmax(dim=-1)
+        out = K.greedy_tokens(logits)
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             shared = [i for i in rows if seqs[i].generator is None]

@@ -225,7 +225,7 @@ class SpecDecoder:
         out: Dict[Sequence, List[int]] = {}
         greedy = [s for s in spans if s.params.greedy]
         if greedy:
-            amax = logits.argmax(dim=-1).tolist()
+            amax = K.greedy_tokens(logits).tolist()
             for s in greedy:
                 r0, d = spans[s], s.spec_token_ids
                 a = 0

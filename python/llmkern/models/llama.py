@@ -2,8 +2,8 @@
 bias, tied embeddings, over a paged KV cache.
 
 Lean by construction: token rows of all sequences are one flat [T, hidden] batch; the Q/K/V and
-gate/up projections are single fused matmuls; RoPE indexes a precomputed cos/sin table once per
-step; norms (fused with the residual add) and the gated SiLU are single llmkern kernels; logits
+gate/up projections are single fused matmuls; RoPE is one in-place kernel on the fused q/k rows;
+norms (fused with the residual add) and the gated SiLU are single llmkern kernels; logits
 are computed only for the rows that sample; CPU fp32 weights are packed for llmkern's GEMM and live
 on huge pages (hugepages.py)."""
 from __future__ import annotations
@@ -15,11 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from ..engine import kernels as K
-from ..ops.linear import PANEL, linear_packed, linear_small_m, pack_linear_weight
 from .attention import AttnMetadata, paged_attention
 from .config import ModelConfig
 from .hugepages import move_to_hugepages
-from .rope import apply_rope_, cos_sin_table
+from .rope import cos_sin_cache
 
 
 GEMV_ROWS = 8
@@ -38,20 +37,20 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
         self.out_features = weight.shape[0]
         self.packed = weight.device.type == "cpu" and weight.dtype == torch.float32
-        self.weight = pack_linear_weight(weight) if self.packed else weight
+        self.weight = K.pack_linear_weight(weight) if self.packed else weight
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            return linear_packed(x, self.weight, self.out_features, self.bias)
+            return K.linear_packed(x, self.weight, self.out_features, self.bias)
         if x.shape[0] <= GEMV_ROWS and not x.is_cuda and x.stride(-1) == 1:
-            return linear_small_m(x, self.weight, self.bias)
+            return K.linear_small_m(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Weight rows `ids` [T] -> [T, in_features] (an embedding lookup of a tied LM head)."""
-        if self.packed:  # row n lives in panel n // 16, lane n % 16
-            return self.weight[torch.div(ids, PANEL, rounding_mode="floor"), :, ids % PANEL]
+        if self.packed:
+            return K.packed_weight_rows(self.weight, self.out_features, ids)
         return F.embedding(ids, self.weight)
 
 
@@ -80,8 +79,8 @@ class LlamaForCausalLM:
         self.window = (c.sliding_window - 1, 0) if c.sliding_window else (-1, -1)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
-        self.cos, self.sin = cos_sin_table(c.head_dim, c.rope_theta, c.rope_scaling,
-                                           c.max_position_embeddings, self.dtype, self.device)
+        self.cos_sin = cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings,
+                                     self.dtype, self.device)
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -151,14 +150,12 @@ class LlamaForCausalLM:
     # -- forward --------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata,
                 kv_caches: List[tuple]) -> torch.Tensor:
-        """input_ids/positions [T] -> final hidden states [T, hidden] (before the last norm)."""
+        """input_ids/positions [T] -> final hidden states [T, hidden], after the final norm."""
         c = self.config
         eps = c.rms_norm_eps
         T = input_ids.shape[0]
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        qk_size = self.q_size + self.kv_size
+        q_size, qk_size = self.q_size, self.q_size + self.kv_size
         hidden = F.embedding(input_ids, self.embed) if self.embed is not None else self.lm_head.rows(input_ids)
         residual = hidden
         hidden = torch.empty_like(residual)
@@ -169,23 +166,22 @@ class LlamaForCausalLM:
             else:  # residual += previous MLP output; hidden = norm(residual)
                 K.fused_add_rms_norm(hidden, residual, L.input_norm, eps)
             qkv = L.qkv(hidden)
-            qk = apply_rope_(qkv[:, :qk_size].view(T, H + Hkv, D), cos, sin)
-            v = qkv[:, qk_size:].view(T, Hkv, D)
+            q, k, v = qkv[:, :q_size], qkv[:, q_size:qk_size], qkv[:, qk_size:]
+            K.rotary_embedding(positions, q, k, D, self.cos_sin, True)
             k_cache, v_cache = kv_caches[i]
-            paged_attention(qk[:, :H], qk[:, H:], v, k_cache, v_cache, meta, self.scale, self.window,
-                            attn_out)
+            paged_attention(q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D), k_cache, v_cache, meta,
+                            self.scale, self.window, attn_out)
             hidden = L.o(attn_out.view(T, H * D))
             K.fused_add_rms_norm(hidden, residual, L.post_norm, eps)
             gu = L.gate_up(hidden)
             act = torch.empty((T, gu.shape[-1] // 2), dtype=self.dtype, device=self.device)
             K.silu_and_mul(act, gu)
             hidden = L.down(act)
-        return residual.add_(hidden)
+        K.fused_add_rms_norm(hidden, residual, self.norm, eps)  # one pass: last residual add + final norm
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Final norm + LM head on the selected rows only; fp32 logits [rows, vocab]."""
+        """LM head on the selected rows of forward()'s output only; fp32 logits [rows, vocab]."""
         if rows is not None:
             hidden = hidden.index_select(0, rows)
-        h = torch.empty_like(hidden)
-        K.rms_norm(h, hidden, self.norm, self.config.rms_norm_eps)
-        return self.lm_head(h).float()
+        return self.lm_head(hidden).float()

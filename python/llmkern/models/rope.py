@@ -1,9 +1,9 @@
 """Rotary position embeddings: inverse frequencies (default, linear, llama3 scaling) and the
-cos/sin table that the model indexes once per step (shared by all layers)."""
+cos/sin cache that llmkern's rotary_embedding kernel reads (shared by all layers)."""
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -30,25 +30,11 @@ def inv_freq(head_dim: int, theta: float, scaling: Optional[dict]) -> torch.Tens
     raise NotImplementedError(f"rope_scaling: rope_type {kind!r} is not supported (default, linear, llama3)")
 
 
-def cos_sin_table(head_dim: int, theta: float, scaling: Optional[dict], max_pos: int,
-                  dtype: torch.dtype, device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [max_pos, head_dim // 2] in the model dtype (rounded from fp32, as HF)."""
+def cos_sin_cache(head_dim: int, theta: float, scaling: Optional[dict], max_pos: int,
+                  dtype: torch.dtype, device) -> torch.Tensor:
+    """[max_pos, head_dim]: cos of every position's angles in the first half, sin in the second
+    (vLLM's layout), in the model dtype (rounded from fp32, as HF)."""
     f = inv_freq(head_dim, theta, scaling)
     pos = torch.arange(max_pos, dtype=torch.float32)
     freqs = pos[:, None] * f[None, :]
-    return freqs.cos().to(dtype).to(device), freqs.sin().to(dtype).to(device)
-
-
-def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE of x [T, heads, D] with cos/sin [T, 1, D/2]; returns a new contiguous tensor.
-
-    out1 = x1*cos - x2*sin, out2 = x2*cos + x1*sin: four fused elementwise passes, one allocation."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    o1, o2 = out[..., :half], out[..., half:]
-    torch.mul(x1, cos, out=o1)
-    o1.addcmul_(x2, sin, value=-1)
-    torch.mul(x2, cos, out=o2)
-    o2.addcmul_(x1, sin)
-    return out
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype).to(device)

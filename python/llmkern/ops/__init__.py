@@ -1,9 +1,12 @@
-"""Kernel ops, one module per family: attention.py, kvcache.py, sampling.py, linear.py, layernorm.py."""
-from . import attention, kvcache, layernorm, linear, sampling
+"""Kernel ops, one module per family: attention.py, kvcache.py, sampling.py, linear.py, layernorm.py,
+rotary.py."""
+from . import attention, kvcache, layernorm, linear, rotary, sampling
 from .attention import *  # noqa: F401,F403
 from .kvcache import *  # noqa: F401,F403
 from .layernorm import *  # noqa: F401,F403
 from .linear import *  # noqa: F401,F403
+from .rotary import *  # noqa: F401,F403
 from .sampling import *  # noqa: F401,F403
 
-__all__ = [*attention.__all__, *kvcache.__all__, *layernorm.__all__, *linear.__all__, *sampling.__all__]
+__all__ = [*attention.__all__, *kvcache.__all__, *layernorm.__all__, *linear.__all__, *rotary.__all__,
+           *sampling.__all__]

@@ -6,6 +6,7 @@
 - ``pack_linear_weight`` + ``linear_packed``: any number of rows on W packed once at load time into
   16-feature panels (csrc/linear/gemm_cpu.h), a register-tiled fp32 GEMM that reads W once per call.
   For the small row counts of batched decode (8-64) it runs ~2x torch's (MKL) sgemm.
+  ``packed_weight_rows`` reads rows back out of a packed W (a tied embedding's lookup).
 
 CUDA tensors go to torch (cuBLAS) in linear_small_m; the packed layout is CPU-only."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 
-__all__ = ["linear_small_m", "pack_linear_weight", "linear_packed"]
+__all__ = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows"]
 
 MAX_ROWS = 16
 PANEL = 16  # output features per packed panel
@@ -87,3 +88,23 @@ def linear_packed(x: torch.Tensor, weight_packed: torch.Tensor, out_features: in
 @linear_packed.op.register_fake
 def _(x, weight_packed, out_features, bias=None):
     return x.new_empty(x.shape[0], out_features)
+
+
+@kernel_op("packed_weight_rows")
+def packed_weight_rows(weight_packed: torch.Tensor, out_features: int, indices: torch.Tensor) -> torch.Tensor:
+    """Rows ``indices [T]`` of the weight packed by ``pack_linear_weight``: ``weight[indices]``
+    ``[T, in_features]`` (the embedding lookup of a tied LM head kept only in packed form)."""
+    require_tensor(weight_packed, "weight_packed")
+    require_tensor(indices, "indices")
+    if weight_packed.dim() != 3:
+        raise ValueError(f"weight_packed: expected [ceil(out_features / 16), in_features, 16], got shape "
+                         f"{tuple(weight_packed.shape)}")
+    out = torch.empty(indices.reshape(-1).shape[0], weight_packed.shape[1], dtype=torch.float32)
+    lib_for(weight_packed).packed_weight_rows(dl(weight_packed), out_features, dl(indices.reshape(-1)), dl(out),
+                                              stream_of(weight_packed))
+    return out
+
+
+@packed_weight_rows.op.register_fake
+def _(weight_packed, out_features, indices):
+    return weight_packed.new_empty(indices.numel(), weight_packed.shape[1])

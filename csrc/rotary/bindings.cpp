@@ -1,0 +1,6 @@
+#include "common/bindings.h"
+#include "rotary/rotary.h"
+
+namespace llmk {
+void bind_rotary(pybind11::module_& m) { m.def("rotary_embedding", &rotary_embedding); }
+}  // namespace llmk

@@ -1,0 +1,60 @@
+// CPU rotary embedding: threads split the tokens; each token's cos/sin row is read once for all
+// of its query and key heads.
+#include "common/elem_cpu.h"
+#include "common/parallel.h"
+#include "rotary/rotary.h"
+#include "rotary/rotary_math.h"
+
+LLMK_NS_BEGIN
+
+namespace {
+
+template <typename T, bool Neox>
+void rotate_heads(T* row, int heads, int head_size, const T* cos, const T* sin, int half) {
+  for (int h = 0; h < heads; ++h) {
+    T* x = row + int64_t(h) * head_size;
+#pragma omp simd
+    for (int i = 0; i < half; ++i) {
+      int a, b;
+      rope_pair(i, 2 * half, Neox, a, b);
+      float u = load<T>(x[a]), v = load<T>(x[b]);
+      rope_rotate(u, v, load<T>(cos[i]), load<T>(sin[i]));
+      x[a] = store<T>(u);
+      x[b] = store<T>(v);
+    }
+  }
+}
+
+template <typename T, bool Neox>
+void run(const TensorView& positions, const TensorView& query, const TensorView* key, int head_size,
+         const TensorView& cache) {
+  const int64_t T_ = positions.numel();
+  const int half = int(cache.size(1) / 2);
+  const int qh = int(query.size(1) / head_size), kh = key ? int(key->size(1) / head_size) : 0;
+  const T* cs = cache.ptr<const T>();
+  T* q = query.ptr<T>();
+  T* k = key ? key->ptr<T>() : nullptr;
+  // >= 16 tokens per task: a token is only a few hundred multiply-adds.
+  parallel_for(T_, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t pos = positions.dtype == DType::I64 ? positions.ptr<const int64_t>()[t]
+                                                        : positions.ptr<const int32_t>()[t];
+      const T* c = cs + pos * cache.stride(0);
+      rotate_heads<T, Neox>(q + t * query.stride(0), qh, head_size, c, c + half, half);
+      if (k) rotate_heads<T, Neox>(k + t * key->stride(0), kh, head_size, c, c + half, half);
+    }
+  });
+}
+
+}  // namespace
+
+void rotary_embedding(const TensorView& positions, const TensorView& query, const TensorView* key, int head_size,
+                      const TensorView& cos_sin_cache, bool is_neox, int64_t /*stream*/) {
+  dispatch_elem(query.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (is_neox) run<T, true>(positions, query, key, head_size, cos_sin_cache);
+    else run<T, false>(positions, query, key, head_size, cos_sin_cache);
+  });
+}
+
+LLMK_NS_END
