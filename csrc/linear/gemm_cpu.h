@@ -49,18 +49,18 @@ LLMK_ALWAYS_INLINE vf fmadd(vf a, vf b, vf c) {
 
 inline int64_t num_panels(int64_t n) { return (n + PW - 1) / PW; }
 
-// x rows [0, rows) -> one k-major block of stride MR (rows beyond `rows` are never read).
-LLMK_ALWAYS_INLINE void pack_x_block(const float* x, int64_t ldx, int rows, int64_t K, float* dst) {
+// x rows [0, rows) -> one k-major block of stride xs >= rows (rows beyond `rows` are never read).
+LLMK_ALWAYS_INLINE void pack_x_block(const float* x, int64_t ldx, int rows, int64_t K, int xs, float* dst) {
   for (int i = 0; i < rows; ++i)
-    for (int64_t k = 0; k < K; ++k) dst[k * MR + i] = x[i * ldx + k];
+    for (int64_t k = 0; k < K; ++k) dst[k * xs + i] = x[i * ldx + k];
 }
 
-// C[R, P*16] (+)= xb[kc][MR] . W panels; `w` points at panel 0 (k offset applied), panels `pstride`
+// C[R, P*16] (+)= xb[kc][xs] . W panels; `w` points at panel 0 (k offset applied), panels `pstride`
 // floats apart. c has row stride ldc; init (first k chunk) starts from bias (or 0), else from c.
 // pf (or null): the next group's panels, prefetched one line per panel per k step, so that its
 // read from memory overlaps this tile's arithmetic.
 template <int R, int P>
-LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, const float* __restrict w, int64_t pstride,
+LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __restrict w, int64_t pstride,
                              int64_t kc, float* c, int64_t ldc, const float* bias, bool init,
                              const float* pf) {
   constexpr int V = P * VPP;
@@ -88,7 +88,7 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, const float* __restrict
     for (int v = 0; v < V; ++v) b[v] = attn::loadu(wv[v] + k * PW);
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
-      const vf a = attn::splat(xb[k * MR + i]);
+      const vf a = attn::splat(xb[k * xs + i]);
 #pragma GCC unroll 8
       for (int v = 0; v < V; ++v) acc[s][i][v] = fmadd(a, b[v], acc[s][i][v]);
     }
@@ -109,12 +109,12 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, const float* __restrict
 }
 
 template <int P>
-LLMK_ALWAYS_INLINE void tile_rows(int r, const float* xb, const float* w, int64_t pstride, int64_t kc,
+LLMK_ALWAYS_INLINE void tile_rows(int r, const float* xb, int xs, const float* w, int64_t pstride, int64_t kc,
                                   float* c, int64_t ldc, const float* bias, bool init, const float* pf) {
   switch (r) {  // one instantiation per row count keeps every tile's accumulators in registers
 #define LLMK_TILE_CASE(R) \
   case R:                 \
-    if constexpr (R <= MR) tile<R, P>(xb, w, pstride, kc, c, ldc, bias, init, pf); \
+    if constexpr (R <= MR) tile<R, P>(xb, xs, w, pstride, kc, c, ldc, bias, init, pf); \
     break;
     LLMK_TILE_CASE(1) LLMK_TILE_CASE(2) LLMK_TILE_CASE(3) LLMK_TILE_CASE(4) LLMK_TILE_CASE(5)
     LLMK_TILE_CASE(6) LLMK_TILE_CASE(7) LLMK_TILE_CASE(8) LLMK_TILE_CASE(9) LLMK_TILE_CASE(10)
@@ -135,12 +135,15 @@ struct RowBlocks {
 
 // out [M, N] (row stride ldo) = x [M, K] (row stride ldx) W^T + bias, W as packed panels
 // [num_panels(N)][K][16]. xpack: scratch of >= ceil(M / MR) * MR * K floats.
+// x blocks are packed with stride MR, or M when one block holds every row: a decode step's one
+// row then streams 4 bytes per k, not a 48-byte stride that spills L1 for long K.
 inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed, int64_t N,
                         const float* bias, float* out, int64_t ldo, float* xpack) {
   const RowBlocks blk(M);
+  const int xs = blk.n == 1 ? int(M) : MR;
   // Packing x is O(M K) against the GEMM's O(M N K); worth threads only for prefill-sized x.
   parallel_for(blk.n, M * K >= (1 << 18) ? 1 : blk.n, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) pack_x_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xpack + b * MR * K);
+    for (int64_t b = b0; b < b1; ++b) pack_x_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K);
   });
   // A group is the NP panels one tile spans. Up to 4 rows the GEMM is bound by reading W, and one
   // panel at a time keeps each thread's reads a single sequential stream (two interleaved streams
@@ -175,7 +178,7 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
         for (int64_t b = 0; b < blk.n; ++b) {
           const int64_t m0 = blk.start(b);
           const int r = blk.rows(b);
-          const float* xb = xpack + b * MR * K + k0 * MR;
+          const float* xb = xpack + b * MR * K + k0 * xs;
           float* c = out + m0 * ldo + n0;
           int64_t ldc = ldo;
           if (edge) {  // through a local tile, so only the valid columns are touched
@@ -185,9 +188,9 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
               for (int i = 0; i < r; ++i) std::copy_n(out + (m0 + i) * ldo + n0, ncols, cbuf + i * ldc);
           }
           // The last row block streams in the next group (of this thread) meanwhile.
-          const float* pf = b + 1 == blk.n && g + 1 < g1 ? wg + gw * pstride : nullptr;
-          if (np == NP) tile_rows<NP>(r, xb, wg, pstride, kc, c, ldc, bp, init, pf);
-          else tile_rows<1>(r, xb, wg, pstride, kc, c, ldc, bp, init, pf);
+          const float* pf = gw == NP && b + 1 == blk.n && g + 1 < g1 ? wg + gw * pstride : nullptr;
+          if (np == NP) tile_rows<NP>(r, xb, xs, wg, pstride, kc, c, ldc, bp, init, pf);
+          else tile_rows<1>(r, xb, xs, wg, pstride, kc, c, ldc, bp, init, pf);
           if (edge)
             for (int i = 0; i < r; ++i) std::copy_n(cbuf + i * ldc, ncols, out + (m0 + i) * ldo + n0);
         }
