@@ -12,7 +12,7 @@ from llmkern import _C
 
 def test_build_info_keys():
     info = llmkern.build_info()
-    for key in ("version", "backends", "cuda_compiled", "cuda_archs", "cpu_simd", "num_threads", "simt"):
+    for key in ("version", "backends", "cuda_compiled", "cuda_archs", "cpu_simd", "num_threads", "threads", "simt"):
         assert key in info
     assert "cpu" in info["backends"]
     assert info["cpu_simd"] in info["cpu_simd_compiled"]

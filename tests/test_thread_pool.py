@@ -1,6 +1,9 @@
-"""llmkern's CPU thread pool (csrc/common/thread_pool.h): every thread count gives the same
-results, a forked child gets a pool of its own, and a kernel's error inside a job reaches Python."""
+"""The CPU kernels' threads (csrc/common/thread_pool.h): every thread count gives the same
+results in both modes (OpenMP and llmkern's own pool), and a forked child gets a pool of its own."""
 import multiprocessing as mp
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -48,3 +51,24 @@ def test_forked_child_runs_kernels():
 def test_set_num_threads_rejects_zero():
     with pytest.raises(ValueError, match="n"):
         llmkern.set_num_threads(0)
+
+
+@pytest.mark.parametrize("mode", ["pool", "openmp"])
+def test_each_mode_in_a_subprocess(mode):
+    """The mode is decided once per process. The split-row sampling path meets at team barriers."""
+    code = (
+        "import torch, llmkern, torch.nn.functional as F\n"
+        "info = llmkern.build_info()\n"
+        f"assert info['threads'] == {mode!r} or (info['threads'] == 'pool' and {mode!r} == 'openmp'), info\n"
+        "x, w = torch.randn(37, 300), torch.randn(500, 300)\n"
+        "out = llmkern.linear_packed(x, llmkern.pack_linear_weight(w), 500)\n"
+        "assert (out.double() - F.linear(x.double(), w.double())).abs().max() < 1e-3\n"
+        "logits = torch.randn(1, 1 << 18)\n"
+        "a = llmkern.sampling_from_logits(logits, seed=3, offset=0)\n"
+        "llmkern.set_num_threads(1)\n"
+        "b = llmkern.sampling_from_logits(logits, seed=3, offset=0)\n"
+        "assert torch.equal(a, b)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LLMKERN_THREADS=mode),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

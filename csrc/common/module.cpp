@@ -35,6 +35,7 @@ py::dict build_info() {
   d["cpu_simd_compiled"] = py::make_tuple("scalar");
 #endif
   d["num_threads"] = llmk::pool_threads();
+  d["threads"] = llmk::use_openmp() ? "openmp" : "pool";
   return d;
 }
 

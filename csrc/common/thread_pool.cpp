@@ -7,14 +7,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -160,11 +166,34 @@ std::mutex g_mu;  // creation and resizing
 Pool* g_pool = nullptr;
 std::atomic<int> g_threads{0};
 
+bool decide_openmp() {
+#if defined(_OPENMP)
+  const char* mode = std::getenv("LLMKERN_THREADS");
+  if (mode && std::string(mode) == "pool") return false;
+  if (mode && std::string(mode) == "openmp") return true;
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  if (!policy) return true;
+  std::string p(policy);
+  for (auto& c : p) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return p != "passive";
+#else
+  return false;
+#endif
+}
+std::atomic<int> g_openmp{-1};  // -1: not decided yet
+
 // After fork() only the forking thread exists: the child starts a pool of its own when it first
-// needs one, and leaves the parent's (whose threads it does not have) alone.
+// needs one, leaves the parent's (whose threads it does not have) alone, and stays off OpenMP,
+// whose runtime hangs in a child whose parent had used it.
 void forget_pool_in_child() {
   new (&g_mu) std::mutex();
   g_pool = nullptr;
+  g_openmp.store(0);
+}
+
+void register_fork_handler() {
+  static bool once = [] { return pthread_atfork(nullptr, nullptr, forget_pool_in_child) == 0; }();
+  (void)once;
 }
 
 Pool& pool() {
@@ -172,8 +201,7 @@ Pool& pool() {
   if (p) return *p;
   std::lock_guard<std::mutex> g(g_mu);
   if (!g_pool) {
-    static bool once = [] { return pthread_atfork(nullptr, nullptr, forget_pool_in_child) == 0; }();
-    (void)once;
+    register_fork_handler();
     g_pool = new Pool(pool_threads());  // never deleted: workers sleep through interpreter exit
   }
   return *g_pool;
@@ -181,10 +209,24 @@ Pool& pool() {
 
 }  // namespace
 
+bool use_openmp() {
+  int v = g_openmp.load(std::memory_order_relaxed);
+  if (v < 0) {
+    register_fork_handler();
+    v = decide_openmp() ? 1 : 0;
+    g_openmp.store(v);
+  }
+  return v == 1;
+}
+
 int pool_threads() {
   int n = g_threads.load();
   if (n == 0) {
+#if defined(_OPENMP)
+    n = use_openmp() ? omp_get_max_threads() : default_threads();
+#else
     n = default_threads();
+#endif
     g_threads.store(n);
   }
   return n;
@@ -193,6 +235,9 @@ int pool_threads() {
 void set_pool_threads(int n) {
   std::lock_guard<std::mutex> g(g_mu);
   g_threads.store(std::max(1, n));
+#if defined(_OPENMP)
+  omp_set_num_threads(std::max(1, n));
+#endif
   if (g_pool && g_pool->size() != n) {
     delete g_pool;  // joins its workers; the next job starts a pool of the new size
     g_pool = nullptr;

@@ -1,12 +1,15 @@
-// llmkern's own CPU thread pool (one per process, shared by every CPU kernel).
+// The threads of the CPU kernels: OpenMP's, or llmkern's own pool (one per process).
 //
-// Why not OpenMP: a decode step calls ~150 short kernels back to back, with Python in between. A
-// pool that puts its threads to sleep after each kernel (OMP_WAIT_POLICY=PASSIVE, common on shared
-// machines) pays a futex wake-up per call, measured at 25-35% of a batched decode step here; one
-// that spins at every barrier for milliseconds (OpenMP's default) fights other work for the cores.
-// These workers spin for a bounded time after each job (LLMKERN_SPIN_US, default 300 us: long
-// enough to bridge the Python between two kernels), yielding the core as they do, then sleep.
-// The pool does not depend on the OpenMP runtime, nor on its environment variables.
+// A decode step calls ~150 short kernels back to back, with Python in between, so a pool must be
+// awake when the next kernel comes. OpenMP's threads (the same runtime as torch's: the process
+// loads one libgomp) spin for milliseconds after each region by default, which suits that, and
+// sharing them with torch means a torch op and an llmkern kernel never fight over the cores. Under
+// OMP_WAIT_POLICY=PASSIVE (common on shared machines) they sleep after every region instead, and
+// each kernel pays a futex wake-up: measured at 25-35% of a batched decode step. Then (or with
+// LLMKERN_THREADS=pool, or without OpenMP) the kernels run on llmkern's own pool, whose workers
+// spin for LLMKERN_SPIN_US (default 300 us: long enough to bridge the Python between two kernels),
+// yielding the core as they do, then sleep. LLMKERN_THREADS=openmp forces OpenMP. A forked child
+// always uses the own pool (libgomp's threads do not survive a fork).
 #pragma once
 
 namespace llmk {
@@ -28,5 +31,8 @@ void pool_barrier();
 
 // True inside a pool job (nested parallel loops run inline).
 bool pool_in_job();
+
+// True when the kernels' parallel loops should use OpenMP rather than the pool (decided once).
+bool use_openmp();
 
 }  // namespace llmk

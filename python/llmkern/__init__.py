@@ -15,8 +15,8 @@ def build_info() -> dict:
     """What this build contains and what the running machine offers.
 
     Keys: version, backends (compiled), cuda_compiled, cuda_archs, cuda_device_count,
-    cpu_simd (level in use), cpu_simd_supported, cpu_simd_compiled, num_threads (of llmkern's CPU
-    thread pool),
+    cpu_simd (level in use), cpu_simd_supported, cpu_simd_compiled, num_threads, threads ("openmp"
+    or "pool": what runs the CPU kernels' parallel loops, see csrc/common/thread_pool.h),
     simt (whether the emulated-CUDA test backend llmkern._simt is installed)."""
     info = dict(_C.build_info())
     info["backends"] = list(info["backends"])
@@ -26,7 +26,7 @@ def build_info() -> dict:
 
 
 def set_num_threads(n: int) -> None:
-    """Threads used by the CPU kernels (llmkern's own pool; default OMP_NUM_THREADS, else the CPUs
+    """Threads used by the CPU kernels (default: OpenMP's count, or OMP_NUM_THREADS, else the CPUs
     this process may run on). Call it while no kernel is running."""
     _C.set_num_threads(int(n))
 
