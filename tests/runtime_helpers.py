@@ -1,7 +1,10 @@
-"""Helpers for the runtime tests: tiny random HF checkpoints and HF greedy references."""
+"""Helpers for the tests: tiny random HF checkpoints, HF greedy references, and a fresh interpreter
+for settings that are read once per process (SIMD level, thread mode)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import List
 
 import torch
@@ -35,3 +38,10 @@ def hf_greedy(model, prompts: List[List[int]], n: int) -> List[List[int]]:
                              do_sample=False, pad_token_id=0)
         outs.append(out[0, len(p):].tolist())
     return outs
+
+
+def run_python(code: str, timeout: float = 120, **env: str) -> None:
+    """Runs `code` in a new interpreter with `env` added to the environment; fails on a non-zero exit."""
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr

@@ -102,9 +102,7 @@ def test_packed_empty_and_compile():
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_packed_other_simd_levels(isa):
     """Each SIMD level has its own tile shape; the level is read once per process."""
-    import os
-    import subprocess
-    import sys
+    from runtime_helpers import run_python
 
     code = (
         "import torch, llmkern, torch.nn.functional as F\n"
@@ -115,9 +113,7 @@ def test_packed_other_simd_levels(isa):
         "    ref = F.linear(x.double(), w.double(), b.double())\n"
         "    assert (out.double() - ref).abs().max() < 1e-4, (rows, k, n)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LLMKERN_CPU_ISA=isa),
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    run_python(code, LLMKERN_CPU_ISA=isa)
 
 
 @pytest.mark.parametrize("n,k", [(20, 8), (49152 // 64, 576), (33, 100)])

@@ -1,15 +1,13 @@
 """The CPU kernels' threads (csrc/common/thread_pool.h): every thread count gives the same
 results in both modes (OpenMP and llmkern's own pool), and a forked child gets a pool of its own."""
 import multiprocessing as mp
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import llmkern
+from runtime_helpers import run_python
 
 
 def _gemm():
@@ -69,6 +67,4 @@ def test_each_mode_in_a_subprocess(mode):
         "b = llmkern.sampling_from_logits(logits, seed=3, offset=0)\n"
         "assert torch.equal(a, b)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LLMKERN_THREADS=mode),
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    run_python(code, LLMKERN_THREADS=mode)
