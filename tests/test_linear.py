@@ -87,6 +87,9 @@ def test_packed_layout_and_strided_rows():
 def test_packed_empty_and_compile():
     p = llmkern.pack_linear_weight(torch.randn(3, 8))
     assert llmkern.linear_packed(torch.zeros(0, 8), p, 3).shape == (0, 3)
+    b0 = torch.randn(5)
+    assert torch.equal(llmkern.linear_packed(torch.zeros(2, 0), llmkern.pack_linear_weight(torch.zeros(5, 0)), 5, b0),
+                       b0.expand(2, 5))
     x, w, b = torch.randn(2, 64), torch.randn(40, 64), torch.randn(40)
     p = llmkern.pack_linear_weight(w)
     torch.library.opcheck(llmkern.linear_packed.op, (x, p, 40, b))

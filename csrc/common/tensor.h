@@ -59,6 +59,8 @@ struct TensorView {
   }
   // Row-major contiguity of dims [from, ndim); size-1 dims may have any stride.
   LLMK_ALWAYS_INLINE bool is_contiguous(int from = 0) const {
+    for (int i = from; i < ndim; ++i)
+      if (shape[i] == 0) return true;  // no elements: any strides will do (torch's rule)
     int64_t expect = 1;
     for (int i = ndim - 1; i >= from; --i) {
       if (shape[i] != 1 && strides[i] != expect) return false;

@@ -99,6 +99,11 @@ void linear_small_m(const TensorView& x, const TensorView& weight, const TensorV
 void linear_packed(const TensorView& x, const TensorView& weight_packed, int64_t out_features,
                    const TensorView* bias, const TensorView& out, int64_t /*stream*/) {
   const int64_t M = x.size(0), K = x.size(1);
+  if (K == 0) {  // an empty sum: the bias (or zeros), as F.linear gives
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < out_features; ++n) out.ptr<float>()[m * out.stride(0) + n] = bias ? bias->ptr<const float>()[n] : 0.f;
+    return;
+  }
   thread_local std::vector<float> xpack;  // grows to the largest x seen; reused across calls
   const size_t need = size_t((M + gemm::MR - 1) / gemm::MR) * gemm::MR * size_t(K);
   if (xpack.size() < need) xpack.resize(need);

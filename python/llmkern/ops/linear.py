@@ -63,7 +63,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     pad = -n % PANEL
     if pad:
         w = torch.cat([w, w.new_zeros(pad, k)])
-    return w.view(-1, PANEL, k).transpose(1, 2).contiguous()
+    return w.view(w.shape[0] // PANEL, PANEL, k).transpose(1, 2).contiguous()
 
 
 @pack_linear_weight.op.register_fake
