@@ -68,3 +68,21 @@ def test_each_mode_in_a_subprocess(mode):
         "assert torch.equal(a, b)\n"
     )
     run_python(code, LLMKERN_THREADS=mode)
+
+
+def test_fork_before_any_kernel_ran():
+    """The fork handler is registered at import: a child forked before the parent's first kernel
+    still stays off the parent's OpenMP runtime."""
+    code = (
+        "import os, torch, llmkern\n"
+        "x, w = torch.randn(37, 300), torch.randn(500, 300)\n"
+        "p = llmkern.pack_linear_weight(w)  # torch's own threads have run (torch ops stay in the parent:\n"
+        "ref = x @ w.T                      # its OpenMP runtime is not fork-safe)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    ok = (llmkern.linear_packed(x, p, 500) - ref).abs().max().item() < 1e-3\n"
+        "    os._exit(0 if ok and llmkern.build_info()['threads'] == 'pool' else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert os.WEXITSTATUS(status) == 0, status\n"
+    )
+    run_python(code, timeout=60)

@@ -63,6 +63,7 @@ PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
   });
+  llmk::use_openmp();  // decide the thread mode now, which also registers the fork handler
   m.def("build_info", &build_info);
   m.def("set_num_threads", &set_num_threads);
   m.def("get_num_threads", &get_num_threads);
