@@ -21,6 +21,7 @@ import inspect
 import math
 import os
 import time
+import traceback
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Optional
 
@@ -323,3 +324,23 @@ def print_records(records) -> None:
         val = f"{r.llmkern_value:7.2f} {r.metric}" if r.llmkern_value is not None else ""
         frac = f"{100 * r.limit_fraction:7.1f}%" if r.limit_fraction is not None else ""
         print(f"{r.bench:38} {r.case:34} {r.llmkern_s * 1e3:9.3f}ms {peer} {ratio} {val:>12} {frac:>8}  {r.peer}")
+
+
+def sanitizer_case(failures: list) -> Callable:
+    """`case(name)`: a decorator for the compute-sanitizer drivers that runs the decorated launch group
+    at once, synchronises, prints ok/FAIL and appends failing names to `failures` (the run goes on:
+    a kernel that faults breaks the CUDA context, so the first failure is the culprit)."""
+
+    def case(name):
+        def deco(fn):
+            try:
+                fn()
+                torch.cuda.synchronize()
+                print(f"ok    {name}", flush=True)
+            except Exception:  # noqa: BLE001  (report every kind of failure, keep going)
+                failures.append(name)
+                print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
+            return fn
+        return deco
+
+    return case

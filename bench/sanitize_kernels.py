@@ -10,28 +10,16 @@ makes the CUDA context unusable, so later calls raise too: the first failure is 
 from __future__ import annotations
 
 import sys
-import traceback
 
 import torch
 
 import llmkern
+from common import sanitizer_case  # bench/ is the script's directory
 
 DEV = "cuda"
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 failures = []
-
-
-def case(name):
-    def deco(fn):
-        try:
-            fn()
-            torch.cuda.synchronize()
-            print(f"ok    {name}", flush=True)
-        except Exception:  # noqa: BLE001  (report every kind of failure, keep going)
-            failures.append(name)
-            print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
-        return fn
-    return deco
+case = sanitizer_case(failures)
 
 
 def rnd(*shape, dtype=BF16):

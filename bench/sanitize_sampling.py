@@ -12,7 +12,6 @@ Exits non-zero if a call raised.
 from __future__ import annotations
 
 import sys
-import traceback
 
 import torch
 
@@ -83,19 +82,8 @@ def register(case):
 
 
 if __name__ == "__main__":
+    from common import sanitizer_case  # bench/ is the script's directory
+
     failures = []
-
-    def case(name):
-        def deco(fn):
-            try:
-                fn()
-                torch.cuda.synchronize()
-                print(f"ok    {name}", flush=True)
-            except Exception:  # noqa: BLE001  (report every failure, keep going)
-                failures.append(name)
-                print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
-            return fn
-        return deco
-
-    register(case)
+    register(sanitizer_case(failures))
     sys.exit(1 if failures else 0)

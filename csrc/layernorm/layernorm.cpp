@@ -19,33 +19,29 @@ void check_rows(const TensorView& t, const char* name, const TensorView& ref, co
   check_last_dim_contiguous(t, name);
 }
 
-void check_weight(const TensorView& weight, const TensorView& input) {
+// The operands of both norms: input and a second [rows, hidden] tensor like it (out or residual),
+// the weight, epsilon.
+void check_norm(const TensorView& input, const TensorView& other, const char* other_name, const TensorView& weight,
+                double eps) {
+  check_rows(input, "input", input, "input", input.size(1), "hidden");
+  check_rows(other, other_name, input, "input", input.size(1), "hidden, from input");
   check_shape(weight, "weight", {input.size(1)}, "[hidden]");
   check_same_dtype(weight, "weight", input, "input");
   check_same_device(weight, "weight", input, "input");
   check_contiguous(weight, "weight");
-}
-
-void check_eps(double eps) {
   LLMK_CHECK(eps >= 0.0 && eps < 1.0, ValueError, "epsilon: expected a small non-negative number, got ", eps);
 }
 
 }  // namespace
 
 void rms_norm(TensorView out, TensorView input, TensorView weight, double eps, int64_t stream) {
-  check_rows(input, "input", input, "input", input.size(1), "hidden");
-  check_rows(out, "out", input, "input", input.size(1), "hidden, from input");
-  check_weight(weight, input);
-  check_eps(eps);
+  check_norm(input, out, "out", weight, eps);
   if (input.numel() == 0) return;
   LLMK_RUN(input, rms_norm, out, input, weight, static_cast<float>(eps), stream);
 }
 
 void fused_add_rms_norm(TensorView input, TensorView residual, TensorView weight, double eps, int64_t stream) {
-  check_rows(input, "input", input, "input", input.size(1), "hidden");
-  check_rows(residual, "residual", input, "input", input.size(1), "hidden, from input");
-  check_weight(weight, input);
-  check_eps(eps);
+  check_norm(input, residual, "residual", weight, eps);
   if (input.numel() == 0) return;
   LLMK_RUN(input, fused_add_rms_norm, input, residual, weight, static_cast<float>(eps), stream);
 }

@@ -33,23 +33,32 @@ void linear_small_m(TensorView x, TensorView weight, std::optional<TensorView> b
   LLMK_RUN_CPU(x, linear_small_m, x, weight, bias ? &*bias : nullptr, out, stream);
 }
 
+namespace {
+
+// weight_packed: pack_linear_weight's fp32 CPU panels of a [out_features, in_features] weight.
+void check_packed_weight(const TensorView& weight_packed, int64_t out_features, int64_t in_features) {
+  check_ndim(weight_packed, "weight_packed", 3, "[ceil(out_features / 16), in_features, 16]");
+  check_dtype(weight_packed, "weight_packed", DType::F32);
+  check_on_cpu(weight_packed, "weight_packed");
+  LLMK_CHECK(out_features > 0, ValueError, "out_features: must be positive, got ", out_features);
+  check_shape(weight_packed, "weight_packed", {(out_features + 15) / 16, in_features, 16},
+              "[ceil(out_features / 16), in_features, 16]");
+  check_contiguous(weight_packed, "weight_packed");
+}
+
+}  // namespace
+
 void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features, std::optional<TensorView> bias,
                    TensorView out, int64_t stream) {
   check_ndim(x, "x", 2, "[rows, in_features]");
-  check_ndim(weight_packed, "weight_packed", 3, "[ceil(out_features / 16), in_features, 16]");
   check_ndim(out, "out", 2, "[rows, out_features]");
   check_dtype(x, "x", DType::F32);
-  check_dtype(weight_packed, "weight_packed", DType::F32);
   check_dtype(out, "out", DType::F32);
   check_on_cpu(x, "x");
-  check_on_cpu(weight_packed, "weight_packed");
   check_on_cpu(out, "out");
-  LLMK_CHECK(out_features > 0, ValueError, "out_features: must be positive, got ", out_features);
-  check_shape(weight_packed, "weight_packed", {(out_features + 15) / 16, x.size(1), 16},
-              "[ceil(out_features / 16), in_features, 16]");
+  check_packed_weight(weight_packed, out_features, x.size(1));
   check_shape(out, "out", {x.size(0), out_features}, "[rows, out_features]");
   check_last_dim_contiguous(x, "x");
-  check_contiguous(weight_packed, "weight_packed");
   check_last_dim_contiguous(out, "out");
   if (bias) {
     check_shape(*bias, "bias", {out_features}, "[out_features]");
@@ -64,11 +73,7 @@ void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features,
 void packed_weight_rows(TensorView weight_packed, int64_t out_features, TensorView indices, TensorView out,
                         int64_t stream) {
   check_ndim(weight_packed, "weight_packed", 3, "[ceil(out_features / 16), in_features, 16]");
-  check_dtype(weight_packed, "weight_packed", DType::F32);
-  check_on_cpu(weight_packed, "weight_packed");
-  check_contiguous(weight_packed, "weight_packed");
-  LLMK_CHECK(out_features > 0, ValueError, "out_features: must be positive, got ", out_features);
-  check_dim(weight_packed, "weight_packed", 0, (out_features + 15) / 16, "ceil(out_features / 16)");
+  check_packed_weight(weight_packed, out_features, weight_packed.size(1));
   check_ndim(indices, "indices", 1, "[num_rows]");
   check_index(indices, "indices");
   check_on_cpu(indices, "indices");

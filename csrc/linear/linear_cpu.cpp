@@ -3,6 +3,7 @@
 // linear_packed: the register-tiled GEMM of gemm_cpu.h on weights packed at load time.
 #include <vector>
 
+#include "common/checks.h"
 #include "common/elem_cpu.h"
 #include "common/parallel.h"
 #include "linear/gemm_cpu.h"
@@ -118,7 +119,7 @@ void packed_weight_rows(const TensorView& weight_packed, const TensorView& indic
   float* o = out.ptr<float>();
   parallel_for(T, 64, [&](int64_t t0, int64_t t1) {  // a row is K strided loads: 64 rows per task
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n = indices.dtype == DType::I64 ? indices.ptr<const int64_t>()[t] : indices.ptr<const int32_t>()[t];
+      const int64_t n = ::llmk::index_at(indices, t);
       const float* src = w + (n / gemm::PW) * K * gemm::PW + n % gemm::PW;
       for (int64_t k = 0; k < K; ++k) o[t * K + k] = src[k * gemm::PW];
     }

@@ -1,5 +1,6 @@
 // CPU rotary embedding: threads split the tokens; each token's cos/sin row is read once for all
 // of its query and key heads.
+#include "common/checks.h"
 #include "common/elem_cpu.h"
 #include "common/parallel.h"
 #include "rotary/rotary.h"
@@ -37,9 +38,7 @@ void run(const TensorView& positions, const TensorView& query, const TensorView*
   // >= 16 tokens per task: a token is only a few hundred multiply-adds.
   parallel_for(T_, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t pos = positions.dtype == DType::I64 ? positions.ptr<const int64_t>()[t]
-                                                        : positions.ptr<const int32_t>()[t];
-      const T* c = cs + pos * cache.stride(0);
+      const T* c = cs + ::llmk::index_at(positions, t) * cache.stride(0);
       rotate_heads<T, Neox>(q + t * query.stride(0), qh, head_size, c, c + half, half);
       if (k) rotate_heads<T, Neox>(k + t * key->stride(0), kh, head_size, c, c + half, half);
     }
