@@ -330,3 +330,63 @@ print("ok")
     envs["PYTHONPATH"] = os.pathsep.join([here] + sys.path)
     res = subprocess.run([sys.executable, "-c", code], env=envs, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_keys_outside_a_sequence_never_reach_it(be):
+    """Keys a sequence does not own (other sequences' rows, the unused tail of its last block,
+    blocks outside its table) never affect its output, even when they hold NaN / inf."""
+    dev, nan = be.device, float("nan")
+    d = 64
+    # dense varlen: sequence 1's keys and values are NaN and +inf
+    lens = [37, 20, 45]
+    cu = _cu(lens, dev)
+    q = torch.randn(sum(lens), 4, d, device=dev)
+    k, v = torch.randn(sum(lens), 2, d, device=dev), torch.randn(sum(lens), 2, d, device=dev)
+    k[37:57], v[37:57] = nan, float("inf")
+    out = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, 45, 45, causal=True)
+    ref, _ = ref_varlen(q, k, v, cu, cu, d ** -0.5, causal=True)
+    keep = torch.ones(sum(lens), dtype=torch.bool, device=dev)
+    keep[37:57] = False
+    assert (out[keep] - ref[keep]).abs().max() < 3e-5
+    # paged: every cache row a sequence does not own is NaN (block tails, unowned blocks)
+    bs, lens_k = 16, [17, 31, 5]
+    table, nblk = _paged(lens_k, bs, dev, garbage=True)
+    kc = torch.full((nblk, bs, 2, d), nan, device=dev)
+    vc = torch.full((nblk, bs, 2, d), nan, device=dev)
+    for b, n in enumerate(lens_k):
+        for pos in range(n):
+            blk = int(table[b, pos // bs])
+            kc[blk, pos % bs], vc[blk, pos % bs] = torch.randn(2, d), torch.randn(2, d)
+    cuk, cuq = _cu(lens_k, dev), _cu([4, 31, 1], dev)
+    qp = torch.randn(36, 4, d, device=dev)
+    out = llmkern.flash_attn_varlen_func(qp, kc, vc, cuq, cuk, 31, 31, causal=True, block_table=table)
+    ref, _ = ref_varlen(qp, kc, vc, cuq, cuk, d ** -0.5, causal=True, block_table=table)
+    assert torch.isfinite(out).all() and (out - ref).abs().max() < 3e-5
+    # decode, appending one new row per sequence into the first free slot (NaN before)
+    qd = torch.randn(3, 1, 4, d, device=dev)
+    kn, vn = torch.randn(3, 1, 2, d, device=dev), torch.randn(3, 1, 2, d, device=dev)
+    seqlens = torch.tensor([16, 30, 4], dtype=torch.int32, device=dev)
+    ref, _, _, _ = ref_kvcache(qd, kc, vc, seqlens, d ** -0.5, k=kn, v=vn, block_table=table)
+    for splits in (1, 3):
+        out = llmkern.flash_attn_with_kvcache(qd, kc.clone(), vc.clone(), k=kn, v=vn, cache_seqlens=seqlens,
+                                              block_table=table, num_splits=splits)
+        assert torch.isfinite(out).all() and (out - ref).abs().max() < 3e-5
+
+
+def test_nan_in_a_causally_hidden_key(be):
+    """Documented behaviour (flash-attn's, and torch SDPA's): keys inside a sequence that a query
+    does not attend to (causal mask, window) are weighted by zero, so a NaN there may reach that
+    query too (0 * NaN). Every query that attends to the NaN key is NaN; every other row is either
+    NaN or exactly what it would be without the NaN."""
+    dev = be.device
+    T, d = 100, 64
+    q = torch.randn(T, 2, d, device=dev)
+    k, v = torch.randn(T, 2, d, device=dev), torch.randn(T, 2, d, device=dev)
+    cu = _cu([T], dev)
+    clean = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True)
+    v[50] = float("nan")
+    out = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True)
+    nan_rows = torch.isnan(out).flatten(1).any(1)
+    assert nan_rows[50:].all(), "rows that attend to the NaN value must be NaN"
+    fin = ~nan_rows
+    assert torch.isfinite(out[fin]).all() and torch.equal(out[fin], clean[fin])

@@ -5,7 +5,16 @@ sequence with sq queries and sk keys sits at key position i + sk - sq), the slid
 keys in ``[i + sk - sq - left, i + sk - sq + right]``, ``softcap`` maps scores to
 ``softcap * tanh(s / softcap)``, ALiBi adds ``-slope * |i + sk - sq - j|``, rows that see no key
 give zeros (and lse = +inf). Beyond flash-attn 2: any page size >= 1, head dims any multiple of 8
-up to 256, fp32/fp16/bf16 on CPU (fp32 accumulation), int64 index tensors accepted (converted).
+up to 256, fp32/fp16/bf16 on CPU (fp32 accumulation), int64 index tensors accepted (converted to
+int32; an entry outside int32 raises ValueError, read on the host for CPU tensors and for CUDA
+tensors under ``LLMKERN_DEBUG_CHECKS=1``).
+
+``out`` (and, when k/v are appended, the caches) may share no memory with any other argument:
+an overlap raises ValueError. Keys a sequence does not own (other sequences' rows, the unused tail
+of its last block, blocks outside its table, unused block-table entries) never affect its output,
+whatever they hold. Keys inside a sequence that a query does not attend to (causal mask, sliding
+window) are weighted by zero, so NaN / inf there can still reach that query (0 * NaN), as in
+flash-attn and torch SDPA: keep the used part of a cache finite.
 
 CPU notes: bf16 uses the AVX512_BF16 dot-product instructions where the CPU has them (P is then
 rounded to bf16 for P.V, as on GPUs; ``LLMKERN_ATTN_BF16_DOT=0`` turns this off). Decode over a
