@@ -12,6 +12,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from . import _C
+from ._args import raise_unsupported_device
 from ._args import require_tensor  # noqa: F401  (re-exported: the ops modules import it from here)
 
 _state = threading.local()
@@ -57,9 +58,8 @@ def dl(t: Optional[torch.Tensor], name: str = "tensor argument"):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     try:
         return to_dlpack(t.detach() if t.requires_grad else t)
-    except BufferError:  # meta and other devices without addressable memory
-        require_tensor(t, name)
-        raise
+    except BufferError:  # meta and other devices DLPack cannot export
+        raise_unsupported_device(t, name)
 
 
 def stream_of(t: torch.Tensor) -> int:

@@ -60,5 +60,6 @@ CASES += [
     ("lin-w-meta", lambda: f(torch.randn(2, 8), _meta(4, 8)), ValueError, "weight: tensors on device 'meta'"),
     ("packed-x-meta", lambda: g(_meta(2, 8), P, 20), ValueError, "x: tensors on device 'meta'"),
     ("packed-bias-meta", lambda: g(torch.randn(2, 8), P, 20, _meta(20)), ValueError, "bias: tensors on device 'meta'"),
+    ("pack-meta", lambda: llmkern.pack_linear_weight(_meta(20, 8)), ValueError, "weight: tensors on device 'meta'"),
     ("rows-idx-meta", lambda: r(P, 20, torch.tensor([1], device="meta")), ValueError, "indices: tensors on device 'meta'"),
 ]
