@@ -14,6 +14,8 @@ class EngineConfig:
     max_model_len: Optional[int] = None     # default: the model's context length
     # scheduling
     scheduler: str = "continuous"           # "continuous" | "static" (admit a batch, run it to the end)
+    schedule: str = "arrival"               # admission order: "arrival" (FCFS) | "throughput" (offline:
+                                            # shared prefixes grouped and computed once, biggest first)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048      # token budget per step
     enable_chunked_prefill: bool = True
@@ -40,6 +42,8 @@ class EngineConfig:
 
         if self.scheduler not in ("continuous", "static"):
             bad("scheduler", "'continuous' or 'static'")
+        if self.schedule not in ("arrival", "throughput"):
+            bad("schedule", "'arrival' or 'throughput'")
         if self.preemption_mode not in ("recompute", "swap"):
             bad("preemption_mode", "'recompute' or 'swap'")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
