@@ -258,6 +258,13 @@ class KVCacheManager:
             self.swap_pool.give_back(seq.swap_blocks)
             seq.swap_blocks = []
 
+    def reset_prefix_cache(self) -> None:
+        """Drop the index of every cached block not in use, on the device and in the host tier."""
+        self.pool.evict_all_cached()
+        if self.offload is not None:
+            self.offload.give_back([e.block_id for e in self.offload.cached.values()])
+            self.offload.cached.clear()
+
     # -- swap preemption ------------------------------------------------------------------------
     def can_swap_out(self, seq: Sequence) -> bool:
         return self.swap_pool is not None and len(seq.block_ids) <= self.swap_pool.num_available

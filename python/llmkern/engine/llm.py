@@ -140,5 +140,9 @@ class LLM:
         return [ScoringRequestOutput(str(i), ScoringOutput(float(sum(lp)), lp, g), p, c)
                 for i, ((lp, g), p, c) in enumerate(zip(res, ps, cs))]
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block not in use (e.g. between benchmark runs)."""
+        self.engine.kv.reset_prefix_cache()
+
     def run_metrics(self) -> dict:
         return self.engine.run_metrics()
