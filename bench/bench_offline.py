@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", choices=["schedule", "embed"], action="append", default=[])
     a = ap.parse_args(argv)
     llm = LLM(kv_cache_memory_gb=2.0)
-    params = llm.engine.model_config.num_params
+    params = llm.engine.model_config.num_params()
     flops = matmul_flops()
     recs = []
     if "schedule" not in a.skip:
