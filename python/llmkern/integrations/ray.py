@@ -8,9 +8,10 @@ constructor and turns batches of rows into results (tokenisation happens in the 
 
     ray.init()                                    # or ray.init(address="auto") on a cluster
     ds = ray.data.read_json("prompts.jsonl")      # or read_parquet(...): one row per prompt
-    ds = ds.map_batches(LLMPredictor, batch_size=64, concurrency=4, num_cpus=1,   # 4 engines
-                        fn_constructor_kwargs=dict(task="generate", sampling={"max_tokens": 64},
-                                                   engine_kwargs={"max_num_seqs": 64}))
+    ds = ds.map_batches(LLMPredictor, batch_size=64, num_cpus=1,
+                        compute=ray.data.ActorPoolStrategy(size=4),   # 4 engines, one per actor
+                        fn_constructor_kwargs=dict(task="generate", sampling={"max_tokens": 64, "temperature": 0},
+                                                   engine_kwargs={"schedule": "throughput"}))
     ds.write_parquet("results/")                  # or write_json(...)
 
 Rows are JSON objects like the lines of `llmkern generate --input` ("prompt" | "messages" |
@@ -120,7 +121,8 @@ def run_on_ray(task, items: List[Item], emit: Callable[[Item, dict], None], *, m
     logging.getLogger("ray.data").setLevel(logging.INFO if progress else logging.WARNING)
     try:
         ds = ray.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // batch_size)))
-        ds = ds.map_batches(LLMPredictor, batch_size=batch_size, concurrency=num_actors, num_cpus=num_cpus,
+        ds = ds.map_batches(LLMPredictor, batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=num_actors),
+                            num_cpus=num_cpus,
                             num_gpus=num_gpus, fn_constructor_kwargs=dict(
                                 task=task, model=model, load_format=load_format, engine_kwargs=engine_kwargs))
         for batch in ds.iter_batches(batch_size=None, batch_format="default"):
