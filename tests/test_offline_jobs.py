@@ -122,6 +122,12 @@ def test_job_arguments_checked_before_work(model, tmp_path):
         cli.main(_args(model, inp, tmp_path / "o.jsonl", "--resume", "--overwrite"))
     with pytest.raises(SystemExit, match="--price-per-hour"):
         cli.main(_args(model, inp, tmp_path / "o.jsonl", "--price-per-hour", "-1"))
+    # A job that cannot start leaves existing results alone, even with --overwrite.
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text('{"line": 1, "text": "earlier"}\n')
+    with pytest.raises(SystemExit, match="does not exist"):
+        cli.main(_args(str(tmp_path / "no-model"), inp, kept, "--overwrite"))
+    assert kept.read_text() == '{"line": 1, "text": "earlier"}\n'
 
 
 def test_summary_reports_cost(model, tmp_path, capsys):

@@ -125,9 +125,14 @@ def run_on_ray(task, items: List[Item], emit: Callable[[Item, dict], None], *, m
                             num_cpus=num_cpus,
                             num_gpus=num_gpus, fn_constructor_kwargs=dict(
                                 task=task, model=model, load_format=load_format, engine_kwargs=engine_kwargs))
-        for batch in ds.iter_batches(batch_size=None, batch_format="default"):
-            for key, rec in zip(batch["key"], batch["record"]):
-                emit(by_key[str(key)], json.loads(rec))
+        try:
+            for batch in ds.iter_batches(batch_size=None, batch_format="default"):
+                for key, rec in zip(batch["key"], batch["record"]):
+                    emit(by_key[str(key)], json.loads(rec))
+        except ray.exceptions.RayError as e:  # e.g. an actor could not load the model
+            from ..offline.results import JobError
+
+            raise JobError(f"--ray: the Ray job failed: {str(e).strip().splitlines()[-1]}") from None
     finally:
         if started:
             ray.shutdown()

@@ -101,6 +101,8 @@ def run_job(task, input_path: str, output_path: Optional[str], mode: Optional[st
                 t_load = time.perf_counter()
                 llm = llm_factory()
                 t0 += time.perf_counter() - t_load  # throughput counts the run, not the model load
+                if out is not None:
+                    out.open()
                 task.run(llm, todo, emit)
                 summary.engine = llm.run_metrics()
         summary.elapsed_s = time.perf_counter() - t0

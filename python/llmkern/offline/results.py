@@ -38,14 +38,21 @@ class ResultsFile:
         if exists and mode is None:
             raise JobError(f"--output: {path!r} already holds results; pass --resume to finish that job "
                            f"or --overwrite to start over")
+        self.f = None
+        self._append = exists and mode == "resume"
         try:
-            if exists and mode == "resume":
+            if self._append:
                 self._load()
-                self.f = open(path, "ab")
-            else:
-                self.f = open(path, "wb")
+            with open(path, "ab"):  # writable? (probed without truncating)
+                pass
         except OSError as e:
             raise JobError(f"--output: cannot write {path!r}: {e.strerror or e}") from None
+
+    def open(self) -> None:
+        """Start writing: append to the results kept by resume, else truncate. Called once the
+        engine is up, so a job that fails to start leaves an existing file alone."""
+        if self.f is None:
+            self.f = open(self.path, "ab" if self._append else "wb")
 
     def _load(self) -> None:
         good = 0
@@ -72,6 +79,7 @@ class ResultsFile:
         return self.ok.get(item.key, False)
 
     def write(self, item: Item, record: dict) -> None:
+        self.open()
         pos = self.f.tell()
         self.f.write(dumps(record).encode("utf-8"))
         self.f.flush()
@@ -81,6 +89,7 @@ class ResultsFile:
     def finalize(self, items: List[Item]) -> int:
         """Rewrite the file in input order (each record's "line" set to its current line); results
         of keys no longer in the input are dropped and counted."""
+        self.open()
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
@@ -100,5 +109,5 @@ class ResultsFile:
         return len(set(self.offsets) - {it.key for it in items})
 
     def close(self) -> None:
-        if not self.f.closed:
+        if self.f is not None and not self.f.closed:
             self.f.close()

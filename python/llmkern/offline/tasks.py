@@ -70,24 +70,32 @@ class GenerateTask:
             except Exception as e:  # a bad line is that line's problem alone
                 emit(it, error_record(it, str(e) or type(e).__name__))
         try:
-            while pending and eng.has_unfinished_requests():
-                for out in eng.step():
-                    it = pending.pop(out.request_id, None) if out.finished else None
-                    if it is None:
-                        continue
-                    m = out.metrics
-                    emit(it, {
-                        "line": it.line, "id": it.ident, "text": out.text, "token_ids": out.token_ids,
-                        "finish_reason": out.finish_reason,
-                        "outputs": [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
-                                    for c in out.outputs] if len(out.outputs) > 1 else None,
-                        "metrics": {"prompt_tokens": m.num_prompt_tokens, "output_tokens": m.num_output_tokens},
-                    })
-                    if on_tokens is not None:
-                        on_tokens(m.num_prompt_tokens, m.num_output_tokens)
-        finally:  # interrupted: leave the engine clean
+            self._loop(eng, pending, emit, on_tokens)
+        except Exception as e:  # keep what finished; every unfinished line gets the error (retried on resume)
+            msg = f"generation failed: {type(e).__name__}: {e}"
+            for it in sorted(pending.values(), key=lambda it: it.line):
+                emit(it, error_record(it, msg))
+        finally:  # interrupted or failed: leave the engine clean
             for rid in pending:
                 eng.abort(rid)
+
+    @staticmethod
+    def _loop(eng, pending, emit, on_tokens) -> None:
+        while pending and eng.has_unfinished_requests():
+            for out in eng.step():
+                it = pending.pop(out.request_id, None) if out.finished else None
+                if it is None:
+                    continue
+                m = out.metrics
+                emit(it, {
+                    "line": it.line, "id": it.ident, "text": out.text, "token_ids": out.token_ids,
+                    "finish_reason": out.finish_reason,
+                    "outputs": [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                                for c in out.outputs] if len(out.outputs) > 1 else None,
+                    "metrics": {"prompt_tokens": m.num_prompt_tokens, "output_tokens": m.num_output_tokens},
+                })
+                if on_tokens is not None:
+                    on_tokens(m.num_prompt_tokens, m.num_output_tokens)
 
 
 class EmbedTask:
@@ -133,7 +141,12 @@ class EmbedTask:
                 emit(it, error_record(it, str(e) or type(e).__name__))
         budget = llm.engine.config.max_num_batched_tokens
         for idx in token_batches([len(t) for t in toks], budget):
-            vecs = embed(llm.engine, [toks[i] for i in idx], self.pooling, self.normalize)
+            try:
+                vecs = embed(llm.engine, [toks[i] for i in idx], self.pooling, self.normalize)
+            except Exception as e:  # that batch's lines get the error (retried on resume)
+                for i in idx:
+                    emit(ok[i], error_record(ok[i], f"embedding failed: {type(e).__name__}: {e}"))
+                continue
             for i, v in zip(idx, vecs):
                 emit(ok[i], {"line": ok[i].line, "id": ok[i].ident, "embedding": v.tolist(),
                              "metrics": {"prompt_tokens": len(toks[i])}})
