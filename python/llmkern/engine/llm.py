@@ -102,8 +102,7 @@ class LLM:
                 raise type(e)(f"{what}[{i}]: {e}") from None
         return out
 
-    def embed(self, prompts, pooling: str = "mean", normalize: bool = True,
-              use_tqdm: bool = False) -> List[EmbeddingRequestOutput]:
+    def embed(self, prompts, pooling: str = "mean", normalize: bool = True) -> List[EmbeddingRequestOutput]:
         """One embedding per prompt (str, token-id list or {"prompt_token_ids": [...]}), in order:
         the final hidden states (after the last norm) pooled by "mean" over the tokens, the "last"
         token or the first ("cls") token, L2-normalised unless normalize=False. Runs prefill only,
@@ -115,7 +114,7 @@ class LLM:
         return [EmbeddingRequestOutput(str(i), EmbeddingOutput(v.tolist()), t)
                 for i, (v, t) in enumerate(zip(vecs, ids))]
 
-    def score(self, prompts, continuations, use_tqdm: bool = False) -> List[ScoringRequestOutput]:
+    def score(self, prompts, continuations) -> List[ScoringRequestOutput]:
         """Log-likelihood of each continuation given its prompt (pairs in order; strings or token
         ids). A string continuation is tokenised without special tokens and appended to the prompt's
         tokens. Unlike vLLM's score (similarity of two texts under a cross-encoder or embedding
