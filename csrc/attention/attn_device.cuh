@@ -95,6 +95,7 @@ struct KernelArgs {
   int pack = 1;        // query heads folded into the row dimension (1, or group: GQA packing)
   int num_splits = 1;  // > 1: write partials to the split workspace for the combine kernel
   int m_blocks = 1;    // row tiles per (sequence, head pack)
+  int batch0 = 0;      // sequence of blockIdx.{y,z} == 0 (grids cover 65,535 sequences at most)
   FastDiv page;        // division by block_size (paged K/V)
 };
 

@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x % a.num_splits;
   const int rt = int(blockIdx.x) / a.num_splits;
-  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int kvh = blockIdx.y, b = a.batch0 + int(blockIdx.z);
   const SeqInfo s = seq_info(p, b);
   const int rows_total = s.seqlen_q * a.group;
   const int row0 = rt * kDecodeRows;

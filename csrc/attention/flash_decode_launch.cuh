@@ -25,10 +25,13 @@ void launch_decode(KernelArgs a, int64_t stream) {
   const AttnParams& p = a.p;
   a.pack = a.group;
   a.m_blocks = (p.max_seqlen_q * a.group + kDecodeRows - 1) / kDecodeRows;
-  const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_kv_heads), unsigned(p.batch));
   auto flash_decode = &flash_decode_kernel<T, typename Tn::Tile, Tn::kStages>;
   allow_dynamic_smem(flash_decode, Cfg::kSmem);
-  LLMK_LAUNCH(flash_decode, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+  for_each_grid_chunk(p.batch, [&](int64_t first, unsigned count) {
+    a.batch0 = int(first);
+    const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_kv_heads), count);
+    LLMK_LAUNCH(flash_decode, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+  });
 }
 
 }  // namespace attn

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
   const int g = lane >> 2, t4 = lane & 3;
   const int split = blockIdx.x % a.num_splits;
   const int m_block = a.m_blocks - 1 - int(blockIdx.x) / a.num_splits;  // long causal rows first
-  const int b = blockIdx.z;
+  const int b = a.batch0 + int(blockIdx.z);
   const SeqInfo s = seq_info(p, b);
   const int rows_total = s.seqlen_q * a.pack;
   const int row0 = m_block * kBlockM;

@@ -26,10 +26,13 @@ void launch_prefill(KernelArgs a, int64_t stream) {
   static_assert(Cfg::kBlockM == prefill_block_m(kD), "prefill_block_m out of date");
   const AttnParams& p = a.p;
   a.m_blocks = (p.max_seqlen_q * a.pack + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_heads / a.pack), unsigned(p.batch));
   auto flash_prefill = &flash_prefill_kernel<T, Cfg>;
   allow_dynamic_smem(flash_prefill, Cfg::kSmem);
-  LLMK_LAUNCH(flash_prefill, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+  for_each_grid_chunk(p.batch, [&](int64_t first, unsigned count) {
+    a.batch0 = int(first);
+    const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_heads / a.pack), count);
+    LLMK_LAUNCH(flash_prefill, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+  });
 }
 
 }  // namespace attn
