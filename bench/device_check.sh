@@ -7,6 +7,7 @@
 #      the cuda-only tests, e.g. CUDA-graph capture),
 #   3. compute-sanitizer memcheck and racecheck on bench/sanitize_kernels.py (every kernel once),
 #   4. GPU benchmarks side by side with torch (bench/bench_*.py --device cuda),
+#   5. the static SASS figures of the attention kernels (bench/sass_stats.py, sm_90a),
 # writing device_check.log, stages.tsv, one JSON per benchmark and summary.json into OUT_DIR.
 #
 #   bash bench/device_check.sh [OUT_DIR]          (default: bench/results/)
@@ -28,7 +29,7 @@ LOG=$OUT/device_check.log
 STAGES=$OUT/stages.tsv
 : >"$LOG"
 : >"$STAGES"
-rm -f "$OUT"/bench_*.json "$OUT"/pytest_cuda.xml "$OUT"/memcheck.log "$OUT"/racecheck.log "$OUT"/summary.json
+rm -f "$OUT"/bench_*.json "$OUT"/sass_stats.json "$OUT"/pytest_cuda.xml "$OUT"/memcheck.log "$OUT"/racecheck.log "$OUT"/summary.json
 T0=$(date +%s)
 DEADLINE=$((T0 + ${LLMK_CHECK_BUDGET_S:-465}))
 PY=${PYTHON:-python}
@@ -108,6 +109,10 @@ for tool in ("memcheck", "racecheck"):
         s[tool] = m[-1] if m else "no summary line (see log)"
     except OSError:
         s[tool] = "not run"
+try:
+    s["sass"] = json.load(open(os.path.join(out, "sass_stats.json")))
+except Exception:
+    s["sass"] = None
 s["benchmarks"] = {}
 for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
     try:
@@ -256,4 +261,9 @@ if ((HAVE_GPU && BUILT)) || [[ ${LLMK_CHECK_DEVICE:-cuda} == cpu ]]; then
 else
   skip "benchmarks" "no GPU or no build"
 fi
+
+# ---- 5. static SASS figures (no GPU needed: compiles for sm_90a; last, with what time is left) --
+RESERVE=0
+STAGE_OUT=$OUT/sass_stats.log stage "sass_stats" 120 "$PY" bench/sass_stats.py --jobs "$(nproc)" \
+  --json "$OUT/sass_stats.json"
 exit 0
