@@ -469,7 +469,7 @@ def sass_lines(sass: Optional[dict]) -> list:
                      f"{k.get('spill_stores', 0)}/{k.get('spill_loads', 0)}",
                      str(k.get("smem_static", 0) + k.get("smem_dynamic", 0)), str(occ.get("ctas_per_sm", "?"))])
     return (["", f"## CUDA kernels: static SASS figures ({sass.get('arch', '?')})", "",
-             "From `bench/sass_stats.py` (no GPU needed): the main loop is the loop with the most tensor-core "
+             "From `bench/sass_stats.py` (no GPU needed): the main loop is the innermost loop with the most tensor-core "
              "instructions; *other / HMMA* counts its remaining instructions per HMMA, each once.", ""]
             + _table(rows, ["kernel", "HMMA in main loop", "other / HMMA", "registers", "spills (B st/ld)",
                             "shared memory (B)", "CTAs / SM"]))

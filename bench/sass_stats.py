@@ -1,10 +1,10 @@
 """Static performance check of the CUDA attention kernels, no GPU needed: compile them for one
 architecture (default sm_90a), read the SASS, and report per kernel
 
-  - the main loop: the loop (backward branch) with the most tensor-core instructions (HMMA);
-    among loops with as many, the one with the fewest other instructions (the steady-state loop
-    when a kernel keeps a separate loop for masked tiles), and in it the count of instructions
-    that are not HMMA, per HMMA (static count: each instruction of the loop body once);
+  - the main loop: of the innermost loops (backward branches) that hold tensor-core
+    instructions (HMMA), the one with the most of them, then the fewest other instructions (the
+    steady-state loop when a kernel keeps masked tiles apart), and in it the count of
+    instructions that are not HMMA, per HMMA (static count: each instruction of the loop once);
   - registers, spill bytes (ptxas -v), static + dynamic shared memory per CTA, threads per CTA
     and the occupancy these allow (resident CTAs and warps per SM).
 
@@ -146,7 +146,10 @@ def loops(insns: List[Insn]) -> List[Loop]:
 
 
 def main_loop(insns: List[Insn]) -> Optional[Loop]:
+    """The innermost loops holding HMMA (none of them inside another); of those, the one with the
+    most HMMA, then the fewest other instructions."""
     ls = [lp for lp in loops(insns) if lp.hmma]
+    ls = [lp for lp in ls if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in ls)]
     if not ls:
         return None
     top = max(lp.hmma for lp in ls)
@@ -174,6 +177,21 @@ def parse_ptxas(text: str) -> Dict[str, dict]:
             cur["regs"] = int(m.group(1))
             s = re.search(r"(\d+) bytes smem", line)
             cur["smem_static"] = int(s.group(1)) if s else 0
+    return res
+
+
+def parse_res_usage(text: str) -> Dict[str, dict]:
+    """cuobjdump -res-usage -> {mangled name: {regs, smem_static, stack}} (cubins without a ptxas log)."""
+    res: Dict[str, dict] = {}
+    cur = None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", line)
+        if m and cur:
+            res[cur] = {"regs": int(m.group(1)), "stack": int(m.group(2)), "smem_static": int(m.group(3))}
     return res
 
 
@@ -276,6 +294,7 @@ class KernelStats:
     smem_dynamic: int = 0
     threads: Optional[int] = None
     occupancy: dict = field(default_factory=dict)
+    main_loop_ops: dict = field(default_factory=dict)  # mnemonic -> count (the JSON's breakdown)
 
 
 def _short(demangled: str) -> str:
@@ -288,6 +307,10 @@ def analyse(unit: str, cubin: str, ptxas_log: str, arch: str, cuobjdump: str, ge
     sass = subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True, env=env).stdout
     funcs = parse_sass(sass)
     res = parse_ptxas(ptxas_log)
+    if not res:  # a cubin compiled elsewhere: registers and shared memory from its ELF
+        usage = subprocess.run([cuobjdump, "-res-usage", cubin], check=True, capture_output=True, text=True,
+                               env=env).stdout
+        res = parse_res_usage(usage)
     names = demangle(list(funcs))
     out = []
     for mangled, insns in funcs.items():
@@ -297,6 +320,11 @@ def analyse(unit: str, cubin: str, ptxas_log: str, arch: str, cuobjdump: str, ge
         lp = main_loop(insns)
         if lp:
             ks.hmma_main_loop, ks.other_main_loop, ks.per_hmma = lp.hmma, lp.other, lp.per_hmma
+            ops: Dict[str, int] = {}
+            for ins in insns[lp.start:lp.end + 1]:
+                if ins.base != "NOP":
+                    ops[ins.base] = ops.get(ins.base, 0) + 1
+            ks.main_loop_ops = dict(sorted(ops.items(), key=lambda kv: -kv[1]))
         r = res.get(mangled, {})
         ks.regs, ks.spill_stores, ks.spill_loads = r.get("regs", 0), r.get("spill_stores", 0), r.get("spill_loads", 0)
         ks.smem_static = r.get("smem_static", 0)

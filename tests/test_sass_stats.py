@@ -54,6 +54,24 @@ def test_parse_and_main_loop():
     assert sass_stats.main_loop(funcs["_Z3barv"]) is None
 
 
+NESTED = """
+		Function : _Z3nestv
+        /*0000*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0010*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0020*/                   FADD R3, R3, R4 ;
+        /*0030*/               @P1 BRA 0x10 ;
+        /*0040*/                   FMUL R3, R3, R4 ;
+        /*0050*/               @P0 BRA 0x0 ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_main_loop_is_innermost():
+    """An outer loop around an HMMA loop (masked and unmasked tile steps) is not the main loop."""
+    lp = sass_stats.main_loop(sass_stats.parse_sass(NESTED)["_Z3nestv"])
+    assert (lp.hmma, lp.other) == (1, 2)
+
+
 def test_ptxas_resources_and_occupancy():
     r = sass_stats.parse_ptxas(PTXAS)["_Z3fooPf"]
     assert r == {"regs": 255, "spill_stores": 8, "spill_loads": 4, "stack": 8, "smem_static": 2064}
@@ -103,6 +121,7 @@ def test_compiled_kernel(tmp_path):
     (ks,) = sass_stats.collect("sm_90a", cubins=[str(cubin)])
     assert ks.kernel.startswith("loop4") and ks.hmma_main_loop == 4
     assert ks.other_main_loop > 0 and ks.per_hmma == ks.other_main_loop / 4
+    assert ks.regs > 0  # from cuobjdump -res-usage (no ptxas log for a given cubin)
 
 
 def test_script_on_combine_kernel(tmp_path):

@@ -10,7 +10,9 @@ namespace attn {
 template <typename T, int kD>
 struct DecodeTuning {  // fp16 / bf16: tensor cores; deeper pipeline where tiles are small
   using Tile = MmaTile<T, kD>;
-  static constexpr int kStages = kD <= 64 ? 3 : 2;
+  // hd256: one stage per warp (~82 KiB per CTA, 2 CTAs per SM: as many tiles in flight per SM as
+  // 2 stages in one CTA, with twice the warps to hide latency).
+  static constexpr int kStages = kD <= 64 ? 3 : kD <= 128 ? 2 : 1;
 };
 template <int kD>
 struct DecodeTuning<float, kD> {
