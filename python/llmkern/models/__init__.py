@@ -1,8 +1,8 @@
 """Models served by the runtime: the Llama family over a paged KV cache, and their loaders."""
 from __future__ import annotations
 
-# Exported lazily: `llmkern.models.rope` and friends import without the loader's and the
-# tokenizer's dependencies (numpy, tokenizers), which a kernels-only install may lack.
+# Exported lazily: a submodule imports without the loader's and the tokenizer's dependencies
+# (numpy, tokenizers), which a kernels-only install may lack.
 _EXPORTS = {
     "ModelConfig": "config", "LlamaForCausalLM": "llama", "Tokenizer": "tokenizer",
     "load_model": "loader", "default_model_path": "loader",
