@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
 from llmkern import LLM, cli
 from runtime_helpers import tiny_hf_model
 
