@@ -1,0 +1,19 @@
+"""Model parallelism on torch.distributed: tensor (Megatron-style shards of every layer),
+pipeline (contiguous stages of layers) and both together, on one machine or several.
+
+The engine's process is rank 0: it keeps the scheduler, the KV bookkeeping and the sampler, runs
+its own shard, and sends each step's flat inputs to the other ranks, which only execute steps.
+Ranks are laid out stage-major: rank = stage * T + tp_rank.
+
+- topology.py  ranks, stages and groups (pure arithmetic)
+- sharding.py  a rank's slice of a HF-named checkpoint, as a smaller Llama
+- control.py   rank 0's messages to the other ranks (setup, steps, stats, stop)
+- comm.py      the collectives the parallel layers and stages use, with byte/time counters
+- launch.py    process-group setup, local worker spawn, env:// (torchrun) join, reaping
+- stage.py     one rank's shard of the model and KV cache, and its part of a step
+- worker.py    a worker process: join, build its stage, run steps until told to stop
+- executor.py  the engine side: start the ranks, ship each step, collect the logits, fail loudly
+"""
+from .topology import Topology
+
+__all__ = ["Topology"]
