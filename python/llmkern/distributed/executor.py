@@ -63,6 +63,7 @@ class ParallelExecutor:
         self.failed: Optional[str] = None
         self.closed = False
         self.workers = None
+        self._threads = (torch.get_num_threads(), _llmkern_threads())  # restored by shutdown()
         launch.set_threads(launch.cpu_share(env["local_world_size"] if env else world))
         if env is not None:
             self.ctrl = launch.init_env(0, world)
@@ -162,3 +163,13 @@ class ParallelExecutor:
             dist.destroy_process_group()
         except Exception:
             pass
+        torch.set_num_threads(self._threads[0])
+        import llmkern
+
+        llmkern.set_num_threads(self._threads[1])
+
+
+def _llmkern_threads() -> int:
+    import llmkern
+
+    return llmkern.get_num_threads()
