@@ -15,6 +15,7 @@ raises DistributedError naming the worker that died, if one did."""
 from __future__ import annotations
 
 import atexit
+import re
 import dataclasses
 import weakref
 from typing import List, Optional, Tuple
@@ -66,17 +67,19 @@ class ParallelExecutor:
         self._threads = (torch.get_num_threads(), _llmkern_threads())  # restored by shutdown()
         launch.set_threads(launch.cpu_share(env["local_world_size"] if env else world))
         if env is not None:
-            self.ctrl = launch.init_env(0, world)
+            setup = launch.init_env(0, world)
         else:
             self.workers = launch.LocalWorkers(world)
-            self.ctrl = launch.init_store(self.workers.rendezvous_store(), 0, world)
+            setup = launch.init_store(self.workers.rendezvous_store(), 0, world)
+        self.setup_group = setup
         try:
-            bcast(self.ctrl, ("setup", {"topology": topo, "model": model, "load_format": load_format,
+            bcast(setup, ("setup", {"topology": topo, "model": model, "load_format": load_format,
                                         "seed": config.seed, "dtype": dtype, "device_type": device.type,
                                         "timeout_s": self.timeout_s}))
-            groups = launch.make_groups(self.ctrl, topo, 0, device.type, self.timeout_s)
+            groups = launch.make_groups(topo, 0, device.type, self.timeout_s)
+            self.ctrl = groups.ctrl
             self.stage, err = try_report(lambda: Stage(cfg, sd, topo, 0, groups, dtype, device))
-            self._check(gather_to_root(self.ctrl, err), "build its shard of the model")
+            self._check(gather_to_root(setup, err), "build its shard of the model")
             local, _ = local_config(cfg, topo, 0)
             if device.type == "cpu" and config.kv_cache_memory_gb is None:
                 # The ranks on this machine share its memory: the default budget is split among them
@@ -87,9 +90,9 @@ class ParallelExecutor:
                                                dtype, device)
             self.config = dataclasses.replace(config, num_gpu_blocks=n, num_cpu_offload_blocks=n_off,
                                               num_swap_blocks=n_swap)
-            bcast(self.ctrl, ("config", self.config))
+            bcast(setup, ("config", self.config))
             _, err = try_report(lambda: self.stage.build_kv(self.config))
-            self._check(gather_to_root(self.ctrl, err), "allocate its KV cache")
+            self._check(gather_to_root(setup, err), "allocate its KV cache")
         except BaseException:
             self.shutdown(graceful=False)
             raise
@@ -102,7 +105,7 @@ class ParallelExecutor:
     def _check(self, errors: List[Optional[str]], what: str) -> None:
         bad = [(r, e) for r, e in enumerate(errors) if e]
         if bad:
-            bcast(self.ctrl, ("stop",))
+            bcast(self.setup_group, ("stop",))
             r, e = bad[0]
             raise RuntimeError(f"distributed: rank {r} could not {what}: {e}")
 
@@ -128,6 +131,7 @@ class ParallelExecutor:
     def _fail(self, e: Exception) -> DistributedError:
         dead = self.workers.dead(wait_s=2.0) if self.workers is not None else []
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first)  # gloo's source location
         if dead:
             msg = f"distributed: worker {dead[0]} during a step ({first}); the engine is shut down"
         else:

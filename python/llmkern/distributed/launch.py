@@ -10,9 +10,10 @@ Two ways in:
 
 Groups, created in the same order on every rank:
 - the default group (gloo): rendezvous only;
-- control (gloo, no practical timeout): rank 0 broadcasts each step's inputs; idle workers wait
-  here, so it must not time out while the engine has nothing to do (a dead peer still ends the
-  wait at once: its sockets close);
+- setup (gloo, no practical timeout): what to load, and each rank's report (loading may be slow);
+- control (gloo): rank 0 broadcasts each step's inputs; idle workers wait here with no practical
+  timeout (the engine may idle; a dead peer still ends the wait at once: its sockets close),
+  while rank 0's side times out after distributed_timeout_s;
 - compute (gloo on CPU, NCCL on CUDA, timeout distributed_timeout_s): the whole world for the
   pipeline's send/recv, and one tensor-parallel group per stage.
 A local worker also exits when its engine dies (it watches a pipe), so no rank outlives the
@@ -34,7 +35,7 @@ import torch.distributed as dist
 from .topology import Topology
 
 STARTUP_TIMEOUT_S = 300.0          # ranks joining (interpreter start, torch import)
-IDLE_TIMEOUT = timedelta(days=7)   # the control group: workers wait there while the engine idles
+IDLE_TIMEOUT = timedelta(days=7)   # workers wait for the engine's next message this long
 _READY = "llmkern/ready/"
 
 
@@ -87,17 +88,20 @@ def compute_backend(device_type: str) -> str:
 
 @dataclass
 class Groups:
-    ctrl: object
+    ctrl: object             # steps, stats, stop (gloo); timeout: the engine's, or idle on workers
     world: object            # compute: pipeline send/recv
     tp: Optional[object]     # compute: this rank's tensor-parallel group (None when T == 1)
     tp_ranks: List[int]
 
 
-def make_groups(ctrl, topo: Topology, rank: int, device_type: str, timeout_s: float) -> Groups:
-    """The compute groups (a collective call on every rank, in the same order)."""
+def make_groups(topo: Topology, rank: int, device_type: str, timeout_s: float) -> Groups:
+    """The control and compute groups (a collective call on every rank, in the same order). A
+    group's timeout is each process's own: rank 0 gives up on a control message after timeout_s
+    (a peer that stopped answering), workers wait for the next one as long as the engine idles."""
     timeout = timedelta(seconds=timeout_s)
     backend = compute_backend(device_type)
     ranks = list(range(topo.world_size))
+    ctrl = dist.new_group(ranks, timeout=timeout if rank == 0 else IDLE_TIMEOUT, backend="gloo")
     world = dist.new_group(ranks, timeout=timeout, backend=backend)
     mine = None
     for s in range(topo.pp):
@@ -108,14 +112,15 @@ def make_groups(ctrl, topo: Topology, rank: int, device_type: str, timeout_s: fl
 
 
 def init_env(rank: int, world_size: int) -> object:
-    """Join a torchrun-style (env://) world; returns the control group."""
+    """Join a torchrun-style (env://) world; returns the setup group (setup messages and replies,
+    no practical timeout: loading a large checkpoint may take long)."""
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
     return dist.new_group(list(range(world_size)), timeout=IDLE_TIMEOUT, backend="gloo")
 
 
 def init_store(store, rank: int, world_size: int) -> object:
-    """Rank 0 of a local launch: host the rendezvous; returns the control group."""
+    """Rank 0 of a local launch: host the rendezvous; returns the setup group."""
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
     return dist.new_group(list(range(world_size)), timeout=IDLE_TIMEOUT, backend="gloo")

@@ -25,34 +25,35 @@ def main() -> None:
         launch.watch_stdin()
     launch.set_threads(launch.cpu_share(env["local_world_size"]))
     launch.announce_ready(env["rank"], env["world_size"])
-    ctrl = launch.init_env(env["rank"], env["world_size"])
-    sys.exit(run(env["rank"], ctrl, env["local_rank"]))
+    setup_group = launch.init_env(env["rank"], env["world_size"])
+    sys.exit(run(env["rank"], setup_group, env["local_rank"]))
 
 
-def run(rank: int, ctrl, local_rank: int) -> int:
+def run(rank: int, setup_group, local_rank: int) -> int:
     from ..models.loader import read_checkpoint
     from .stage import Stage, to_device
 
-    kind, setup = bcast(ctrl)
+    kind, setup = bcast(setup_group)
     assert kind == "setup", kind
     topo = setup["topology"]
     device = torch.device("cpu")
     if setup["device_type"] == "cuda":
         device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
-    groups = launch.make_groups(ctrl, topo, rank, device.type, setup["timeout_s"])
+    groups = launch.make_groups(topo, rank, device.type, setup["timeout_s"])
 
     def build():
         cfg, sd, _ = read_checkpoint(setup["model"], setup["load_format"], setup["seed"])
         return Stage(cfg, sd, topo, rank, groups, setup["dtype"], device)
 
     stage, err = try_report(build)
-    gather_to_root(ctrl, err)
-    kind, config = bcast(ctrl)
+    gather_to_root(setup_group, err)
+    kind, config = bcast(setup_group)
     if kind == "stop" or stage is None:
         return 0 if kind == "stop" else 1
     _, err = try_report(lambda: stage.build_kv(config))
-    gather_to_root(ctrl, err)
+    gather_to_root(setup_group, err)
+    ctrl = groups.ctrl
     while True:
         msg = bcast(ctrl)
         kind = msg[0]
