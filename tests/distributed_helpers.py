@@ -12,8 +12,10 @@ import torch
 from runtime_helpers import tiny_hf_model
 
 # Llama: 4 heads, 2 KV heads (split at T=2); Qwen2: 1 KV head (replicated at T=2), qkv bias, and a
-# vocabulary of 250 (padded to a multiple of T for the vocab-parallel head).
-MODELS = {"llama": dict(arch="llama"), "qwen2": dict(arch="qwen2", num_key_value_heads=1, vocab_size=250)}
+# vocabulary of 250 (padded to a multiple of T for the vocab-parallel head); llama_kv3: 3 KV heads
+# over 2 ranks (2 + 1, as SmolLM2's).
+MODELS = {"llama": dict(arch="llama"), "qwen2": dict(arch="qwen2", num_key_value_heads=1, vocab_size=250),
+          "llama_kv3": dict(arch="llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=3)}
 
 BASE = [3, 4, 5, 6, 7, 8, 9, 10]  # a shared prefix of two blocks: prefix-cache hits
 PROMPTS = [BASE + [5, 6, 7, 8, 9, 10, 11][i:] * 2 for i in range(6)]
@@ -27,7 +29,7 @@ def engine_kwargs(arch: str) -> dict:
     prefill with a 16-token budget. Llama preempts by swapping and keeps evicted prefix blocks in a
     host tier (block copies every rank must replay); Qwen2 preempts by recomputing."""
     kw = dict(block_size=4, num_gpu_blocks=16, max_num_seqs=3, max_num_batched_tokens=16, speculative=NGRAM)
-    if arch == "llama":
+    if arch.startswith("llama"):
         kw.update(preemption_mode="swap", num_swap_blocks=32, num_cpu_offload_blocks=16)
     return kw
 

@@ -16,7 +16,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("dist_models"))
-    return {arch: make_model(root, arch) for arch in ("llama", "qwen2")}
+    return {arch: make_model(root, arch) for arch in ("llama", "qwen2", "llama_kv3")}
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,17 @@ def reference(models):
             # the workload does what it is meant to
             assert m["preemptions"] > 0 and m["prefix_hit_tokens"] > 0, m
             assert m["speculative"]["draft_tokens"] > 0
-            if arch == "llama":
+            if arch.startswith("llama"):
                 assert m["blocks_swapped_out"] > 0 and m["blocks_offloaded"] > 0, m
             out[arch] = toks
     return out
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)], ids=["T2", "P2", "T2xP2"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+CASES = [(arch, tp, pp) for arch in ("llama", "qwen2") for tp, pp in ((2, 1), (1, 2), (2, 2))]
+
+
+@pytest.mark.parametrize("arch,tp,pp", CASES + [("llama_kv3", 2, 1)],
+                         ids=[f"{a}-T{t}xP{p}" for a, t, p in CASES + [("llama_kv3", 2, 1)]])
 def test_greedy_tokens_identical(arch, tp, pp, models, reference):
     llm = LLM(models[arch], tensor_parallel_size=tp, pipeline_parallel_size=pp, distributed_timeout_s=120,
               **engine_kwargs(arch))
