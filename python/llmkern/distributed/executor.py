@@ -132,6 +132,7 @@ class ParallelExecutor:
         dead = self.workers.dead(wait_s=2.0) if self.workers is not None else []
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         first = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first)  # gloo's source location
+        first = first.split(". ")[0]  # gloo appends generic advice
         if dead:
             msg = f"distributed: worker {dead[0]} during a step ({first}); the engine is shut down"
         else:
