@@ -18,7 +18,7 @@ import atexit
 import re
 import dataclasses
 import weakref
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -65,14 +65,15 @@ class ParallelExecutor:
         self.closed = False
         self.workers = None
         self._threads = (torch.get_num_threads(), _llmkern_threads())  # restored by shutdown()
-        launch.set_threads(launch.cpu_share(env["local_world_size"] if env else world))
-        if env is not None:
-            setup = launch.init_env(0, world)
-        else:
-            self.workers = launch.LocalWorkers(world)
-            setup = launch.init_store(self.workers.rendezvous_store(), 0, world)
-        self.setup_group = setup
-        try:
+        self.setup_group = self.ctrl = None
+        try:  # from here on a failure stops whatever was started (shutdown copes with a partial start)
+            launch.set_threads(launch.cpu_share(env["local_world_size"] if env else world))
+            if env is not None:
+                setup = launch.init_env(0, world)
+            else:
+                self.workers = launch.LocalWorkers(world)
+                setup = launch.init_store(self.workers.rendezvous_store(), 0, world)
+            self.setup_group = setup
             bcast(setup, ("setup", {"topology": topo, "model": model, "load_format": load_format,
                                         "seed": config.seed, "dtype": dtype, "device_type": device.type,
                                         "timeout_s": self.timeout_s}))
@@ -157,17 +158,18 @@ class ParallelExecutor:
         if self.closed:
             return
         self.closed = True
-        if graceful and not self.failed:
+        if graceful and not self.failed and self.ctrl is not None:
             try:
                 bcast(self.ctrl, ("stop",))
             except Exception:
                 graceful = False
         if self.workers is not None:
             self.workers.reap(grace_s=10.0 if graceful else 0.0)
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
         torch.set_num_threads(self._threads[0])
         import llmkern
 
