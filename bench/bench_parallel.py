@@ -75,7 +75,9 @@ def measure_t2(llm, fn) -> dict:
     toks = llm.engine.metrics.output_tokens - toks0
     per_rank = []
     for b, a in zip(before, after):
-        per_rank.append({"payload_per_tok": a["comm"]["total_bytes"] / toks,
+        per_rank.append({"us_per_call": {k: 1e6 * a["comm"]["seconds"][k] / n for k, n in a["comm"]["calls"].items()},
+                         "calls_per_step": sum(a["comm"]["calls"].values()) / steps,
+                         "payload_per_tok": a["comm"]["total_bytes"] / toks,
                          "io_per_tok": (a["io_bytes"] - b["io_bytes"]) / toks if a["io_bytes"] is not None else None,
                          "coll_ms_per_step": 1e3 * a["comm"]["total_seconds"] / steps,
                          "kinds": a["comm"]["bytes"]})
@@ -143,7 +145,10 @@ def main(argv=None) -> int:
               f"{(r1['io_per_tok'] or 0) / 1e3:>10.1f}{r0['coll_ms_per_step']:>10.2f}{r1['coll_ms_per_step']:>10.2f}")
     print(f"(computed, per token, rank 1: all-reduce {comp['all_reduce'] / 1e3:.1f} KB + logits shard "
           f"{comp['gather'] / 1e3:.1f} KB; rank 0 sends the all-reduce share and the step message instead of logits)")
-    print(f"payload by kind, batch-1 decode: rank0 {m_dec['ranks'][0]['kinds']}, rank1 {m_dec['ranks'][1]['kinds']}")
+    for name, m in (("batch-1 decode", m_dec), (f"offline-{n_req}", m_off)):
+        r0 = m["ranks"][0]
+        per = ", ".join(f"{k} {v:.0f} us" for k, v in r0["us_per_call"].items())
+        print(f"{name}: {r0['calls_per_step']:.0f} collectives per step on rank 0, mean time per call: {per}")
     return 0
 
 
