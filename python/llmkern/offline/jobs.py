@@ -103,8 +103,11 @@ def run_job(task, input_path: str, output_path: Optional[str], mode: Optional[st
                 t0 += time.perf_counter() - t_load  # throughput counts the run, not the model load
                 if out is not None:
                     out.open()
-                task.run(llm, todo, emit)
-                summary.engine = llm.run_metrics()
+                try:
+                    task.run(llm, todo, emit)
+                    summary.engine = llm.run_metrics()
+                finally:
+                    llm.shutdown()  # stops the worker processes of a model-parallel engine
         summary.elapsed_s = time.perf_counter() - t0
         if out is not None:
             summary.dropped = out.finalize(items)
