@@ -26,6 +26,9 @@ def token_batches(lengths: Sequence[int], budget: int) -> List[List[int]]:
 
 
 def check_lengths(engine, token_lists: Sequence[List[int]], what: str) -> None:
+    if not hasattr(engine.runner, "run_prompts"):
+        raise NotImplementedError("embed/score: not available with tensor or pipeline parallelism "
+                                  "(run one engine per process, e.g. with --ray)")
     for i, t in enumerate(token_lists):
         if not t:
             raise ValueError(f"{what}[{i}]: is empty (0 tokens)")
