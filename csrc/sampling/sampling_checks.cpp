@@ -1,5 +1,6 @@
 #include "sampling/sampling_checks.h"
 
+#include <climits>
 #include <cmath>
 
 namespace llmk {
@@ -33,6 +34,8 @@ RowParam row_param(const std::optional<TensorView>& arr, double val, const char*
                    int64_t batch, int64_t vocab, const TensorView& like) {
   RowParam p;
   p.val = val;
+  // With no rows there is no vocabulary to bound top_k by (a [0, 0] input is a valid empty call).
+  if (batch == 0) vocab = INT64_MAX;
   if (!arr) {
     const char* bad = range_error(kind, val, vocab);
     LLMK_CHECK(!bad, ValueError, name, ": expected ", bad, ", got ", val);

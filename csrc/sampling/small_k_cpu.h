@@ -150,9 +150,47 @@ inline int64_t select_in(const std::vector<Cand>& c, float low, double target) {
   return last;
 }
 
+// The candidates of the top-k set as a row of row_algo.h (weights in vocabulary order): passes are
+// plain loops over the few candidates, sums in double in vocabulary order.
+struct CandRow {
+  const std::vector<Cand>& c;
+
+  template <int P, bool WantMin>
+  void stats(const float* piv, PivotStats* out) const {
+    for (int p = 0; p < P; ++p) {
+      PivotStats st;
+      for (const Cand& e : c)
+        if (e.w > piv[p]) {
+          st.mass += e.w;
+          ++st.cnt;
+          st.min_gt = std::min(st.min_gt, e.w);
+        }
+      out[p] = st;
+    }
+  }
+  void set_low(int) const {}
+  Pick select(float low, double target) const {
+    const int64_t i = select_in(c, low, target);
+    return i < 0 ? Pick{-1, 0.0f} : Pick{c[i].id, c[i].w};
+  }
+  void narrowed(float, int64_t, double&) const {}
+  float bracket_draw(const Search& S, float u) const {
+    const Pick pk = select(S.lo, static_cast<double>(u) * (S.mass_lo - S.mass_hi));
+    return pk.token >= 0 ? pk.w : NAN;
+  }
+  void search_narrowed(Search&, bool) const {}
+  template <class Acc>
+  void search_fallback(Search&, const Acc&) const {}  // not reached: the bracket halves every pass
+  Threshold topk_set(int64_t k, const Search& dom, const RowRng* rng, uint32_t base, bool, bool) {
+    Search S = dom;
+    exact_search(*this, S, TopKAcc{k}, rng, base, false);
+    return {S.lo, S.mass_lo, S.cnt_lo};
+  }
+};
+
 // The exact top-k set K (ties kept), then the draw of the general path restricted to K: it keeps
 // K first and then only ever looks at weights inside K (every pivot is at least the drawn
-// candidate's weight), so replaying its rounds on K gives the same token for the same stream.
+// candidate's weight), so running row_algo.h's draw on K gives the same token for the same stream.
 // Candidates have their weights set; max_w is the row's largest weight. -1: no positive weight.
 inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, const RowRng& rng) {
   std::vector<Cand>& c = b.c;
@@ -163,30 +201,16 @@ inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, con
     c.erase(std::remove_if(c.begin(), c.end(), [kth](const Cand& e) { return e.w < kth; }), c.end());
   }
   std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.id < y.id; });
-  double mass_low = 0.0;
-  for (const Cand& e : c) mass_low += e.w;
-  const double ref = mass_low;
-  if (!(top_p < 1.0f)) return c[select_in(c, 0.0f, static_cast<double>(rng.uniform(0)) * mass_low)].id;
-  float low = 0.0f, high = max_w;
-  int64_t pos = 0;
-  for (uint32_t round = 0; round < 64; ++round) {  // rejection rounds of sample_loaded
-    pos = select_in(c, low, static_cast<double>(rng.uniform(round)) * mass_low);
-    if (pos < 0) return -1;  // not reached (a rejected pivot has mass above it): general path
-    const float v0 = c[pos].w;
-    if (!(v0 < high)) break;
-    float piv[3] = {v0, round_pivot(v0, high), v0 + (high - v0) * 0.5f};
-    std::sort(piv, piv + 3);
-    double mass[3] = {0.0, 0.0, 0.0};
-    for (const Cand& e : c)
-      for (int p = 0; p < 3; ++p) mass[p] += e.w > piv[p] ? e.w : 0.0f;
-    int fa = 0;
-    while (fa < 3 && !topp_accepts(top_p, mass[fa], ref)) ++fa;
-    if (fa == 0) break;
-    low = piv[fa - 1];
-    mass_low = mass[fa - 1];
-    if (fa < 3) high = std::min(high, piv[fa]);
+  Loaded L;
+  for (const Cand& e : c) {
+    L.mass += e.w;
+    L.min_pos = std::min(L.min_pos, e.w);
   }
-  return c[pos].id;
+  L.cnt = static_cast<int64_t>(c.size());
+  L.max_w = max_w;
+  CandRow row{c};
+  const RowResult res = sample_loaded(row, L, RowFilter{0, top_p, 0.0f, true}, rng);
+  return res.valid ? res.token : -1;
 }
 
 // One row of top-k (+ top-p, top_k_first) sampling from logits (temperature > 0) or
