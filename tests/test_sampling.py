@@ -514,6 +514,21 @@ def test_nan_and_degenerate_rows(backend):
         llmkern.sampling_from_logits(logits, check_nan=True)
 
 
+def test_renorm_rows_without_finite_mass_become_zeros(backend):
+    # A row holding +inf (or nothing positive) has no finite mass to renormalise: all zeros, no NaN.
+    dev = backend.device
+    p = torch.softmax(torch.randn(4, 300), -1)
+    p[1, 7] = float("inf")
+    p[2] = 0.0
+    p[3, 5] = float("nan")
+    for fn, arg in ((llmkern.top_p_renorm_probs, 0.5), (llmkern.top_k_renorm_probs, 10)):
+        for dtype in (torch.float32, torch.bfloat16):
+            out = fn(p.to(dtype).to(dev), arg).cpu().float()
+            assert not out.isnan().any(), fn.__name__
+            assert (out[1] == 0).all() and (out[2] == 0).all(), fn.__name__
+            assert abs(out[0].sum().item() - 1) < 1e-2 and abs(out[3].sum().item() - 1) < 1e-2
+
+
 # ---------------------------------------------------------------------------------------------
 # Renormalisation and masking: exact against the sorting reference
 # ---------------------------------------------------------------------------------------------

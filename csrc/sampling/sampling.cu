@@ -38,24 +38,10 @@ __global__ void __launch_bounds__(kMaxThreads) sample_rows_kernel(SampleK a) {
   const RowRng rng = RowRng::make(a.seed.u64(i), a.offset.u64(i), static_cast<uint32_t>(i));
   RowResult res;
   if (a.is_logits) {
-    // pass 1: maximum of the logits; pass 2 on: weights exp((x - max) / T) recomputed per pass
-    const ProbsSrc<T> raw(x, a.V);
-    const RowMax mx = row_load(raw, INFINITY, nullptr, sm);
-    const float temp = static_cast<float>(a.temperature.f(i));
     Loaded L;
-    L.argmax = mx.argmax;
-    if (logits_row_decided(mx.max_w, temp, L)) {
-      res = {L.argmax, !L.degenerate};
-    } else {
-      // 1 / T in double rounds to the correctly rounded fp32 quotient (as on the CPU)
-      const LogitsSrc<T> w(x, a.V, mx.max_w, static_cast<float>(1.0 / static_cast<double>(temp)));
-      PivotStats st[1];
-      const float zero = 0.0f;
-      row_stats<1, true>(w, &zero, st, sm);
-      L = Loaded{st[0].mass, st[0].cnt, st[0].min_gt, 1.0f, mx.argmax, degenerate_mass(st[0].mass), false};
-      DeviceRow<LogitsSrc<T>> r{w, sm};
-      res = sample_loaded(r, L, f, rng);
-    }
+    const LogitsSrc<T> w = load_logits(x, a.V, static_cast<float>(a.temperature.f(i)), L, sm);
+    DeviceRow<LogitsSrc<T>> r{w, sm};
+    res = sample_loaded(r, L, f, rng);
   } else {
     const ProbsSrc<T> w(x, a.V);
     PivotStats st[1];
@@ -69,6 +55,33 @@ __global__ void __launch_bounds__(kMaxThreads) sample_rows_kernel(SampleK a) {
     else static_cast<int32_t*>(a.out)[i] = static_cast<int32_t>(res.token);
     a.valid[i] = res.valid;
   }
+}
+
+struct SoftmaxK {
+  const void* x;
+  int64_t x_stride;
+  float* out;
+  int64_t out_stride;
+  int64_t V;
+  DParam temperature;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(SoftmaxK a) {
+  __shared__ RowSmem sm;
+  const int64_t i = blockIdx.x;
+  float* out = a.out + i * a.out_stride;
+  Loaded L;
+  const LogitsSrc<T> w = load_logits(static_cast<const T*>(a.x) + i * a.x_stride, a.V,
+                                     static_cast<float>(a.temperature.f(i)), L, sm);
+  constexpr int N = LogitsSrc<T>::N;
+  for_each_vec(w, [&](int64_t v, const float (&e)[N]) {
+#pragma unroll
+    for (int q = 0; q < N; ++q) {
+      const int64_t j = v * N + q;
+      if (j < a.V) out[j] = L.degenerate ? 0.0f : L.done ? (j == L.argmax ? 1.0f : 0.0f) : e[q];
+    }
+  });
 }
 
 struct RenormK {
@@ -167,6 +180,19 @@ void sample_rows(const SampleArgs& a) {
     default: LLMK_LAUNCH(sample_rows_kernel<__nv_bfloat16>, grid, threads, 0, a.stream)(k); break;
   }
   check_launch("sample_rows");
+}
+
+void softmax_rows(const SoftmaxArgs& a) {
+  const int64_t V = a.x.size(1);
+  SoftmaxK k{a.x.data, a.x.stride(0), a.out.ptr<float>(), a.out.stride(0), V, dparam(a.temperature)};
+  const unsigned grid = static_cast<unsigned>(a.x.size(0));
+  const int threads = row_threads(V, static_cast<int>(a.x.elem_size()));
+  switch (a.x.dtype) {
+    case DType::F32: LLMK_LAUNCH(softmax_rows_kernel<float>, grid, threads, 0, a.stream)(k); break;
+    case DType::F16: LLMK_LAUNCH(softmax_rows_kernel<__half>, grid, threads, 0, a.stream)(k); break;
+    default: LLMK_LAUNCH(softmax_rows_kernel<__nv_bfloat16>, grid, threads, 0, a.stream)(k); break;
+  }
+  check_launch("softmax");
 }
 
 void renorm_rows(const RenormArgs& a) {

@@ -11,7 +11,7 @@ const char* range_error(ParamKind kind, double v, int64_t vocab) {
   switch (kind) {
     case ParamKind::Temperature: return (v >= 0.0 && std::isfinite(v)) ? nullptr : "a finite value >= 0 (0 = greedy)";
     case ParamKind::TopK: return (v >= 0 && v <= static_cast<double>(vocab)) ? nullptr : "in [0, vocab_size] (0 = no top-k)";
-    case ParamKind::TopP: return (v > 0.0 && v <= 1.0) ? nullptr : "in (0, 1] (1 = no top-p)";
+    case ParamKind::TopP: return (v >= 0.0 && v <= 1.0) ? nullptr : "in [0, 1] (1 = no top-p, 0 = the most likely tokens)";
     case ParamKind::MinP: return (v >= 0.0 && v <= 1.0) ? nullptr : "in [0, 1] (0 = no min-p)";
     case ParamKind::Repetition: return (v > 0.0 && std::isfinite(v)) ? nullptr : "a finite value > 0 (1 = no penalty)";
     case ParamKind::Penalty: return std::isfinite(v) ? nullptr : "a finite value (0 = no penalty)";

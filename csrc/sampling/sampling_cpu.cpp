@@ -69,7 +69,9 @@ Loaded load_probs(Row& r, const T* x, int64_t V, float dom_lo = 0.0f) {
   return L;
 }
 
-// Logits: pass 1 finds the maximum, pass 2 writes w = exp((x - max) / T) into the scratch row.
+// Logits: pass 1 finds the maximum, pass 2 writes e = exp((x - max) / T) into the scratch row,
+// pass 3 normalises it to the softmax w = e * (1 / sum e). The draws from logits are therefore the
+// draws from softmax_rows' output (the same floats), whatever pivots the algorithm places.
 template <typename T>
 Loaded load_logits(Row& r, const T* x, int64_t V, float temperature) {
   Shared& s = r.shared();
@@ -95,12 +97,22 @@ Loaded load_logits(Row& r, const T* x, int64_t V, float temperature) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
     block_exp(x, lo, hi, m, inv_t, w);
     store_positive_stats(s, w, lo, hi, b);
-    s.bmax[b] = 1.0f;  // exp(0) at the argmax
   });
   const int64_t arg = L.argmax;
   L = Loaded{};
   combine_load(r, L);
-  L.max_w = 1.0f;
+  L.argmax = arg;
+  if (L.degenerate) return L;
+  const float inv_s = static_cast<float>(1.0 / L.mass);
+  r.sync();
+  r.for_blocks(nb, [&](int64_t b) {
+    const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
+    for (int64_t j = lo; j < hi; ++j) w[j] *= inv_s;
+    store_positive_stats(s, w, lo, hi, b);  // the probability path's load pass, on the same floats
+    block_max_arg(w, lo, hi, s.bmax[b], s.barg[b]);
+  });
+  L = Loaded{};
+  combine_load(r, L);
   L.argmax = arg;
   return L;
 }
@@ -157,6 +169,24 @@ void sample_rows(const SampleArgs& a) {
         write_index(a.out, i, res.token);
         a.valid.ptr<bool>()[i] = res.valid;
       }
+    });
+  });
+}
+
+void softmax_rows(const SoftmaxArgs& a) {
+  const int64_t V = a.x.size(1), batch = a.x.size(0);
+  dispatch_float(a.x.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    run_rows(batch, V, [&](const Team& t, Shared& s, int64_t i) {
+      Row r(t, s);
+      float* out = row_ptr_mut<float>(a.out, i);
+      const Loaded L = load_logits(r, row_ptr<T>(a.x, i), V, static_cast<float>(param_f(a.temperature, i)));
+      const float* w = r.span.w;
+      r.sync();
+      r.for_blocks((V + kBlock - 1) / kBlock, [&](int64_t b) {
+        for (int64_t j = b * kBlock, e = std::min(V, (b + 1) * kBlock); j < e; ++j)
+          out[j] = L.degenerate ? 0.0f : L.done ? (j == L.argmax ? 1.0f : 0.0f) : w[j];
+      });
     });
   });
 }

@@ -10,6 +10,7 @@
 //   its weight v, computed from count_gt(v) = #{j : w_j > v} and mass_gt(v) = sum{w_j : w_j > v}.
 //   Ties at the boundary are therefore all kept (the kept set may exceed k for top-k).
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "common/macros.h"
@@ -124,8 +125,9 @@ struct RowFilter {
 // (top_k_first). Mass is accumulated in double by every backend, so the test only differs
 // between backends when mass_gt(v) is within rounding of top_p * ref_mass.
 LLMK_HD bool topk_accepts(int64_t k, int64_t count_gt) { return k <= 0 || count_gt < k; }
+// The most likely tokens (nothing strictly above them) are always kept: top_p 0 keeps just those.
 LLMK_HD bool topp_accepts(float top_p, double mass_gt, double ref_mass) {
-  return top_p >= 1.0f || mass_gt < static_cast<double>(top_p) * ref_mass;
+  return top_p >= 1.0f || mass_gt < static_cast<double>(top_p) * ref_mass || !(mass_gt > 0.0);
 }
 // min-p is a known threshold: no search needed, it sets the initial lower pivot.
 LLMK_HD float min_p_threshold(float min_p, float max_w) { return min_p * max_w; }
@@ -140,8 +142,16 @@ LLMK_HD float min_p_threshold(float min_p, float max_w) { return min_p * max_w; 
 // row needs at most ~33 rounds; typical rows need 1-4. The exact threshold searches use the same
 // bracket with the smallest element above low as a pivot. (row_algo.h implements both.)
 //
-// Second pivot of a round: between the candidate's weight and the known-accepted weight.
-LLMK_HD float round_pivot(float v0, float high) { return v0 < high ? key_midpoint(v0, high) : v0; }
+// Second pivot of a round: the geometric mean of the candidate's weight and the known-accepted
+// weight. It halves the bracket's log-range (so, like a key midpoint, it bounds the rounds: floats
+// are spaced about evenly in log), and it is scale-free: rows that differ by a constant factor
+// (logits' exp weights and their softmax, say) get the same pivots up to rounding, hence the same
+// decisions and draws. Computed in double (no underflow, correctly rounded on every backend).
+LLMK_HD float round_pivot(float v0, float high) {
+  if (!(v0 < high) || !(v0 > 0.0f)) return v0;
+  const float g = static_cast<float>(sqrt(static_cast<double>(v0) * static_cast<double>(high)));
+  return (g > v0 && g < high) ? g : v0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Renormalisation and masking rules.

@@ -72,13 +72,14 @@ struct ProbsSrc {
   LLMK_DEVICE void load(int64_t v, float (&w)[N]) const { ld.load(v, w); }
 };
 
-// Weights of a row of logits: exp((x - max) * inv_t), NaN -> 0; flushed to 0 below e^-87 like the
-// CPU kernels, so both backends see the same set of positive weights.
+// Weights of a row of logits: exp((x - max) * inv_t) * inv_s, NaN -> 0; flushed to 0 below e^-87
+// like the CPU kernels, so both backends see the same set of positive weights. inv_s = 1 / sum
+// normalises them to the softmax (softmax_rows writes exactly these values).
 template <typename T>
 struct LogitsSrc {
   static constexpr int N = RowLoader<T>::N;
   RowLoader<T> ld;
-  float m, inv_t;
+  float m, inv_t, inv_s = 1.0f;
   LLMK_DEVICE LogitsSrc(const T* r, int64_t V, float mx, float it) : ld(r, V), m(mx), inv_t(it) {}
   LLMK_DEVICE int64_t nvec() const { return ld.nvec(); }
   LLMK_DEVICE void load(int64_t v, float (&w)[N]) const {
@@ -86,7 +87,7 @@ struct LogitsSrc {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const float t = (w[i] - m) * inv_t;
-      w[i] = (w[i] == w[i] && t >= -87.0f) ? __expf(t) : 0.0f;
+      w[i] = (w[i] == w[i] && t >= -87.0f) ? __expf(t) * inv_s : 0.0f;
     }
   }
 };
@@ -399,6 +400,29 @@ LLMK_DEVICE float radix_kth_largest(const Src& src, float dom_lo, int64_t k, Row
     remaining = sm.remaining;
   }
   return key_to_float(prefix);
+}
+
+// A row of logits loaded as its softmax: the maximum, then the sum of exp((x - max) / T), then
+// the statistics of the normalised weights (the same floats softmax_rows writes). Returns the
+// weight source; L carries the load results (degenerate / greedy rows need no weights).
+template <typename T>
+LLMK_DEVICE LogitsSrc<T> load_logits(const T* x, int64_t V, float temp, Loaded& L, RowSmem& sm) {
+  const RowMax mx = row_load(ProbsSrc<T>(x, V), INFINITY, nullptr, sm);
+  L.argmax = mx.argmax;
+  // 1 / T in double rounds to the correctly rounded fp32 quotient (as on the CPU)
+  LogitsSrc<T> w(x, V, mx.max_w, static_cast<float>(1.0 / static_cast<double>(temp)));
+  if (logits_row_decided(mx.max_w, temp, L)) return w;
+  PivotStats st[1];
+  const float zero = 0.0f;
+  row_stats<1, false>(w, &zero, st, sm);
+  if (degenerate_mass(st[0].mass)) {
+    L.degenerate = true;
+    return w;
+  }
+  w.inv_s = static_cast<float>(1.0 / st[0].mass);
+  const RowMax mw = row_load(w, 0.0f, st, sm);  // the probability path's load pass, on the same floats
+  L = Loaded{st[0].mass, st[0].cnt, st[0].min_gt, mw.max_w, mx.argmax, degenerate_mass(st[0].mass), false};
+  return w;
 }
 
 // ---- the row interface of row_algo.h ----------------------------------------------------------------

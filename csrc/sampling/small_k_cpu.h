@@ -228,7 +228,8 @@ bool sample_small_k(const T* x, int64_t V, bool is_logits, float temperature, in
   if (static_cast<int64_t>(b.c.size()) > 2 * k) shrink_candidates(b, k, margin, init_lo);
   const float inv_t = 1.0f / temperature;
   for (Cand& e : b.c) {
-    // the same weight as the general path (load_logits / load_probs)
+    // the general path's weight up to its normalisation (load_logits / load_probs): draws inside
+    // the top-k set do not depend on the scale (scale-free pivots), up to rounding
     e.w = is_logits ? exp_nonpos((e.key - mx) * inv_t) : e.key;
     if (!std::isfinite(e.w)) return false;
   }
