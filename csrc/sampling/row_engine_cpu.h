@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/exp_cpu.h"
+#include "common/vec_cpu.h"
 #include "common/parallel.h"
 #include "common/tensor.h"
 #include "sampling/sampling.h"
@@ -37,54 +38,10 @@ struct Team {
   }
 };
 
-// ---- element conversion ------------------------------------------------------------------------
+// ---- element access: common/vec_cpu.h's convention (Elem<DT>, to_f32<DT>, dispatch_elem) -------
 
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (man << 13));  // inf / NaN
-  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
-  // zero / subnormal: man * 2^-24
-  const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
-  return sign ? -v : v;
-}
-inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-inline uint16_t float_to_half(float f) {
-  const uint32_t u = float_bits(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (a < 0x38800000u) {                                              // subnormal / zero
-    const float v = bits_float(a) * 16777216.0f;                      // scale by 2^24
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v)));
-  }
-  uint32_t r = a - 0x38000000u;  // rebias exponent
-  r += 0xfffu + ((r >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (r >> 13));
-}
-
-struct F16 { uint16_t v; };
-struct BF16 { uint16_t v; };
-inline float to_f(float x) { return x; }
-inline float to_f(F16 x) { return half_to_float(x.v); }
-inline float to_f(BF16 x) { return bf16_to_float(x.v); }
-inline void from_f(float v, float* d) { *d = v; }
-inline void from_f(float v, F16* d) { d->v = float_to_half(v); }
-inline void from_f(float v, BF16* d) { d->v = float_to_bf16(v); }
-
-template <typename F>
-inline void dispatch_float(DType dt, F&& f) {
-  if (dt == DType::F32) f(static_cast<float*>(nullptr));
-  else if (dt == DType::F16) f(static_cast<F16*>(nullptr));
-  else f(static_cast<BF16*>(nullptr));
-}
+using vec::dispatch_elem;
+using vec::elem_t;
 
 // ---- the working set of a row ---------------------------------------------------------------------
 
@@ -147,13 +104,13 @@ inline vf vload(const float* p) {
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
-template <typename T>
-inline vf vload_conv(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
+template <DType DT>
+inline vf vload_conv(const elem_t<DT>* p) {
+  if constexpr (DT == DType::F32) {
     return vload(p);
   } else {
     float tmp[kL];
-    for (int l = 0; l < kL; ++l) tmp[l] = to_f(p[l]);
+    for (int l = 0; l < kL; ++l) tmp[l] = vec::to_f32<DT>(p[l]);
     return vload(tmp);
   }
 }
@@ -238,15 +195,15 @@ inline void store_positive_stats(Shared& s, const float* w, int64_t lo, int64_t 
   store_stats_above(s, w, lo, hi, b, 0.0f);
 }
 // Maximum (NaN ignored) and the first index reaching it, over x[lo, hi) converted to fp32.
-template <typename T>
-inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {
+template <DType DT>
+inline void block_max_arg(const elem_t<DT>* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {
   vf lm = vsplat(-kInf);
   vi li = vi{} - 1;
   vi iota;
   for (int l = 0; l < kL; ++l) iota[l] = l;
   int64_t j = lo;
   for (; j + kL <= hi; j += kL) {
-    const vf v = vload_conv(x + j);
+    const vf v = vload_conv<DT>(x + j);
     const vi gt = v > lm;  // strict: the first index of a lane's maximum is kept
     lm = vsel(gt, v, lm);
     li = vseli(gt, iota + static_cast<int32_t>(j), li);
@@ -259,7 +216,7 @@ inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t
       a = li[l];
     }
   for (; j < hi; ++j) {
-    const float v = to_f(x[j]);
+    const float v = vec::to_f32<DT>(x[j]);
     if (v > best || (a < 0 && v == best)) {
       best = v;
       a = j;
@@ -270,18 +227,18 @@ inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t
 }
 
 // w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi).
-template <typename T>
-inline void block_exp(const T* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
+template <DType DT>
+inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
   for (int64_t j = lo; j < hi; ++j) {
-    const float v = to_f(x[j]);
+    const float v = vec::to_f32<DT>(x[j]);
     const float e = exp_nonpos((v - m) * inv_t);
     w[j] = v == v ? e : 0.0f;
   }
 }
 
-template <typename T>
-inline void block_convert(const T* x, int64_t lo, int64_t hi, float* w) {
-  for (int64_t j = lo; j < hi; ++j) w[j] = to_f(x[j]);
+template <DType DT>
+inline void block_convert(const elem_t<DT>* x, int64_t lo, int64_t hi, float* w) {
+  for (int64_t j = lo; j < hi; ++j) w[j] = vec::to_f32<DT>(x[j]);
 }
 
 // Sum of w > low over a 16-element chunk.

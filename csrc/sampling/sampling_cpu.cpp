@@ -39,9 +39,9 @@ void combine_load(Row& r, Loaded& L) {
 }
 
 // fp32 rows are read in place; fp16/bf16 rows are converted into the shared scratch row.
-template <typename T>
-const float* row_weights(const T* x, Shared& s) {
-  if constexpr (std::is_same_v<T, float>) {
+template <DType DT>
+const float* row_weights(const elem_t<DT>* x, Shared& s) {
+  if constexpr (DT == DType::F32) {
     return x;
   } else {
     return s.w.data();
@@ -51,18 +51,18 @@ const float* row_weights(const T* x, Shared& s) {
 // Probabilities (or logits, for the top-k mask): fp32 rows are used in place, fp16/bf16 rows are
 // converted into the scratch row.
 // dom_lo: the statistics are those of {w > dom_lo} (0: the positive weights).
-template <typename T>
-Loaded load_probs(Row& r, const T* x, int64_t V, float dom_lo = 0.0f) {
+template <DType DT>
+Loaded load_probs(Row& r, const elem_t<DT>* x, int64_t V, float dom_lo = 0.0f) {
   Shared& s = r.shared();
-  const float* w = row_weights(x, s);
+  const float* w = row_weights<DT>(x, s);
   r.span = Span{w, nullptr, V};
   const int64_t nb = r.span.nblocks();
   r.sync();
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    if constexpr (!std::is_same_v<T, float>) block_convert(x, lo, hi, s.w.data());
+    if constexpr (DT != DType::F32) block_convert<DT>(x, lo, hi, s.w.data());
     store_stats_above(s, w, lo, hi, b, dom_lo);
-    block_max_arg(w, lo, hi, s.bmax[b], s.barg[b]);
+    block_max_arg<DType::F32>(w, lo, hi, s.bmax[b], s.barg[b]);
   });
   Loaded L;
   combine_load(r, L);
@@ -72,14 +72,14 @@ Loaded load_probs(Row& r, const T* x, int64_t V, float dom_lo = 0.0f) {
 // Logits: pass 1 finds the maximum, pass 2 writes e = exp((x - max) / T) into the scratch row,
 // pass 3 normalises it to the softmax w = e * (1 / sum e). The draws from logits are therefore the
 // draws from softmax_rows' output (the same floats), whatever pivots the algorithm places.
-template <typename T>
-Loaded load_logits(Row& r, const T* x, int64_t V, float temperature) {
+template <DType DT>
+Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature) {
   Shared& s = r.shared();
   const int64_t nb = (V + kBlock - 1) / kBlock;
   r.sync();
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    block_max_arg(x, lo, hi, s.bmax[b], s.barg[b]);
+    block_max_arg<DT>(x, lo, hi, s.bmax[b], s.barg[b]);
   });
   Loaded L;
   float m = -kInf;
@@ -95,7 +95,7 @@ Loaded load_logits(Row& r, const T* x, int64_t V, float temperature) {
   r.sync();
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    block_exp(x, lo, hi, m, inv_t, w);
+    block_exp<DT>(x, lo, hi, m, inv_t, w);
     store_positive_stats(s, w, lo, hi, b);
   });
   const int64_t arg = L.argmax;
@@ -109,7 +109,7 @@ Loaded load_logits(Row& r, const T* x, int64_t V, float temperature) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
     for (int64_t j = lo; j < hi; ++j) w[j] *= inv_s;
     store_positive_stats(s, w, lo, hi, b);  // the probability path's load pass, on the same floats
-    block_max_arg(w, lo, hi, s.bmax[b], s.barg[b]);
+    block_max_arg<DType::F32>(w, lo, hi, s.bmax[b], s.barg[b]);
   });
   L = Loaded{};
   combine_load(r, L);
@@ -133,96 +133,99 @@ T* row_ptr_mut(const TensorView& x, int64_t r) {
   return reinterpret_cast<T*>(x.bytes() + r * x.stride(0) * static_cast<int64_t>(x.elem_size()));
 }
 
-}  // namespace
-
-void sample_rows(const SampleArgs& a) {
-  const int64_t V = a.x.size(1);
-  dispatch_float(a.x.dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    run_rows(a.batch, V, [&](const Team& t, Shared& s, int64_t i) {
+// f(row, i, DTag<dtype>) for the rows [0, batch) of x's kernel (x: the input rows, for the dtype).
+template <typename F>
+void for_each_row(const TensorView& x, int64_t batch, F&& f) {
+  dispatch_elem(x.dtype, [&](auto tag) {
+    run_rows(batch, x.size(1), [&](const Team& t, Shared& s, int64_t i) {
       Row r(t, s);
-      const int64_t src = a.indices ? index_of(*a.indices, i) : i;
-      const T* x = row_ptr<T>(a.x, src);
-      RowFilter f{param_i(a.top_k, i), static_cast<float>(param_f(a.top_p, i)),
-                  static_cast<float>(param_f(a.min_p, i)), a.k_first};
-      const RowRng rng = RowRng::make(param_u64(a.seed, i), param_u64(a.offset, i), static_cast<uint32_t>(i));
-      const float temp = a.is_logits ? static_cast<float>(param_f(a.temperature, i)) : 1.0f;
-      if (small_k_eligible(f, V, temp)) {
-        // one pass by the team's leader (the result must not depend on the team size)
-        Shared& s = r.shared();
-        if (r.leader()) {
-          int64_t tok = -1;
-          s.fast_token = sample_small_k(x, V, a.is_logits, temp, f.k, f.top_p, rng, tok) ? tok : -1;
-        }
-        r.sync();
-        if (s.fast_token >= 0) {
-          if (r.leader()) {
-            write_index(a.out, i, s.fast_token);
-            a.valid.ptr<bool>()[i] = true;
-          }
-          return;
-        }
-      }
-      Loaded L = a.is_logits ? load_logits(r, x, V, temp) : load_probs(r, x, V);
-      const RowResult res = sample_loaded(r, L, f, rng);
-      if (r.leader()) {
-        write_index(a.out, i, res.token);
-        a.valid.ptr<bool>()[i] = res.valid;
-      }
+      f(r, i, tag);
     });
   });
 }
 
-void softmax_rows(const SoftmaxArgs& a) {
-  const int64_t V = a.x.size(1), batch = a.x.size(0);
-  dispatch_float(a.x.dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    run_rows(batch, V, [&](const Team& t, Shared& s, int64_t i) {
-      Row r(t, s);
-      float* out = row_ptr_mut<float>(a.out, i);
-      const Loaded L = load_logits(r, row_ptr<T>(a.x, i), V, static_cast<float>(param_f(a.temperature, i)));
-      const float* w = r.span.w;
+}  // namespace
+
+void sample_rows(const SampleArgs& a) {
+  const int64_t V = a.x.size(1);
+  for_each_row(a.x, a.batch, [&](Row& r, int64_t i, auto tag) {
+    constexpr DType DT = decltype(tag)::value;
+    using T = elem_t<DT>;
+    const int64_t src = a.indices ? index_of(*a.indices, i) : i;
+    const T* x = row_ptr<T>(a.x, src);
+    RowFilter f{param_i(a.top_k, i), static_cast<float>(param_f(a.top_p, i)),
+                static_cast<float>(param_f(a.min_p, i)), a.k_first};
+    const RowRng rng = RowRng::make(param_u64(a.seed, i), param_u64(a.offset, i), static_cast<uint32_t>(i));
+    const float temp = a.is_logits ? static_cast<float>(param_f(a.temperature, i)) : 1.0f;
+    if (small_k_eligible(f, V, temp)) {
+      // one pass by the team's leader (the result must not depend on the team size)
+      Shared& s = r.shared();
+      if (r.leader()) {
+        int64_t tok = -1;
+        s.fast_token = sample_small_k<DT>(x, V, a.is_logits, temp, f.k, f.top_p, rng, tok) ? tok : -1;
+      }
       r.sync();
-      r.for_blocks((V + kBlock - 1) / kBlock, [&](int64_t b) {
-        for (int64_t j = b * kBlock, e = std::min(V, (b + 1) * kBlock); j < e; ++j)
-          out[j] = L.degenerate ? 0.0f : L.done ? (j == L.argmax ? 1.0f : 0.0f) : w[j];
-      });
+      if (s.fast_token >= 0) {
+        if (r.leader()) {
+          write_index(a.out, i, s.fast_token);
+          a.valid.ptr<bool>()[i] = true;
+        }
+        return;
+      }
+    }
+    Loaded L = a.is_logits ? load_logits<DT>(r, x, V, temp) : load_probs<DT>(r, x, V);
+    const RowResult res = sample_loaded(r, L, f, rng);
+    if (r.leader()) {
+      write_index(a.out, i, res.token);
+      a.valid.ptr<bool>()[i] = res.valid;
+    }
+  });
+}
+
+void softmax_rows(const SoftmaxArgs& a) {
+  const int64_t V = a.x.size(1);
+  for_each_row(a.x, a.x.size(0), [&](Row& r, int64_t i, auto tag) {
+    constexpr DType DT = decltype(tag)::value;
+    float* out = row_ptr_mut<float>(a.out, i);
+    const Loaded L = load_logits<DT>(r, row_ptr<elem_t<DT>>(a.x, i), V, static_cast<float>(param_f(a.temperature, i)));
+    const float* w = r.span.w;
+    r.sync();
+    r.for_blocks((V + kBlock - 1) / kBlock, [&](int64_t b) {
+      for (int64_t j = b * kBlock, e = std::min(V, (b + 1) * kBlock); j < e; ++j)
+        out[j] = L.degenerate ? 0.0f : L.done ? (j == L.argmax ? 1.0f : 0.0f) : w[j];
     });
   });
 }
 
 void renorm_rows(const RenormArgs& a) {
-  const int64_t V = a.x.size(1), batch = a.x.size(0);
-  dispatch_float(a.x.dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    run_rows(batch, V, [&](const Team& t, Shared& s, int64_t i) {
-      Row r(t, s);
-      const T* x = row_ptr<T>(a.x, i);
-      T* out = row_ptr_mut<T>(a.out, i);
-      const int64_t nb = (V + kBlock - 1) / kBlock;
-      const int64_t k = param_i(a.param, i);
-      if (a.kind == RenormKind::MaskLogitsTopK) {
-        // Exact top-k threshold on the logits themselves (signed; -inf and NaN never counted).
-        const Loaded L = load_probs(r, x, V, -kInf);
-        const float lo = mask_threshold(r, k, L.cnt, L.min_pos, L.max_w);
-        r.sync();
-        r.for_blocks(nb, [&](int64_t b) {
-          for (int64_t j = b * kBlock, e = std::min(V, (b + 1) * kBlock); j < e; ++j) {
-            if (to_f(x[j]) > lo) out[j] = x[j];
-            else from_f(-kInf, &out[j]);
-          }
-        });
-        return;
-      }
-      const Loaded L = load_probs(r, x, V);
-      const float* w0 = r.span.w;  // the row's weights, before any compaction
-      const RenormPlan plan = renorm_plan(r, L, a.kind, k, static_cast<float>(param_f(a.param, i)),
-                                          static_cast<uint32_t>(i));
+  const int64_t V = a.x.size(1);
+  for_each_row(a.x, a.x.size(0), [&](Row& r, int64_t i, auto tag) {
+    constexpr DType DT = decltype(tag)::value;
+    using T = elem_t<DT>;
+    const T* x = row_ptr<T>(a.x, i);
+    T* out = row_ptr_mut<T>(a.out, i);
+    const int64_t nb = (V + kBlock - 1) / kBlock;
+    const int64_t k = param_i(a.param, i);
+    if (a.kind == RenormKind::MaskLogitsTopK) {
+      // Exact top-k threshold on the logits themselves (signed; -inf and NaN never counted).
+      const Loaded L = load_probs<DT>(r, x, V, -kInf);
+      const float lo = mask_threshold(r, k, L.cnt, L.min_pos, L.max_w);
       r.sync();
       r.for_blocks(nb, [&](int64_t b) {
-        for (int64_t j = b * kBlock, e = std::min(V, (b + 1) * kBlock); j < e; ++j)
-          from_f(renorm_value(w0[j], plan.lo, plan.inv), &out[j]);
+        for (int64_t j = b * kBlock, e = std::min(V, (b + 1) * kBlock); j < e; ++j) {
+          out[j] = vec::to_f32<DT>(x[j]) > lo ? x[j] : vec::from_f32<DT>(-kInf);
+        }
       });
+      return;
+    }
+    const Loaded L = load_probs<DT>(r, x, V);
+    const float* w0 = r.span.w;  // the row's weights, before any compaction
+    const RenormPlan plan = renorm_plan(r, L, a.kind, k, static_cast<float>(param_f(a.param, i)),
+                                        static_cast<uint32_t>(i));
+    r.sync();
+    r.for_blocks(nb, [&](int64_t b) {
+      for (int64_t j = b * kBlock, e = std::min(V, (b + 1) * kBlock); j < e; ++j)
+        out[j] = vec::from_f32<DT>(renorm_value(w0[j], plan.lo, plan.inv));
     });
   });
 }

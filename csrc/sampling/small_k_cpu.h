@@ -91,8 +91,8 @@ inline float shrink_candidates(CandBuf& b, int64_t k, float margin, float lo) {
 // The pass: collects every element with key > lo into `cand`, raising lo to (k-th largest key
 // minus margin) whenever the list fills. Returns false when the list cannot stay short (a margin
 // so wide that most of the row is within it): the caller then takes the general path.
-template <typename T>
-bool collect_candidates(const T* x, int64_t V, int64_t k, float margin, float init_lo, CandBuf& b,
+template <DType DT>
+bool collect_candidates(const elem_t<DT>* x, int64_t V, int64_t k, float margin, float init_lo, CandBuf& b,
                         float& row_max) {
   std::vector<Cand>& c = b.c;
   c.clear();
@@ -114,8 +114,8 @@ bool collect_candidates(const T* x, int64_t V, int64_t k, float margin, float in
   constexpr int64_t kStep = 4 * kL;
   int64_t j = 0;
   for (; j + kStep <= V; j += kStep) {
-    const vf v0 = vload_conv(x + j), v1 = vload_conv(x + j + kL);
-    const vf v2 = vload_conv(x + j + 2 * kL), v3 = vload_conv(x + j + 3 * kL);
+    const vf v0 = vload_conv<DT>(x + j), v1 = vload_conv<DT>(x + j + kL);
+    const vf v2 = vload_conv<DT>(x + j + 2 * kL), v3 = vload_conv<DT>(x + j + 3 * kL);
     const vf a = vmax(vmax(v0, v1), vmax(v2, v3));
     m = vmax(m, a);
     if (!gt_mask(a, lo)) continue;
@@ -128,7 +128,7 @@ bool collect_candidates(const T* x, int64_t V, int64_t k, float margin, float in
   float mx = -kInf;
   for (int l = 0; l < kL; ++l) mx = m[l] > mx ? m[l] : mx;
   for (; j < V; ++j) {
-    const float v = to_f(x[j]);
+    const float v = vec::to_f32<DT>(x[j]);
     mx = v > mx ? v : mx;
     if (v > lo) c.push_back(Cand{v, static_cast<int32_t>(j), 0.0f});
   }
@@ -216,14 +216,14 @@ inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, con
 // One row of top-k (+ top-p, top_k_first) sampling from logits (temperature > 0) or
 // probabilities. Returns false when the row needs the general path (non-finite maximum, a list
 // that cannot stay short, no positive weight, infinite mass).
-template <typename T>
-bool sample_small_k(const T* x, int64_t V, bool is_logits, float temperature, int64_t k, float top_p,
+template <DType DT>
+bool sample_small_k(const elem_t<DT>* x, int64_t V, bool is_logits, float temperature, int64_t k, float top_p,
                     const RowRng& rng, int64_t& token) {
   CandBuf& b = thread_cands();
   float mx;
   const float margin = is_logits ? temperature * (1.0f / 1024.0f) : 0.0f;
   const float init_lo = is_logits ? -kInf : 0.0f;
-  if (!collect_candidates(x, V, k, margin, init_lo, b, mx)) return false;
+  if (!collect_candidates<DT>(x, V, k, margin, init_lo, b, mx)) return false;
   if (!std::isfinite(mx)) return false;
   if (static_cast<int64_t>(b.c.size()) > 2 * k) shrink_candidates(b, k, margin, init_lo);
   const float inv_t = 1.0f / temperature;
