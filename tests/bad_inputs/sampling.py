@@ -6,7 +6,7 @@ OPS = [
     "sampling_from_probs", "sampling_from_logits", "top_k_sampling_from_probs", "top_p_sampling_from_probs",
     "min_p_sampling_from_probs", "top_k_top_p_sampling_from_logits", "top_k_top_p_sampling_from_probs",
     "top_k_mask_logits", "top_p_renorm_probs", "top_k_renorm_probs", "chain_speculative_sampling",
-    "apply_penalties",
+    "apply_penalties", "softmax",
 ]
 
 _P = lambda: torch.softmax(torch.randn(3, 50), -1)  # noqa: E731
@@ -83,4 +83,9 @@ CASES = [
     ("pen-prompt-mask-dtype", lambda: lk.apply_penalties(_L(), prompt_mask=torch.zeros(3, 50)), TypeError, "prompt_mask"),
     ("pen-presence-len", lambda: lk.apply_penalties(_L(), None, 1.0, 0.0, torch.tensor([0.1, 0.2])), ValueError, "presence_penalties"),
     ("pen-int-logits", lambda: lk.apply_penalties(torch.zeros(3, 50, dtype=torch.long)), TypeError, "logits"),
+    ("softmax-int-logits", lambda: lk.softmax(torch.zeros(3, 50, dtype=torch.long)), TypeError, "logits"),
+    ("softmax-rank", lambda: lk.softmax(torch.randn(2, 3, 4)), ValueError, "logits"),
+    ("softmax-temperature-negative", lambda: lk.softmax(_L(), -0.5), ValueError, "temperature"),
+    ("softmax-temperature-len", lambda: lk.softmax(_L(), torch.tensor([1.0, 2.0])), ValueError, "temperature"),
+    ("softmax-temperature-str", lambda: lk.softmax(_L(), "hot"), TypeError, "temperature"),
 ]

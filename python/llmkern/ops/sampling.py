@@ -72,8 +72,6 @@ __all__ = [
     "chain_speculative_sampling",
     "apply_penalties",
     "softmax",
-    "top_p_renorm_prob",
-    "top_k_renorm_prob",
 ]
 
 Scalar = Union[torch.Tensor, float]
