@@ -109,10 +109,10 @@ Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
     for (int64_t j = lo; j < hi; ++j) w[j] *= inv_s;
     store_positive_stats(s, w, lo, hi, b);  // the probability path's load pass, on the same floats
-    block_max_arg<DType::F32>(w, lo, hi, s.bmax[b], s.barg[b]);
   });
   L = Loaded{};
   combine_load(r, L);
+  L.max_w = inv_s;  // exp(0) * inv_s: the largest softmax weight, exactly
   L.argmax = arg;
   return L;
 }
