@@ -14,7 +14,10 @@ differs from FlashInfer's:
 - ``seed`` / ``offset`` may mix a tensor and an int (FlashInfer requires both of one kind).
 - ``deterministic`` / ``is_deterministic`` / ``enable_pdl`` are accepted; every path is
   deterministic and PDL is a CUDA launch detail.
-- Error messages name the argument in llmkern's words (ValueError / TypeError), not FlashInfer's.
+- Per-row parameter tensors may also be 0-d or of shape ``(1,)`` (one value for every row);
+  FlashInfer rejects both.
+- Error messages name the argument in llmkern's words (ValueError / TypeError), not FlashInfer's;
+  its tests that match its wording by regex fail here although the same input is rejected.
 """
 from ...ops.sampling import (
     chain_speculative_sampling,
