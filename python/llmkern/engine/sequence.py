@@ -65,6 +65,11 @@ class Sequence:
         return len(self.token_ids)
 
     @property
+    def priority_key(self) -> tuple:
+        """Queue order under the priority policy: priority, then arrival, then sample index."""
+        return (self.request.priority, self.request.arrival_time, self.seq_id)
+
+    @property
     def output_token_ids(self) -> List[int]:
         return self.token_ids[self.num_prompt_tokens:]
 
@@ -87,8 +92,11 @@ class Request:
     """What the caller submitted: prompt, params, its sequences and timestamps."""
 
     def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
-                 params: SamplingParams, arrival_time: Optional[float] = None):
+                 params: SamplingParams, arrival_time: Optional[float] = None, priority: int = 0,
+                 queue_deadline: Optional[float] = None):
         self.request_id = request_id
+        self.priority = priority               # policy "priority": lower runs first, preempted last
+        self.queue_deadline = queue_deadline   # perf_counter time after which it may not start
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
