@@ -12,8 +12,6 @@ import tempfile
 import time
 from typing import List, Optional
 
-from runtime_helpers import tiny_hf_model
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 256 single-character tokens (every token decodes to exactly one character), then <s> and </s>.
 CHARS = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0x3b1, 0x3b1 + 161)]
@@ -26,7 +24,14 @@ def tiny_model_dir(path: str, max_len: int = 512) -> str:
     """A tiny random Llama (vocab 260) with a tokenizer and chat template, saved as a HF directory."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
 
-    tiny_hf_model(path, vocab_size=260, bos_token_id=BOS, eos_token_id=EOS, max_position_embeddings=max_len)
+    from llmkern.models.config import ModelConfig
+    from llmkern.models.loader import dummy_state_dict, save_hf_dir
+
+    if not os.path.exists(os.path.join(path, "config.json")):   # written by llmkern: no transformers import
+        cfg = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=260,
+                                       max_position_embeddings=max_len, bos_token_id=BOS, eos_token_id=EOS))
+        save_hf_dir(cfg, dummy_state_dict(cfg, seed=0, std=0.1), path)
     if not os.path.exists(os.path.join(path, "tokenizer.json")):
         tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(CHARS)}, merges=[], unk_token="~"))
         tok.decoder = decoders.Fuse()

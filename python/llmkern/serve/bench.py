@@ -312,6 +312,8 @@ def _policy_args(policy: str, a) -> List[str]:
 
 
 def _run_system(name, server, model, a, rows) -> None:
+    # One request first: HF's continuous-batching manager starts (and warms up) on first use.
+    asyncio.run(drive(server.base, model, [Req(0.0, "Hello", 8)], a.timeout))
     for rate in a.rates:
         reqs = workload(a.num_requests, rate, a.seed)
         results, wall = asyncio.run(drive(server.base, model, reqs, a.timeout))

@@ -1,0 +1,103 @@
+"""In-process checks of the server's foundations: the kernels release the GIL (an asyncio
+heartbeat keeps ticking while a long kernel runs on another thread), and /health turns 503 when
+the engine loop dies (an app built with build_app over an engine whose step fails)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+import llmkern
+
+
+def _attention_call(s: int):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(s, 4, 64) for _ in range(3))
+    cu = torch.tensor([0, s], dtype=torch.int32)
+    return lambda: llmkern.flash_attn_varlen_func(q, k, v, cu, cu, s, s, causal=True)
+
+
+def test_kernels_release_the_gil():
+    threads = llmkern.get_num_threads() if hasattr(llmkern, "get_num_threads") else None
+    if threads is not None:
+        llmkern.set_num_threads(1)   # leave a core to the heartbeat
+    try:
+        s, call, dt = 512, None, 0.0
+        while s <= 16384:
+            call = _attention_call(s)
+            call()
+            t0 = time.perf_counter()
+            call()
+            dt = time.perf_counter() - t0
+            if dt >= 0.3:
+                break
+            s *= 2
+        assert dt >= 0.1, "could not make a long enough kernel call"
+
+        async def heartbeat():
+            done = threading.Event()
+            th = threading.Thread(target=lambda: (call(), done.set()))
+            gaps, last = [], time.perf_counter()
+            th.start()
+            while not done.is_set():
+                await asyncio.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+            th.join()
+            return gaps
+
+        gaps = asyncio.run(heartbeat())
+        # Holding the GIL, the kernel would stall the loop for its whole duration (one gap ~ dt).
+        assert len(gaps) >= 10 and max(gaps) < dt / 2, (len(gaps), max(gaps), dt)
+    finally:
+        if threads is not None:
+            llmkern.set_num_threads(threads)
+
+
+def test_health_503_after_engine_loop_dies(tmp_path):
+    pytest.importorskip("fastapi")
+    import httpx
+    import uvicorn
+
+    from llmkern.engine import Engine, EngineConfig
+    from llmkern.serve import ServeConfig, build_app
+    from llmkern.serve.engine_loop import EngineLoop
+    from serve_helpers import free_port, tiny_model_dir
+
+    eng = Engine(tiny_model_dir(str(tmp_path)), EngineConfig(kv_cache_memory_gb=0.01))
+
+    def broken_step():
+        raise RuntimeError("injected engine fault")
+
+    eng.step = broken_step
+    loop = EngineLoop(eng).start()
+    port = free_port()
+    app = build_app(loop, ServeConfig(port=port), "tiny")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        assert httpx.get(base + "/health", timeout=5).status_code == 200
+        r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "abc", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
+        assert "injected" not in r.text and "Traceback" not in r.text
+        h = httpx.get(base + "/health", timeout=5)
+        assert h.status_code == 503 and h.json()["error"]["code"] == "engine_dead"
+        r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "abc"}, timeout=10)
+        assert r.status_code == 503
+    finally:
+        server.should_exit = True
+        th.join(15)
+        loop.stop()
