@@ -198,7 +198,8 @@ def _err(resp, status):
     ({"prompt": "a", "max_tokens": 10 ** 6}, "max_tokens"),
     ({"prompt": "a", "stop": [""]}, "stop"),
     ({"prompt": "a", "wat": 1}, "wat"),
-    ({"prompt": "a", "logprobs": 3}, "logprobs"),
+    ({"prompt": "a", "logprobs": 30}, "logprobs"),
+    ({"prompt": "a", "echo": True}, "echo"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [1, 99999]}, "prompt_token_ids"),
@@ -208,6 +209,60 @@ def _err(resp, status):
 def test_400_names_the_parameter(server, body, param):
     e = _err(_post(server, "/v1/completions", {"model": "tiny", **body}), 400)
     assert e["param"] == param and e["type"] == "invalid_request_error"
+
+
+def test_logprobs_match_hf_transformers(server, model_dir):
+    import torch
+    import transformers
+
+    c = server.client()
+    prompt = [5, 17, 42, 99, 3]
+    r = c.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0, logprobs=3,
+                             extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    ids = []   # the reference's greedy path
+    hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    seq = list(prompt)
+    with torch.inference_mode():
+        for i in range(6):
+            ref = torch.log_softmax(hf(torch.tensor([seq])).logits[0, -1].double(), -1)
+            tok = int(ref.argmax())
+            assert abs(lp.token_logprobs[i] - float(ref[tok])) < 1e-3
+            top_v, top_i = ref.topk(3)
+            got = lp.top_logprobs[i]
+            assert len(got) == 3
+            for v, t in zip(top_v.tolist(), top_i.tolist()):
+                s_ = server_token(t)
+                assert abs(got[s_] - v) < 1e-3
+            ids.append(tok)
+            seq.append(tok)
+    assert r.choices[0].text == "".join(server_token(t) for t in ids)
+    assert lp.text_offset == [sum(len(server_token(t)) for t in ids[:i]) for i in range(6)]
+    # Chat: logprobs + top_logprobs, streamed the same as not.
+    msgs = [{"role": "user", "content": "hi"}]
+    full = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0, logprobs=True,
+                                     top_logprobs=2)
+    content = full.choices[0].logprobs.content
+    assert len(content) == full.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in content)
+    assert all(e.logprob == e.top_logprobs[0].logprob for e in content)   # greedy: the top token
+    streamed = []
+    for ch in c.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0, logprobs=True,
+                                        top_logprobs=2, stream=True):
+        for x in ch.choices:
+            if x.logprobs is not None:
+                streamed += x.logprobs.content
+    # (the second request reuses the first's prompt blocks: same values up to rounding)
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(streamed, content))
+    e = _err(_post(server, "/v1/chat/completions", {"messages": msgs, "top_logprobs": 2}), 400)
+    assert e["param"] == "top_logprobs"
+
+
+def server_token(t: int) -> str:
+    from serve_helpers import BOS, CHARS, EOS
+
+    return CHARS[t] if t < len(CHARS) else {BOS: "<s>", EOS: "</s>"}[t]
 
 
 def test_400_bad_chat_and_json(server):

@@ -140,6 +140,8 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority: expected an integer, got {priority!r}")
+        if params.logprobs is not None and self.spec is not None:
+            raise ValueError("logprobs: not available with speculative decoding")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)
@@ -233,7 +235,13 @@ class Engine:
         verified = {}
         if spec is not None:  # verified chunks leave the batch; their tokens are committed below
             logits, sample_seqs, verified = spec.verify(batch, logits, sample_seqs)
+        lp_rows = [i for i, s in enumerate(sample_seqs) if s.logprobs is not None]
+        # Log-probabilities of the model's distribution (before penalties and temperature, as
+        # vLLM and OpenAI report them); taken before the sampler edits the logits in place.
+        logp = torch.log_softmax(logits[lp_rows].float(), dim=-1) if lp_rows else None
         tokens = self.sampler(logits, sample_seqs) if sample_seqs else []
+        if lp_rows:
+            self._record_logprobs(logp, [sample_seqs[i] for i in lp_rows], [tokens[i] for i in lp_rows])
         now = time.perf_counter()
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
@@ -250,6 +258,16 @@ class Engine:
             touched += spec.commit(verified, now, self._check_stop)
         self.metrics.on_step(batch, len(sample_seqs), now - t0)
         return self._collect(touched)
+
+    @staticmethod
+    def _record_logprobs(logp: torch.Tensor, seqs: List[Sequence], toks: List[int]) -> None:
+        kmax = max(s.params.logprobs for s in seqs)
+        top_v, top_i = logp.topk(kmax, dim=-1) if kmax else (None, None)
+        chosen = logp[torch.arange(len(toks)), torch.tensor(toks)].tolist()
+        for r, (s, lp) in enumerate(zip(seqs, chosen)):
+            k = s.params.logprobs
+            top = list(zip(top_i[r, :k].tolist(), top_v[r, :k].tolist())) if k else []
+            s.logprobs.append((lp, top))
 
     def _check_stop(self, seq: Sequence, tok: int, now: float) -> None:
         p = seq.params
@@ -314,8 +332,10 @@ class Engine:
             end = len(s.output_text) - hold
             delta = s.output_text[s.text_sent:end] if end > s.text_sent else ""
             s.text_sent = max(s.text_sent, end)
+            lps = s.logprobs
             outs.append(CompletionOutput(s.index, s.output_text, s.output_token_ids, s.finish_reason,
-                                         s.stop_reason, delta, new_ids))
+                                         s.stop_reason, delta, new_ids, lps,
+                                         None if lps is None else lps[len(lps) - len(new_ids):]))
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
                              self._request_metrics(req))
 

@@ -26,7 +26,7 @@ class Sequence:
         "block_ids", "num_cached_blocks", "block_hashes", "block_regs", "status", "finish_reason", "stop_reason",
         "generator", "swap_blocks", "detok", "num_preemptions", "first_token_time", "token_times",
         "finish_time", "prompt_cache_hit_tokens", "output_text", "stream_offset", "text_sent",
-        "spec_token_ids",
+        "spec_token_ids", "logprobs",
     )
 
     def __init__(self, seq_id: int, request: "Request", index: int, generator: Optional[torch.Generator]):
@@ -55,6 +55,7 @@ class Sequence:
         self.stream_offset = 0              # output tokens already reported by step()
         self.text_sent = 0                  # characters of output_text already reported
         self.spec_token_ids: List[int] = []  # speculative drafts to verify after the last token
+        self.logprobs: Optional[list] = [] if request.params.logprobs is not None else None  # per output token
 
     @property
     def params(self) -> SamplingParams:

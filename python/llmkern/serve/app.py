@@ -176,9 +176,10 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
                 return Response(status_code=499)
             result = work.result()     # raises the request's APIError
             if not req.stream:
-                return JSONResponse(completion_response(req, name, result))
+                return JSONResponse(completion_response(req, name, result, loop.engine.tokenizer))
             streaming = True           # the stream owns `run` now (it aborts on disconnect)
-            return StreamingResponse(stream_events(req, name, run, result), media_type="text/event-stream",
+            return StreamingResponse(stream_events(req, name, run, result, loop.engine.tokenizer),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         finally:
             watch.cancel()

@@ -15,11 +15,11 @@ from .errors import APIError, from_value_error
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
              "repetition_penalty", "n", "stop", "stop_token_ids", "seed", "ignore_eos", "min_tokens",
              "include_stop_str_in_output", "skip_special_tokens", "max_tokens")
-_COMMON = ("model", "stream", "stream_options", "priority", "user")
+_COMMON = ("model", "stream", "stream_options", "priority", "user", "logprobs")
 _COMPLETION_ONLY = ("prompt",)
-_CHAT_ONLY = ("messages", "max_completion_tokens")
+_CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs")
 # Accepted only at their "off" value (an OpenAI client may send them explicitly).
-_OFF_VALUES = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
+_OFF_VALUES = {"echo": (None, False),
                "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
                "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,),
                "response_format": (None, {"type": "text"}), "functions": (None, [])}
@@ -62,6 +62,20 @@ def _sampling(body: dict, kind: str, max_n: int, max_tokens_limit: int) -> Sampl
         d["max_tokens"] = body["max_completion_tokens"]
     if kind == "chat":
         d.setdefault("max_tokens", None)        # chat: up to the context unless limited
+    d.pop("logprobs", None)
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if kind == "chat":   # logprobs: bool, top_logprobs: how many alternatives
+        if lp not in (None, True, False):
+            raise APIError(400, f"logprobs: expected a boolean, got {lp!r}", param="logprobs")
+        if top is not None and not lp:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+        if lp:
+            if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
+                raise APIError(400, f"top_logprobs: expected an integer in [0, 20], got {top!r}",
+                               param="top_logprobs")
+            d["logprobs"] = top or 0
+    elif lp is not None:  # completions: logprobs = how many alternatives
+        d["logprobs"] = lp
     mt = d.get("max_tokens")
     if mt is not None and isinstance(mt, int) and not isinstance(mt, bool) and mt > max_tokens_limit:
         raise APIError(400, f"max_tokens: at most {max_tokens_limit}, got {mt}", param="max_tokens")
@@ -163,7 +177,32 @@ def finish_reason(r: Optional[str]) -> Optional[str]:
     return r if r in (None, "stop", "length") else "stop"
 
 
-def completion_response(req: GenerationRequest, model: str, outs) -> dict:
+def token_str(tokenizer, tid: int) -> str:
+    return tokenizer.decode([tid], skip_special_tokens=False) if tokenizer is not None else f"token_id:{tid}"
+
+
+def logprobs_obj(req: GenerationRequest, tokenizer, ids, lps, offset: int = 0):
+    """OpenAI's logprobs object for tokens `ids` with (logprob, [(id, logprob)]) entries `lps`:
+    completions {tokens, token_logprobs, top_logprobs, text_offset}, chat {content: [...]}."""
+    if lps is None:
+        return None
+    toks = [token_str(tokenizer, t) for t in ids]
+    if req.kind == "chat":
+        def entry(s, lp):
+            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+
+        return {"content": [dict(entry(s, lp), top_logprobs=[entry(token_str(tokenizer, i), v) for i, v in top])
+                            for s, (lp, top) in zip(toks, lps)]}
+    offsets = []
+    for s in toks:
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": toks, "token_logprobs": [lp for lp, _ in lps],
+            "top_logprobs": [{token_str(tokenizer, i): v for i, v in top} for _, top in lps],
+            "text_offset": offsets}
+
+
+def completion_response(req: GenerationRequest, model: str, outs, tokenizer=None) -> dict:
     """outs: the final RequestOutput of each prompt, in prompt order."""
     n = req.params.n
     choices, p_tok, c_tok = [], 0, 0
@@ -172,11 +211,12 @@ def completion_response(req: GenerationRequest, model: str, outs) -> dict:
         for c in out.outputs:
             c_tok += len(c.token_ids)
             idx = pi * n + c.index
+            lp = logprobs_obj(req, tokenizer, c.token_ids, c.logprobs)
             if req.kind == "chat":
                 choices.append({"index": idx, "message": {"role": "assistant", "content": c.text},
-                                "logprobs": None, "finish_reason": finish_reason(c.finish_reason)})
+                                "logprobs": lp, "finish_reason": finish_reason(c.finish_reason)})
             else:
-                choices.append({"index": idx, "text": c.text, "logprobs": None,
+                choices.append({"index": idx, "text": c.text, "logprobs": lp,
                                 "finish_reason": finish_reason(c.finish_reason)})
     choices.sort(key=lambda c: c["index"])
     obj = "chat.completion" if req.kind == "chat" else "text_completion"
@@ -193,12 +233,12 @@ def chunk(req: GenerationRequest, model: str, choices: list, usage_obj=None, wit
 
 
 def delta_choice(req: GenerationRequest, index: int, text: Optional[str], reason: Optional[str],
-                 role: bool = False) -> dict:
+                 role: bool = False, logprobs=None) -> dict:
     if req.kind == "chat":
         delta = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason(reason)}
-    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason(reason)}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason(reason)}
+    return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason(reason)}

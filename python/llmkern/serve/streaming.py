@@ -8,7 +8,7 @@ import json
 from typing import AsyncIterator, List, Optional, Tuple
 
 from .errors import APIError
-from .protocol import GenerationRequest, chunk, delta_choice, usage
+from .protocol import GenerationRequest, chunk, delta_choice, logprobs_obj, usage
 
 
 def _as_error(item) -> Optional[APIError]:
@@ -83,9 +83,10 @@ async def first_item(run: Run):
     return i, item
 
 
-async def stream_events(req: GenerationRequest, model: str, run: Run, first) -> AsyncIterator[str]:
+async def stream_events(req: GenerationRequest, model: str, run: Run, first, tokenizer=None) -> AsyncIterator[str]:
     n = req.params.n
     closed = set()
+    offsets = {}   # choice -> characters of token text reported with logprobs so far
     p_tok = c_tok = 0
     usage_key = req.include_usage
     try:
@@ -106,13 +107,19 @@ async def stream_events(req: GenerationRequest, model: str, run: Run, first) -> 
                     continue
                 if c.finished:
                     closed.add(idx)
+                lp = None
+                if c.delta_logprobs:
+                    lp = logprobs_obj(req, tokenizer, c.delta_token_ids, c.delta_logprobs, offsets.get(idx, 0))
+                    if req.kind != "chat":
+                        offsets[idx] = lp["text_offset"][-1] + len(lp["tokens"][-1])
                 if req.kind == "chat":
-                    if c.delta_text:
-                        choices.append(delta_choice(req, idx, c.delta_text, None))
+                    if c.delta_text or lp:
+                        choices.append(delta_choice(req, idx, c.delta_text, None, logprobs=lp))
                     if c.finished:
                         finals.append(delta_choice(req, idx, None, c.finish_reason))
-                elif c.delta_text or c.finished:
-                    choices.append(delta_choice(req, idx, c.delta_text, c.finish_reason if c.finished else None))
+                elif c.delta_text or c.finished or lp:
+                    choices.append(delta_choice(req, idx, c.delta_text, c.finish_reason if c.finished else None,
+                                                logprobs=lp))
             for group in (choices, finals):
                 if group:
                     yield sse(chunk(req, model, group, None, usage_key))
