@@ -331,7 +331,20 @@ def _run_system(name, server, model, a, rows) -> None:
               f"{row['goodput_rps']} req/s", file=sys.stderr, flush=True)
 
 
+def quick_args() -> argparse.Namespace:
+    """The settings of the suite's --quick run: one rate, few requests, continuous + the peer."""
+    ap = argparse.ArgumentParser()
+    add_args(ap)
+    return ap.parse_args(["--rates", "0.5", "--num-requests", "8", "--policies", "continuous", "--no-burst",
+                          "--out", tempfile.mkdtemp(prefix="llmkern-bench-serve-")])
+
+
 def main(a) -> int:
+    run_bench(a)
+    return 0
+
+
+def run_bench(a) -> dict:
     from ..models.loader import DEFAULT_MODEL_NAME
 
     os.makedirs(a.out, exist_ok=True)
@@ -374,7 +387,7 @@ def main(a) -> int:
     with open(os.path.join(a.out, "serve.md"), "w") as f:
         f.write(text)
     plot(rows, os.path.join(a.out, "serve.png"))
-    return 0
+    return report
 
 
 def _run_hf_peer(a, rows) -> str:
