@@ -101,3 +101,50 @@ def test_health_503_after_engine_loop_dies(tmp_path):
         server.should_exit = True
         th.join(15)
         loop.stop()
+
+
+class _FakeLoop:
+    def __init__(self, stats, pending=(0, 0)):
+        self.stats, self.pending = stats, pending
+
+    def load(self):
+        return self.stats, self.pending[0], self.pending[1]
+
+
+def _stats(**kw):
+    from llmkern.engine.metrics import EngineStats
+
+    base = dict(num_running=0, num_waiting=0, num_swapped=0, prefill_tokens_pending=0, kv_blocks_total=10,
+                kv_blocks_free=10, num_preemptions=0, prefix_query_tokens=0, prefix_hit_tokens=0,
+                prompt_tokens_computed=0, generation_tokens=0, prefill_tok_s=None)
+    base.update(kw)
+    return EngineStats(**base)
+
+
+def test_admission_slo_and_token_limits():
+    from llmkern.serve.admission import Admission
+    from llmkern.serve.config import ServeConfig
+    from llmkern.serve.errors import APIError
+
+    slo = ServeConfig(slo_ttft_ms=2000)
+    # No prefill rate measured yet: nothing to predict from, so admitted.
+    Admission(slo, _FakeLoop(_stats(prefill_tokens_pending=10 ** 6))).check(1, 100)
+    # 1000 tokens queued + 100 new at 500 tok/s: 2.2 s predicted > 2 s.
+    busy = _FakeLoop(_stats(prefill_tokens_pending=800, prefill_tok_s=500.0), pending=(1, 200))
+    adm = Admission(slo, busy)
+    assert abs(adm.predicted_ttft_s(100) - 2.2) < 1e-9
+    with pytest.raises(APIError) as ei:
+        adm.check(1, 100)
+    assert ei.value.status == 429 and ei.value.code == "slo" and ei.value.headers["Retry-After"] == "2"
+    Admission(ServeConfig(slo_ttft_ms=3000), busy).check(1, 100)          # 2.2 s meets 3 s
+    # Queued-token and queued-request bounds count what the engine holds plus what is in transit.
+    tok = Admission(ServeConfig(max_queued_tokens=1100), busy)
+    tok.check(1, 100)
+    with pytest.raises(APIError) as ei:
+        tok.check(1, 101)
+    assert ei.value.code == "queue_tokens_full"
+    req = Admission(ServeConfig(max_queued_requests=3), _FakeLoop(_stats(num_waiting=2), pending=(1, 5)))
+    with pytest.raises(APIError) as ei:
+        req.check(1, 1)
+    assert ei.value.code == "queue_full"
+    Admission(ServeConfig(max_queued_requests=4), _FakeLoop(_stats(num_waiting=2), pending=(1, 5))).check(1, 1)

@@ -121,6 +121,11 @@ def test_stats_snapshot():
     assert (s.num_waiting, s.num_running, s.prefill_tokens_pending) == (0, 2, 0)
     assert s.kv_blocks_free == total - 2 - 2 and s.generation_tokens == 2   # 5+1 and 7+1 tokens in 4-token blocks
     run_all(eng)
+    assert eng.stats().prefill_tok_s is None          # 12-token prefills: too small to measure a rate
+    eng.add_request(list(range(3, 40)), sp(2))
+    eng.step()
+    assert eng.stats().prefill_tok_s > 0              # what the SLO admission predicts TTFT from
+    run_all(eng)
     with pytest.raises(ValueError, match="priority"):
         eng.add_request([5], sp(), priority="high")
     with pytest.raises(ValueError, match="policy"):
