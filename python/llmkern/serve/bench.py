@@ -318,6 +318,11 @@ def _policy_args(policy: str, a) -> List[str]:
     raise SystemExit(f"--policies: unknown policy {policy!r}")
 
 
+def _save_partial(a, rows) -> None:
+    with open(os.path.join(a.out, "serve.partial.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def _run_system(name, server, model, a, rows) -> None:
     # One request first: HF's continuous-batching manager starts (and warms up) on first use.
     asyncio.run(drive(server.base, model, [Req(0.0, "Hello", 8)], a.timeout))
@@ -326,6 +331,7 @@ def _run_system(name, server, model, a, rows) -> None:
         results, wall = asyncio.run(drive(server.base, model, reqs, a.timeout))
         row = summarise(name, rate, results, wall, a.slo_ttft_s, a.slo_itl_s)
         rows.append(row)
+        _save_partial(a, rows)
         print(f"[serve] {name} @ {rate} req/s: {row['completed']}/{row['requests']} done, TTFT p95 "
               f"{row['ttft_p95']} s, ITL p95 {row['itl_p95']} s, {row['out_tok_s']} tok/s, goodput "
               f"{row['goodput_rps']} req/s", file=sys.stderr, flush=True)
@@ -345,7 +351,13 @@ def main(a) -> int:
 
 
 def run_bench(a) -> dict:
+    import signal
+    import threading
+
     from ..models.loader import DEFAULT_MODEL_NAME
+
+    if threading.current_thread() is threading.main_thread():   # SIGTERM still closes the servers
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     os.makedirs(a.out, exist_ok=True)
     rows: List[dict] = []
