@@ -148,3 +148,25 @@ def test_admission_slo_and_token_limits():
         req.check(1, 1)
     assert ei.value.code == "queue_full"
     Admission(ServeConfig(max_queued_requests=4), _FakeLoop(_stats(num_waiting=2), pending=(1, 5))).check(1, 1)
+
+
+def test_cors_off_unless_asked():
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from llmkern.serve import ServeConfig, build_app
+
+    class Eng:
+        max_model_len, tokenizer = 64, None
+
+    loop = _FakeLoop(_stats())
+    loop.engine, loop.alive = Eng(), True
+    pre = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST"}
+    off = TestClient(build_app(loop, ServeConfig(), "m"))
+    assert "access-control-allow-origin" not in off.options("/v1/completions", headers=pre).headers
+    assert "access-control-allow-origin" not in off.get("/v1/models", headers={"Origin": "http://example.com"}).headers
+    on = TestClient(build_app(loop, ServeConfig(cors_origins=["http://example.com"], api_key="k"), "m"))
+    r = on.options("/v1/completions", headers=pre)      # a preflight carries no key
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://example.com"
+    assert on.get("/v1/models", headers={"Origin": "http://example.com"}).status_code == 401
+    assert on.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["id"] == "m"
