@@ -3,7 +3,9 @@
     llmkern generate "prompt"                               stream one answer (embedded default model)
     llmkern generate --input prompts.jsonl --output out.jsonl   offline batch job + summary (resumable)
     llmkern embed --input texts.jsonl --output emb.jsonl        embeddings (resumable)
+    llmkern serve                                           OpenAI-compatible server (needs llmkern[serve])
     llmkern bench throughput                                end-to-end benchmark vs HF transformers
+    llmkern bench serve                                     serving benchmark (policies, HF's server)
 
 `bench` subcommands come from the BENCH_COMMANDS registry below (add an entry to plug in more)."""
 from __future__ import annotations
@@ -31,7 +33,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-chunked-prefill", action="store_true")
     g.add_argument("--cpu-offload-gb", type=float, default=0.0)
     g.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
-    g.add_argument("--scheduler", default="continuous", choices=["continuous", "static"])
+    g.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "dynamic"],
+                   help="continuous batching; static: a batch runs to completion before the next; dynamic: "
+                        "static, started once --max-batch-size wait or the oldest waited --max-wait-ms")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split every layer over this many processes (Megatron-style)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
@@ -49,7 +53,8 @@ def _engine_kwargs(a) -> dict:
                 kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
                 enable_chunked_prefill=not a.no_chunked_prefill, cpu_offload_gb=a.cpu_offload_gb,
                 preemption_mode=a.preemption_mode, scheduler=a.scheduler,
-                speculative=getattr(a, "speculative", None),
+                speculative=getattr(a, "speculative", None), policy=getattr(a, "policy", "fcfs"),
+                max_wait_ms=getattr(a, "max_wait_ms", 0.0),
                 tensor_parallel_size=a.tensor_parallel_size, pipeline_parallel_size=a.pipeline_parallel_size,
                 distributed_timeout_s=a.distributed_timeout_s, schedule=getattr(a, "schedule", "arrival"))
 
@@ -230,6 +235,28 @@ def _cmd_embed(a) -> int:
     return _run_job(EmbedTask(a.pooling, normalize=not a.no_normalize), a)
 
 
+# -- serve -------------------------------------------------------------------------------------
+_SERVE_HINT = "llmkern serve needs the serve extra: pip install 'llmkern[serve]'"
+
+
+def _cmd_serve(a) -> int:
+    from .serve.config import ServeConfig
+
+    try:
+        from .serve.app import default_model_name
+        from .serve.server import run_server
+    except ImportError as e:
+        raise SystemExit(f"{_SERVE_HINT} ({e})")
+    if a.max_batch_size is not None:
+        a.max_num_seqs = a.max_batch_size
+    try:
+        cfg = ServeConfig.from_args(a)
+    except ValueError as e:
+        raise SystemExit(f"llmkern serve: {e}")
+    engine = _make_llm(a).engine
+    return run_server(engine, cfg, cfg.served_model_name or default_model_name(a.model), a.log_level)
+
+
 # -- bench -------------------------------------------------------------------------------------
 def _bench_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer requests and tokens")
@@ -253,9 +280,25 @@ def _bench_throughput(a) -> int:
 
 # name -> (help, add_arguments(parser), run(args) -> exit code). More benchmarks plug in here,
 # e.g. "kernels" (bench/bench_*.py), "e2e", "all".
+def _bench_serve_args(p: argparse.ArgumentParser) -> None:
+    from .serve.bench import add_args
+
+    add_args(p)
+
+
+def _bench_serve(a) -> int:
+    try:
+        from .serve.bench import main as bench_main
+    except ImportError as e:
+        raise SystemExit(f"{_SERVE_HINT} ({e})")
+    return bench_main(a)
+
+
 BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
     "throughput": ("end-to-end offline throughput (offline-32 workload) vs HF transformers",
                    _bench_throughput_args, _bench_throughput),
+    "serve": ("serving: open-loop Poisson load on `llmkern serve` (three policies) vs HF's `transformers serve`",
+              _bench_serve_args, _bench_serve),
 }
 
 
@@ -288,6 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_args(e)
     e.set_defaults(func=_cmd_embed)
 
+    from .serve.config import add_serve_args
+
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
+    _add_model_args(sv)
+    add_serve_args(sv)
+    sv.set_defaults(func=_cmd_serve)
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     for name, (help_, add_args, run) in BENCH_COMMANDS.items():
@@ -299,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"] and argv[1:2] != ["throughput"]:  # the suite: kernels | e2e | all | report
+    if argv[:1] == ["bench"] and (not argv[1:2] or argv[1] not in BENCH_COMMANDS):  # the suite: kernels | e2e | all | report
         from .bench_cli import main as bench_main
 
         return bench_main(argv[1:])

@@ -40,6 +40,10 @@ class CompletionOutput:
     stop_reason: Union[None, int, str] = None  # the stop string / stop token id that matched
     delta_text: str = ""                  # streaming: text added by this step
     delta_token_ids: List[int] = field(default_factory=list)
+    # With SamplingParams.logprobs: per output token (logprob of the token, [(token id, logprob)] of
+    # the most likely ones); delta_logprobs for the tokens of delta_token_ids.
+    logprobs: Optional[list] = None
+    delta_logprobs: Optional[list] = None
 
     @property
     def finished(self) -> bool:
