@@ -11,9 +11,10 @@ import torch
 
 from ..models.loader import load_model
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, stop_holdback
 from .kv_cache_manager import KVCacheManager, alloc_caches
-from .metrics import RunMetrics
+from .memory import check_fits
+from .metrics import RunMetrics, inter_token_latencies
 from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -24,6 +25,20 @@ from .sequence import Request, Sequence, SeqStatus
 
 PromptType = Union[str, List[int], dict, List[dict]]
 _GiB = 1 << 30
+_EXPECTED = {"prompt": "a string", "prompt_token_ids": "a list of token ids",
+             "messages": "a non-empty list of {'role', 'content'} messages"}
+
+
+def _check_kv_memory(config: EngineConfig, device: torch.device, n_dev: int, n_host: int, block_bytes: int) -> None:
+    """Before any cache is zero-filled: the device pool and the host tiers must fit."""
+    what = (f"num_gpu_blocks={n_dev} x block_size={config.block_size}" if config.num_gpu_blocks is not None
+            else "kv_cache_memory_gb") + " (KV cache)"
+    host_what = "cpu_offload_gb / swap_space_gb (host KV blocks)"
+    if device.type == "cpu":
+        check_fits((n_dev + n_host) * block_bytes, device, what if n_host == 0 else f"{what} + {host_what}")
+    else:
+        check_fits(n_dev * block_bytes, device, what)
+        check_fits(n_host * block_bytes, "cpu", host_what)
 
 
 class Engine:
@@ -59,17 +74,19 @@ class Engine:
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
         geom = (bs, mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
-        caches = alloc_caches(num_blocks, *geom, device=device)
         n_off = config.num_cpu_offload_blocks
         if n_off is None:
             n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
-        offload = alloc_caches(n_off, *geom, device="cpu", pin=True) if n_off and config.enable_prefix_caching else None
-        swap = None
+        n_off = n_off if config.enable_prefix_caching else 0
+        n_swap = 0
         if config.preemption_mode == "swap":
             n_swap = config.num_swap_blocks
             if n_swap is None:
                 n_swap = int(config.swap_space_gb * _GiB // block_bytes)
-            swap = alloc_caches(n_swap, *geom, device="cpu", pin=True) if n_swap else None
+        _check_kv_memory(config, device, num_blocks, n_off + n_swap, block_bytes)
+        caches = alloc_caches(num_blocks, *geom, device=device)
+        offload = alloc_caches(n_off, *geom, device="cpu", pin=True) if n_off else None
+        swap = alloc_caches(n_swap, *geom, device="cpu", pin=True) if n_swap else None
         if self.spec is not None:  # a draft model's KV layers live in the same blocks
             caches, offload, swap = self.spec.extend_caches(caches, offload, swap)
         self.kv = KVCacheManager(caches, bs, config.enable_prefix_caching, offload, swap)
@@ -95,7 +112,10 @@ class Engine:
             free, total = torch.cuda.mem_get_info(device)
             used = total - free
             return max(0.0, total * self.config.gpu_memory_utilization - used)
-        return 2 * _GiB
+        from .memory import host_available_bytes
+
+        avail = host_available_bytes()  # the default never takes more than half of what is free
+        return 2 * _GiB if avail is None else min(2 * _GiB, avail / 2)
 
     # -- intake ---------------------------------------------------------------------------------
     def tokenize(self, prompt: PromptType) -> (Optional[str], List[int]):
@@ -105,7 +125,11 @@ class Engine:
             keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in prompt]
             if len(keys) != 1:
                 raise ValueError("prompt: a dict prompt needs exactly one of 'prompt', 'prompt_token_ids', 'messages'")
-            prompt = prompt[keys[0]]
+            key, prompt = keys[0], prompt[keys[0]]
+            want = {"prompt": str, "prompt_token_ids": (list, tuple), "messages": (list, tuple)}[key]
+            if not isinstance(prompt, want) or (key == "messages" and not (
+                    prompt and all(isinstance(m, dict) for m in prompt))):  # never reinterpreted
+                raise TypeError(f"{key}: expected {_EXPECTED[key]}, got {type(prompt).__name__}")
         if isinstance(prompt, str):
             self._need_tokenizer()
             return prompt, self.tokenizer.encode(prompt)
@@ -266,7 +290,7 @@ class Engine:
     def _request_metrics(self, req: Request) -> RequestMetrics:
         s0 = req.seqs[0]
         firsts = [s.first_token_time for s in req.seqs if s.first_token_time is not None]
-        itl = [b - a for a, b in zip(s0.token_times, s0.token_times[1:])]
+        itl = inter_token_latencies(s0.token_times)
         return RequestMetrics(
             arrival_time=req.arrival_time, first_scheduled_time=req.first_scheduled_time,
             first_token_time=min(firsts) if firsts else None,
@@ -281,9 +305,12 @@ class Engine:
         for s in req.seqs:
             new_ids = s.output_token_ids[s.stream_offset:]
             s.stream_offset = s.num_output_tokens
-            delta = s.output_text[s.text_sent:] if len(s.output_text) > s.text_sent else ""
-            s.text_sent = max(s.text_sent, len(s.output_text))
-            outs.append(CompletionOutput(s.index, s.output_text, s.output_token_ids, s.finish_reason,
+            visible = len(s.output_text)
+            if not s.is_finished and s.params.stop_list and not s.params.include_stop_str_in_output:
+                visible -= stop_holdback(s.output_text, s.params.stop_list)
+            delta = s.output_text[s.text_sent:visible] if visible > s.text_sent else ""
+            s.text_sent = max(s.text_sent, visible)
+            outs.append(CompletionOutput(s.index, s.output_text[:visible], s.output_token_ids, s.finish_reason,
                                          s.stop_reason, delta, new_ids))
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
                              self._request_metrics(req))
