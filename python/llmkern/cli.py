@@ -90,7 +90,7 @@ def _as_option(msg: str) -> str:
 
 
 def _fail(msg: str) -> SystemExit:
-    return SystemExit(f"llmkern: {msg}")
+    return SystemExit("llmkern: " + " ".join(msg.split()))  # one line, whatever the message held
 
 
 def _check_engine_args(a) -> None:
@@ -118,8 +118,8 @@ def _make_llm(a):
         raise _fail(msg)
     except (ValueError, TypeError, NotImplementedError) as e:
         raise _fail(_as_option(str(e)))
-    except OSError as e:
-        raise _fail(f"--model: {e}")
+    except (OSError, RuntimeError, MemoryError) as e:  # e.g. a file that vanished, out of memory
+        raise _fail(f"could not load the model: {type(e).__name__}: {e}")
 
 
 # -- generate ----------------------------------------------------------------------------------
@@ -175,16 +175,20 @@ def _stream_one(llm, prompt, sp, a) -> int:
     except (ValueError, TypeError) as e:
         raise _fail(str(e))
     final = None
-    while eng.has_unfinished_requests() or final is None:
-        for out in eng.step():
-            if out.request_id != rid:
-                continue
-            sys.stdout.write(out.outputs[0].delta_text)
-            sys.stdout.flush()
-            if out.finished:
-                final = out
-        if final is None and not eng.has_unfinished_requests():
-            break
+    try:
+        while eng.has_unfinished_requests() or final is None:
+            for out in eng.step():
+                if out.request_id != rid:
+                    continue
+                sys.stdout.write(out.outputs[0].delta_text)
+                sys.stdout.flush()
+                if out.finished:
+                    final = out
+            if final is None and not eng.has_unfinished_requests():
+                break
+    except Exception as e:  # what was streamed stays on screen; the failure is one line
+        sys.stdout.write("\n")
+        raise _fail(f"generation failed: {type(e).__name__}: {e}")
     sys.stdout.write("\n")
     if final is not None and not a.quiet:
         m = final.metrics

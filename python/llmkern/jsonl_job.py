@@ -55,7 +55,8 @@ def to_prompt(obj, chat: bool, has_template: bool):
             raise ValueError(f"'prompt_token_ids' must be a list of integers, got {_describe(v)}")
         return {k: v}
     if not isinstance(v, list) or not v or not all(isinstance(m, dict) for m in v):
-        raise ValueError(f"'messages' must be a non-empty list of {{\"role\", \"content\"}} objects, got {_describe(v)}")
+        raise ValueError("'messages' must be a non-empty list of {\"role\", \"content\"} objects, "
+                         f"got {_describe(v)}")
     return {k: v}
 
 

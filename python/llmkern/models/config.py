@@ -111,7 +111,8 @@ class ModelConfig:
             intermediate_size=_int_field(cfg, "intermediate_size"), num_layers=_int_field(cfg, "num_hidden_layers"),
             num_heads=heads, num_kv_heads=_int_field(cfg, "num_key_value_heads", heads), head_dim=head_dim,
             rms_norm_eps=_float_field(cfg, "rms_norm_eps", 1e-6),
-            rope_theta=_float_field({"rope_theta": theta}, "rope_theta", 10000.0), rope_scaling=scaling, max_position_embeddings=_int_field(cfg, "max_position_embeddings", 2048),
+            rope_theta=_float_field({"rope_theta": theta}, "rope_theta", 10000.0), rope_scaling=scaling,
+            max_position_embeddings=_int_field(cfg, "max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
             sliding_window=sliding, bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos,
@@ -139,7 +140,8 @@ class ModelConfig:
             raise ValueError(f"{p}vocab_size: missing, and no tokenizer.ggml.tokens to count")
         return cls(
             arch=arch, vocab_size=vocab, hidden_size=hidden,
-            intermediate_size=_int_field(meta, p + "feed_forward_length"), num_layers=_int_field(meta, p + "block_count"),
+            intermediate_size=_int_field(meta, p + "feed_forward_length"),
+            num_layers=_int_field(meta, p + "block_count"),
             num_heads=heads, num_kv_heads=_int_field(meta, p + "attention.head_count_kv", heads),
             head_dim=head_dim, rms_norm_eps=_float_field(meta, p + "attention.layer_norm_rms_epsilon", 1e-5),
             rope_theta=_float_field(meta, p + "rope.freq_base", 10000.0), rope_scaling=scaling,
