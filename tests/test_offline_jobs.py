@@ -142,4 +142,6 @@ def test_summary_reports_cost(model, tmp_path, capsys):
     # 4 lines x (3 prompt + 5 output) tokens = 32 tokens; $3.6/h = $0.001/s
     secs = float(line.split(" lines in ")[1].split(" s ")[0])
     cost = float(line.split("| $")[1].split(" per million")[0])
-    assert cost == pytest.approx(0.001 * secs / 32 * 1e6, rel=0.02, abs=1e-4)
+    # the printed time is rounded to 0.01 s: the cost must lie within what that rounding allows
+    lo, hi = (0.001 * max(secs - 0.005, 0.0) / 32 * 1e6, 0.001 * (secs + 0.005) / 32 * 1e6)
+    assert lo * 0.99 - 1e-4 <= cost <= hi * 1.01 + 1e-4

@@ -1,6 +1,7 @@
 """EngineConfig: scheduler, KV-cache and device settings, validated up front."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -70,12 +71,16 @@ class EngineConfig:
             if v is not None and (not isinstance(v, int) or v < (1 if name == "max_model_len" else 0)):
                 bad(name, "a non-negative integer or None")
         for name in ("cpu_offload_gb", "swap_space_gb"):
-            if getattr(self, name) < 0:
+            v = getattr(self, name)
+            if not _is_num(v) or v < 0:
                 bad(name, "a size in GiB >= 0")
-        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
+        if self.kv_cache_memory_gb is not None and (not _is_num(self.kv_cache_memory_gb)
+                                                    or self.kv_cache_memory_gb <= 0):
             bad("kv_cache_memory_gb", "a size in GiB > 0")
         if not (isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0):
             bad("distributed_timeout_s", "a number of seconds > 0")
+        self._check_device()
+        self._check_memory()
         if not 0 < self.gpu_memory_utilization <= 1:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype is not None and self.dtype not in _DTYPES:
@@ -84,6 +89,33 @@ class EngineConfig:
             from .spec_config import SpecConfig
 
             self.speculative = SpecConfig.parse(self.speculative)
+
+    def _check_device(self) -> None:
+        if self.device is None:
+            return
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {self.device!r}") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device: {self.device!r} is not supported (expected 'cpu', 'cuda' or 'cuda:N')")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device: {self.device!r} was asked for, but no CUDA device is available "
+                                 f"(torch.cuda.is_available() is False); use device 'cpu'")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ValueError(f"device: {self.device!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
+
+    def _check_memory(self) -> None:
+        """Sizes in GiB asked for explicitly must fit the machine (the engine checks again, exactly,
+        once the model is loaded and the block count is known)."""
+        from .memory import check_fits
+
+        if self.kv_cache_memory_gb is not None:
+            check_fits(self.kv_cache_memory_gb * _GiB, self.torch_device, "kv_cache_memory_gb")
+        host = self.cpu_offload_gb + (self.swap_space_gb if self.preemption_mode == "swap" else 0.0)
+        if host:
+            check_fits(host * _GiB, "cpu", "cpu_offload_gb" if self.cpu_offload_gb else "swap_space_gb")
 
     @property
     def world_size(self) -> int:
@@ -106,6 +138,13 @@ class EngineConfig:
         names = {f.name for f in fields(cls)}
         mine = {k: v for k, v in kwargs.items() if k in names}
         return cls(**mine), {k: v for k, v in kwargs.items() if k not in names}
+
+
+_GiB = 1 << 30
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,

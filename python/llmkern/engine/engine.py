@@ -11,9 +11,9 @@ import torch
 
 from ..models.loader import load_model
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, stop_holdback
 from .kv_cache_manager import build_kv_cache
-from .metrics import EngineStats, RunMetrics
+from .metrics import EngineStats, RunMetrics, inter_token_latencies
 from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner
 from .parallel_runner import ParallelRunner
@@ -24,6 +24,8 @@ from .scheduler import Scheduler
 from .sequence import Request, Sequence, SeqStatus
 
 PromptType = Union[str, List[int], dict, List[dict]]
+_EXPECTED = {"prompt": "a string", "prompt_token_ids": "a list of token ids",
+             "messages": "a non-empty list of {'role', 'content'} messages"}
 
 
 class Engine:
@@ -104,7 +106,11 @@ class Engine:
             keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in prompt]
             if len(keys) != 1:
                 raise ValueError("prompt: a dict prompt needs exactly one of 'prompt', 'prompt_token_ids', 'messages'")
-            prompt = prompt[keys[0]]
+            key, prompt = keys[0], prompt[keys[0]]
+            want = {"prompt": str, "prompt_token_ids": (list, tuple), "messages": (list, tuple)}[key]
+            if not isinstance(prompt, want) or (key == "messages" and not (
+                    prompt and all(isinstance(m, dict) for m in prompt))):  # never reinterpreted
+                raise TypeError(f"{key}: expected {_EXPECTED[key]}, got {type(prompt).__name__}")
         if isinstance(prompt, str):
             self._need_tokenizer()
             return prompt, self.tokenizer.encode(prompt)
@@ -317,7 +323,7 @@ class Engine:
     def _request_metrics(self, req: Request) -> RequestMetrics:
         s0 = req.seqs[0]
         firsts = [s.first_token_time for s in req.seqs if s.first_token_time is not None]
-        itl = [b - a for a, b in zip(s0.token_times, s0.token_times[1:])]
+        itl = inter_token_latencies(s0.token_times)
         return RequestMetrics(
             arrival_time=req.arrival_time, first_scheduled_time=req.first_scheduled_time,
             first_token_time=min(firsts) if firsts else None,
@@ -332,14 +338,13 @@ class Engine:
         for s in req.seqs:
             new_ids = s.output_token_ids[s.stream_offset:]
             s.stream_offset = s.num_output_tokens
-            # While a stop string may still match, its possible beginning is held back so that a
-            # stream never shows text the final output drops.
-            hold = max(map(len, s.params.stop_list)) - 1 if s.params.stop_list and not s.is_finished else 0
-            end = len(s.output_text) - hold
-            delta = s.output_text[s.text_sent:end] if end > s.text_sent else ""
-            s.text_sent = max(s.text_sent, end)
+            visible = len(s.output_text)
+            if not s.is_finished and s.params.stop_list and not s.params.include_stop_str_in_output:
+                visible -= stop_holdback(s.output_text, s.params.stop_list)
+            delta = s.output_text[s.text_sent:visible] if visible > s.text_sent else ""
+            s.text_sent = max(s.text_sent, visible)
             lps = s.logprobs
-            outs.append(CompletionOutput(s.index, s.output_text, s.output_token_ids, s.finish_reason,
+            outs.append(CompletionOutput(s.index, s.output_text[:visible], s.output_token_ids, s.finish_reason,
                                          s.stop_reason, delta, new_ids, lps,
                                          None if lps is None else lps[len(lps) - len(new_ids):]))
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,

@@ -12,6 +12,7 @@ import torch
 
 from ..ops.kvcache import swap_blocks
 from .config import EngineConfig
+from .memory import check_fits, host_available_bytes
 from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool, block_hash
 from .sequence import Sequence
 
@@ -37,15 +38,16 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> float:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return max(0.0, total * config.gpu_memory_utilization - (total - free))
-    return CPU_KV_DEFAULT_GIB * _GiB
+    avail = host_available_bytes()  # the CPU default never takes more than half of what is free
+    default = CPU_KV_DEFAULT_GIB * _GiB
+    return default if avail is None else min(default, avail / 2)
 
 
 def kv_block_counts(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
                     device: torch.device) -> Tuple[int, int, int]:
     """(device blocks, CPU offload blocks, swap blocks) for a cache of `layers`: from the block
     counts in config, else from its memory budgets."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    block_bytes = sum(2 * n * h * d for n, h, d in layers) * elem * config.block_size
+    block_bytes = kv_block_bytes(layers, dtype, config.block_size)
     num_blocks = config.num_gpu_blocks
     if num_blocks is None:
         num_blocks = int(kv_budget_bytes(config, device) // block_bytes)
@@ -60,6 +62,23 @@ def kv_block_counts(config: EngineConfig, layers: List[LayerGroup], dtype: torch
     return num_blocks, n_off, n_swap
 
 
+def kv_block_bytes(layers: List[LayerGroup], dtype: torch.dtype, block_size: int) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return sum(2 * n * h * d for n, h, d in layers) * elem * block_size
+
+
+def check_kv_memory(config: EngineConfig, device: torch.device, n_dev: int, n_host: int, block_bytes: int) -> None:
+    """Before any cache is zero-filled: the device blocks and the host tiers must fit the machine."""
+    what = (f"num_gpu_blocks={n_dev} x block_size={config.block_size}" if config.num_gpu_blocks is not None
+            else "kv_cache_memory_gb") + " (KV cache)"
+    host_what = "cpu_offload_gb / swap_space_gb (host KV blocks)"
+    if device.type == "cpu":
+        check_fits((n_dev + n_host) * block_bytes, device, what if n_host == 0 else f"{what} + {host_what}")
+    else:
+        check_fits(n_dev * block_bytes, device, what)
+        check_fits(n_host * block_bytes, "cpu", host_what)
+
+
 def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
                    device: torch.device) -> "KVCacheManager":
     """Size and allocate the KV cache of `layers` (the target model, then a draft model whose layers
@@ -71,10 +90,11 @@ def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.
     def alloc(n: int, dev, pin: bool = False) -> Caches:
         return [c for g in layers for c in alloc_caches(n, bs, *g, dtype, dev, pin=pin)]
 
-    offload = alloc(n_off, "cpu", pin=True) if n_off and config.enable_prefix_caching else None
-    swap = None
-    if config.preemption_mode == "swap":
-        swap = alloc(n_swap, "cpu", pin=True) if n_swap else None
+    n_off = n_off if config.enable_prefix_caching else 0
+    n_swap = n_swap if config.preemption_mode == "swap" else 0
+    check_kv_memory(config, device, num_blocks, n_off + n_swap, kv_block_bytes(layers, dtype, bs))
+    offload = alloc(n_off, "cpu", pin=True) if n_off else None
+    swap = alloc(n_swap, "cpu", pin=True) if n_swap else None
     return KVCacheManager(alloc(num_blocks, device), bs, config.enable_prefix_caching, offload, swap)
 
 

@@ -37,6 +37,22 @@ class EngineStats:
         return 1.0 - self.kv_blocks_free / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
+def inter_token_latencies(token_times: List[float]) -> List[float]:
+    """One latency per output token after the first step's: a step that commits k tokens at once
+    (accepted speculative tokens) spreads its gap over them, gap / k each, so the mean stays the
+    time per output token and speculation never shows as 0 ms latencies."""
+    groups: List[List[float]] = []  # [time, count] per step
+    for t in token_times:
+        if groups and groups[-1][0] == t:
+            groups[-1][1] += 1
+        else:
+            groups.append([t, 1])
+    out: List[float] = []
+    for (t0, _), (t1, k) in zip(groups, groups[1:]):
+        out += [(t1 - t0) / k] * int(k)
+    return out
+
+
 class RunMetrics:
     def __init__(self):
         self.reset()

@@ -15,7 +15,8 @@ class RequestMetrics:
     num_output_tokens: int = 0
     num_cached_prompt_tokens: int = 0     # prompt tokens served by the prefix cache
     num_preemptions: int = 0
-    inter_token_latencies: List[float] = field(default_factory=list)  # seconds, first sample
+    # seconds, first sample; a step that commits k tokens (speculation) counts its gap / k for each
+    inter_token_latencies: List[float] = field(default_factory=list)
 
     @property
     def ttft(self) -> Optional[float]:

@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence, Union
 class SamplingParams:
     n: int = 1                          # independent samples per prompt
     temperature: float = 1.0            # 0 = greedy
-    top_k: int = 0                      # 0 or -1 = off
+    top_k: int = 0                      # 0 or -1 = off; above the vocabulary size: clamped to it
     top_p: float = 1.0                  # (0, 1]
     min_p: float = 0.0                  # [0, 1]
     repetition_penalty: float = 1.0     # > 0; HF-style, over prompt and output tokens

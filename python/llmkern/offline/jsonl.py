@@ -35,14 +35,18 @@ def read_items(path: str) -> List[Item]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                items.append(Item(lineno, record_key(None, lineno), error=f"not valid UTF-8 (offset {e.start})"))
+                items.append(Item(lineno, record_key(None, lineno),
+                                  error=f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"))
                 continue
             if not text.strip():
                 continue
             try:
                 obj = json.loads(text)
-            except (json.JSONDecodeError, RecursionError) as e:
+            except json.JSONDecodeError as e:
                 items.append(Item(lineno, record_key(None, lineno), error=f"not valid JSON ({e})"))
+                continue
+            except RecursionError:
+                items.append(Item(lineno, record_key(None, lineno), error="not valid JSON (nested too deeply)"))
                 continue
             ident = obj.get("id") if isinstance(obj, dict) else None
             key = record_key(ident, lineno)

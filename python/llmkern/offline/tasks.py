@@ -2,6 +2,7 @@
 records on a given LLM; the same code runs in the local job and inside each Ray actor."""
 from __future__ import annotations
 
+import json
 from typing import Callable, List, Optional
 
 from .jsonl import Item
@@ -17,21 +18,35 @@ def error_record(item: Item, msg: str) -> dict:
 
 
 def to_prompt(obj, chat: bool, has_template: bool):
-    """The engine prompt for one line: a JSON string, or an object with exactly one of "prompt"
-    (string), "messages" (chat) or "prompt_token_ids"."""
+    """The engine prompt for one JSON value: a string, or an object with exactly one of 'prompt'
+    (string), 'messages' (list of {"role", "content"} objects) or 'prompt_token_ids' (list of ints).
+    Wrong types are errors, never reinterpreted."""
     if isinstance(obj, str):
         return [{"role": "user", "content": obj}] if chat and has_template else obj
     if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object with a 'prompt', 'messages' or 'prompt_token_ids' field, "
+        raise ValueError("expected a JSON object with a 'prompt', 'messages' or 'prompt_token_ids' field, "
                          f"got {type(obj).__name__}")
     keys = [k for k in PROMPT_KEYS if k in obj]
     if len(keys) != 1:
         raise ValueError("needs exactly one of 'prompt', 'messages', 'prompt_token_ids'")
-    if keys[0] == "prompt":
-        if not isinstance(obj["prompt"], str):
-            raise ValueError("'prompt' must be a string")
-        return to_prompt(obj["prompt"], chat, has_template)
-    return {keys[0]: obj[keys[0]]}
+    k = keys[0]
+    v = obj[k]
+    if k == "prompt":
+        if not isinstance(v, str):
+            raise ValueError(f"'prompt' must be a string, got {type(v).__name__}")
+        return to_prompt(v, chat, has_template)
+    if k == "prompt_token_ids":
+        if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+            raise ValueError(f"'prompt_token_ids' must be a list of integers, got {_describe(v)}")
+        return {k: v}
+    if not isinstance(v, list) or not v or not all(isinstance(m, dict) for m in v):
+        raise ValueError("'messages' must be a non-empty list of {\"role\", \"content\"} objects, "
+                         f"got {_describe(v)}")
+    return {k: v}
+
+
+def _describe(v) -> str:
+    return f"{type(v).__name__} {json.dumps(v)[:40]}"
 
 
 def sampling_overrides(obj) -> dict:
