@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from . import kernels as K
-from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool
+from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool, block_hash
 from .sequence import Sequence
 
 Caches = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (key_cache, value_cache)
@@ -93,8 +93,7 @@ class KVCacheManager:
         hashes = seq.block_hashes
         toks = seq.token_ids
         for i in range(len(hashes), upto):
-            parent = hashes[i - 1] if i else 0
-            hashes.append(hash((parent, tuple(toks[i * bs:(i + 1) * bs]))))
+            hashes.append(block_hash(hashes[i - 1] if i else 0, toks[i * bs:(i + 1) * bs]))
 
     def acquire_prefix(self, seq: Sequence) -> int:
         """For a sequence about to start: take the longest cached prefix of full blocks (at least
