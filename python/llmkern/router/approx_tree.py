@@ -3,6 +3,7 @@ publishes it: a radix tree over the *text* of the requests routed to that worker
 worker really holds), with the least recently used leaves pruned when it grows past max_chars."""
 from __future__ import annotations
 
+import heapq
 import itertools
 from typing import Dict, Optional
 
@@ -72,17 +73,20 @@ class ApproxTree:
             self._evict()
 
     def _evict(self) -> None:
-        leaves = []
+        """Least recently used leaves first; a parent left without children becomes a leaf."""
+        heap = []
         stack = [self.root]
         while stack:
             n = stack.pop()
             if n.children:
                 stack.extend(n.children.values())
             elif n is not self.root:
-                leaves.append(n)
-        leaves.sort(key=lambda n: n.stamp)
-        for leaf in leaves:                  # oldest leaves first (parents that become leaves stay)
-            if self.size <= self.max_chars:
-                break
-            del leaf.parent.children[leaf.edge[0]]
+                heap.append((n.stamp, id(n), n))
+        heapq.heapify(heap)
+        while heap and self.size > self.max_chars:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            del parent.children[leaf.edge[0]]
             self.size -= len(leaf.edge)
+            if not parent.children and parent is not self.root:
+                heapq.heappush(heap, (parent.stamp, id(parent), parent))
