@@ -37,28 +37,30 @@ def llm(model_dir):
     return LLM(model_dir, kv_cache_memory_gb=0.02, max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def _replicas(model_dir):
-    return [ServerProcess(["--model", model_dir, "--served-model-name", "tiny", *ENGINE_ARGS]) for _ in range(2)]
-
-
-def _router(model_dir, replicas, *extra):
+def _router(model_dir, replicas, wait=True):
     args = ["--model", model_dir]
     for r in replicas:
         args += ["--worker", r.base]
-    return ServerProcess(args + list(extra), command="router")
+    return ServerProcess(args, command="router", wait=wait)
 
 
 @pytest.fixture(scope="module")
 def cluster(model_dir):
-    reps = []
+    """Two replicas and a router, all started at once (process start-up dominates this module)."""
+    procs = []
     try:
-        reps = _replicas(model_dir)
-        with _router(model_dir, reps) as router:
-            _wait_synced(router, 2)
-            yield router, reps
+        reps = [ServerProcess(["--model", model_dir, "--served-model-name", "tiny", *ENGINE_ARGS], wait=False)
+                for _ in range(2)]
+        procs += reps
+        router = _router(model_dir, reps, wait=False)
+        procs.append(router)
+        for p in procs:
+            p.wait_ready()
+        _wait_synced(router, 2)
+        yield router, reps
     finally:
-        for r in reps:
-            r.__exit__(None, None, None)
+        for p in procs:
+            p.__exit__(None, None, None)
 
 
 def _workers(router):
@@ -183,57 +185,51 @@ async def _one(client, base, i, stream):
     return ("stream", events)
 
 
-def test_replica_killed_mid_run(model_dir):
-    reps = []
-    try:
-        reps = _replicas(model_dir)
-        with _router(model_dir, reps) as router:
-            _wait_synced(router, 2)
+def test_replica_killed_mid_run(cluster):
+    """Last test on the cluster: it kills one of its replicas."""
+    router, reps = cluster
 
-            async def scenario():
-                async with httpx.AsyncClient(timeout=120) as client:
-                    tasks = [asyncio.ensure_future(_one(client, router.base, i, stream=i % 2 == 0)) for i in range(8)]
-                    # Kill the busier replica once both have work in flight.
-                    def busy():
-                        ws = _workers(router)
-                        return all(w["inflight"] > 0 for w in ws.values()) and ws
-                    ws = await asyncio.get_running_loop().run_in_executor(None, lambda: _wait(busy, 30, "work"))
-                    victim = max(reps, key=lambda r: ws[r.base]["inflight"])
-                    victim.signal(signal.SIGKILL)
-                    return victim, await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as client:
+            tasks = [asyncio.ensure_future(_one(client, router.base, i, stream=i % 2 == 0)) for i in range(8)]
+            # Kill the busier replica once most requests are in flight.
+            def busy():
+                ws = _workers(router)
+                return sum(w["inflight"] for w in ws.values()) >= 6 and ws
+            ws = await asyncio.get_running_loop().run_in_executor(None, lambda: _wait(busy, 30, "work"))
+            victim = max(reps, key=lambda r: ws[r.base]["inflight"])
+            victim.signal(signal.SIGKILL)
+            return victim, await asyncio.wait_for(asyncio.gather(*tasks), 120)
 
-            victim, results = asyncio.run(scenario())
-            survivor = reps[1 - reps.index(victim)]
-            failed_streams = 0
-            for res in results:                      # none lost: each finished or says why not
-                if res[0] == "done":
-                    assert res[1]["choices"][0]["finish_reason"] == "length"
-                    assert res[1]["usage"]["completion_tokens"] == 160
-                elif res[0] == "stream":
-                    ev = res[1]
-                    assert ev[-1] == "[DONE]"
-                    objs = [json.loads(e) for e in ev[:-1]]
-                    if "error" in objs[-1]:
-                        assert objs[-1]["error"]["code"] == "replica_failed"
-                        failed_streams += 1
-                    else:
-                        assert objs[-1]["choices"][0]["finish_reason"] == "length"
-                else:
-                    raise AssertionError(f"request lost: {res}")
-            # The survivor serves the rest.
-            c = router.client()
-            for i in range(3):
-                r = c.completions.create(model="tiny", prompt=TENANTS[i % 2] + "after", max_tokens=4, temperature=0)
-                assert r.choices[0].finish_reason in ("length", "stop")
-            m = router.metrics()
-            assert m[("llmkern_router_worker_healthy", (("worker", victim.base),))] == 0
-            assert m[("llmkern_router_worker_healthy", (("worker", survivor.base),))] == 1
-            assert m[("llmkern_router_failures_total", (("worker", victim.base),))] == failed_streams
-            lost_attempts = m[("llmkern_router_retries_total", (("worker", victim.base),))]
-            assert failed_streams + lost_attempts >= 1       # the victim had work in flight
-    finally:
-        for r in reps:
-            r.__exit__(None, None, None)
+    victim, results = asyncio.run(scenario())
+    survivor = reps[1 - reps.index(victim)]
+    failed_streams = 0
+    for res in results:                      # none lost: each finished or says why not
+        if res[0] == "done":
+            assert res[1]["choices"][0]["finish_reason"] == "length"
+            assert res[1]["usage"]["completion_tokens"] == 160
+        elif res[0] == "stream":
+            ev = res[1]
+            assert ev[-1] == "[DONE]"
+            objs = [json.loads(e) for e in ev[:-1]]
+            if "error" in objs[-1]:
+                assert objs[-1]["error"]["code"] == "replica_failed"
+                failed_streams += 1
+            else:
+                assert objs[-1]["choices"][0]["finish_reason"] == "length"
+        else:
+            raise AssertionError(f"request lost: {res}")
+    # The survivor serves the rest.
+    c = router.client()
+    for i in range(3):
+        r = c.completions.create(model="tiny", prompt=TENANTS[i % 2] + "after", max_tokens=4, temperature=0)
+        assert r.choices[0].finish_reason in ("length", "stop")
+    m = router.metrics()
+    assert m[("llmkern_router_worker_healthy", (("worker", victim.base),))] == 0
+    assert m[("llmkern_router_worker_healthy", (("worker", survivor.base),))] == 1
+    assert m[("llmkern_router_failures_total", (("worker", victim.base),))] == failed_streams
+    lost_attempts = m[("llmkern_router_retries_total", (("worker", victim.base),))]
+    assert failed_streams + lost_attempts >= 1       # the victim had work in flight
 
 
 def test_data_parallel_launcher(model_dir, llm):
