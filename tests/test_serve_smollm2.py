@@ -6,6 +6,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
 
 from llmkern.models.loader import DEFAULT_MODEL_NAME, default_model_path  # noqa: E402
 from serve_helpers import ServerProcess  # noqa: E402

@@ -174,7 +174,7 @@ class Engine:
             num_running=len({s.request.request_id for s in sch.running} - waiting),
             num_waiting=len(waiting), num_swapped=len(sch.swapped),
             prefill_tokens_pending=sch.num_prefill_tokens_pending(),
-            kv_blocks_total=self.num_blocks, kv_blocks_free=kv.pool.num_free,
+            kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.pool.num_free,
             num_preemptions=sch.num_preemptions, prefix_query_tokens=kv.stats.prefix_query_tokens,
             prefix_hit_tokens=kv.stats.prefix_hit_tokens,
             prompt_tokens_computed=self.metrics.prompt_tokens_computed,

@@ -292,7 +292,8 @@ def plot(rows: List[dict], path: str) -> Optional[str]:
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="request rates (req/s)")
     p.add_argument("--num-requests", type=int, default=24, help="requests per rate")
-    p.add_argument("--policies", nargs="+", default=["continuous", "dynamic", "static", "continuous+slo"])
+    p.add_argument("--policies", nargs="*", default=["continuous", "dynamic", "static", "continuous+slo"],
+                   help="llmkern scheduling policies to run (none: only the peer)")
     p.add_argument("--max-batch-size", type=int, default=8, help="static/dynamic batch size")
     p.add_argument("--max-wait-ms", type=float, default=200.0)
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
@@ -411,7 +412,10 @@ def _run_hf_peer(a, rows) -> str:
         path = hf_model_dir(tmp) if a.model is None else a.model
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         try:
-            srv = Server("HF transformers serve", [exe, "serve", "--continuous-batching", "--device", "cpu",
+            # The KV pool is bounded (1024 blocks of 32 tokens, ~1.5 GB for SmolLM2): sized on its own,
+            # HF's continuous-batching cache took ~14 GB on the first long prompt here and was OOM-killed.
+            srv = Server("HF transformers serve", [exe, "serve", "--continuous-batching", "--cb-block-size", "32",
+                                                   "--cb-num-blocks", "1024", "--device", "cpu",
                                                    "--dtype", "float32", "--host", "127.0.0.1", "--port", "{port}",
                                                    path], env=env)
         except RuntimeError as e:
