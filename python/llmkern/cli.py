@@ -287,6 +287,19 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
 
+def _bench_router_args(p: argparse.ArgumentParser) -> None:
+    from .router.bench import add_args
+
+    add_args(p)
+
+
+def _bench_router(a) -> int:
+    from .router.bench import run_bench
+
+    run_bench(a)
+    return 0
+
+
 # -- bench -------------------------------------------------------------------------------------
 def _bench_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer requests and tokens")
@@ -329,6 +342,8 @@ BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
                    _bench_throughput_args, _bench_throughput),
     "serve": ("serving: open-loop Poisson load on `llmkern serve` (three policies) vs HF's `transformers serve`",
               _bench_serve_args, _bench_serve),
+    "router": ("routing: multi-tenant Poisson load on N replicas behind the router, per policy (hit rate, TTFT)",
+               _bench_router_args, _bench_router),
 }
 
 

@@ -229,7 +229,7 @@ async def _kv_stream(state: ServerState, since: int, poll_s: float = 0.02, heart
     arrive (and every heartbeat_s with the load); {"reset": true, "seq"} when events after `since`
     are gone, after which the reader takes a snapshot and reconnects."""
     last, quiet = since, heartbeat_s
-    while True:
+    while not state.draining:       # a draining server closes the stream (uvicorn waits for open responses)
         events, cur = state.kv_events.since(last)
         if events is None:
             yield f"data: {json.dumps({'reset': True, 'seq': cur})}\n\n"
