@@ -115,3 +115,13 @@ def test_approx_tree_policy_follows_text_then_balances():
     assert pol.rank(RouteRequest([], sys_a + "q9"), [a, b])[0] is second
     first.inflight, second.inflight = 5, 4   # a gap of 1 <= 4: balanced again, back to the cache
     assert pol.rank(RouteRequest([], sys_a + "q10"), [a, b])[0] is first
+
+
+def test_cli_rejects_bad_arguments():
+    pytest.importorskip("fastapi")
+    from llmkern.cli import main
+
+    with pytest.raises(SystemExit, match="worker: expected an http"):
+        main(["router", "--worker", "notaurl"])
+    with pytest.raises(SystemExit, match="--data-parallel-size: expected an integer >= 1"):
+        main(["serve", "--data-parallel-size", "0"])
