@@ -72,3 +72,34 @@ class RequestOutput:
     @property
     def finish_reason(self) -> Optional[str]:
         return self.outputs[0].finish_reason if self.outputs else ("error" if self.error else None)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: List[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """LLM.embed's result for one input (vLLM's shape: `.outputs.embedding`)."""
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: List[int]
+    finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    score: float                   # log-likelihood of the continuation: sum of token_logprobs
+    token_logprobs: List[float]    # log p(continuation token | everything before it)
+    is_greedy: bool                # every continuation token is the argmax at its position
+
+
+@dataclass
+class ScoringRequestOutput:
+    """LLM.score's result for one (prompt, continuation) pair (vLLM's shape: `.outputs.score`)."""
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: List[int]
+    continuation_token_ids: List[int]
+    finished: bool = True

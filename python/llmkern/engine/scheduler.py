@@ -7,7 +7,9 @@ Continuous policy, per step under a token budget (max_num_batched_tokens) and a 
      freed and it restarts from its tokens; swap: its blocks move to host memory);
   2. swapped sequences come back when their blocks fit;
   3. waiting sequences are admitted in arrival order, starting after their cached prefix; with
-     chunked prefill the last admitted one may get only part of its prompt.
+     chunked prefill the last admitted one may get only part of its prompt. With
+     schedule="throughput" (offline work) the queue is ordered and admitted by admission.py's
+     rules instead: prefix groups together, biggest first, shared blocks computed once.
 Static policy: admit up to max_num_seqs, run that batch to completion, then admit the next.
 Dynamic policy: static, but a batch starts only when max_num_seqs sequences wait or the oldest
 has waited max_wait_ms (the batch forms while the previous one runs).
@@ -21,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, List
 
+from . import admission
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
 from .sequence import Sequence, SeqStatus
@@ -51,6 +54,7 @@ class Scheduler:
         self.running: List[Sequence] = []       # admission order (last = lowest priority)
         self.swapped: Deque[Sequence] = deque()
         self.num_preemptions = 0
+        self._unordered = False  # throughput schedule: the waiting queue needs sorting
         self.budget = config.max_num_batched_tokens
         if not config.enable_chunked_prefill:
             # A whole prompt must fit in one step.
@@ -59,6 +63,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
         self._enqueue(seq, front=False)
+        self._unordered = True
 
     def _enqueue(self, seq: Sequence, front: bool) -> None:
         if self.config.policy == "priority":
@@ -173,8 +178,18 @@ class Scheduler:
         # 3. waiting sequences.
         if self.config.scheduler != "continuous":
             return batch
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+        throughput = self.config.schedule == "throughput"
+        if throughput and self._unordered:
+            self.waiting = deque(admission.throughput_order(self.waiting, self.kv.block_size, self.max_model_len))
+            self._unordered = False
+        inflight = (admission.inflight_hashes(self.running, self.kv.block_size)
+                    if throughput and self.kv.enable_prefix_caching else set())
+        i = 0  # throughput: requests waiting for an in-flight prefix are passed over, not blocking
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[i]
+            if inflight and admission.waits_for_inflight(seq, inflight, self.kv.block_size):
+                i += 1
+                continue
             if seq.num_computed_tokens == 0 and not seq.block_ids:
                 self.kv.acquire_prefix(seq)
             n = seq.num_tokens - seq.num_computed_tokens
@@ -186,7 +201,7 @@ class Scheduler:
             if not self.kv.allocate_slots(seq, n):
                 self._release_prefix(seq)
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             if seq.request.first_scheduled_time is None:
@@ -194,6 +209,8 @@ class Scheduler:
             budget -= n
             batch.prefills.append(seq)
             batch.prefill_lens.append(n)
+            if throughput and self.kv.enable_prefix_caching:
+                inflight.update(admission.prompt_hashes(seq, self.kv.block_size)[seq.num_cached_blocks:])
         return batch
 
     def _admit_static_batch(self) -> None:
