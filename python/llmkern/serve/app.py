@@ -38,7 +38,10 @@ class ServerState:
         self.admission = Admission(cfg, loop, self.metrics)
         self.draining = False
         self.created = int(time.time())
-        self.kv_events = KVEventPublisher(eng.config.block_size).attach(eng)
+        kv = getattr(eng, "kv", None)       # an engine without a paged cache publishes nothing
+        self.kv_events = KVEventPublisher(kv.block_size if kv is not None else 0)
+        if kv is not None:
+            self.kv_events.attach(eng)
 
     def load(self) -> dict:
         """What a router weighs against cache hits: requests waiting and running, prompt tokens

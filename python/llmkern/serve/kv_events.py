@@ -23,6 +23,7 @@ class KVEventPublisher:
     def attach(self, engine) -> "KVEventPublisher":
         """Subscribe to the engine's block pool (blocks already cached are taken as the start)."""
         pool = engine.kv.pool
+        self.block_size = engine.kv.block_size
         with self._lock:
             self._hashes = set(pool.cached)
         pool.on_event = self.record
