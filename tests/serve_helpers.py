@@ -50,20 +50,23 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`llmkern serve ARGS` on 127.0.0.1:<free port>; a context manager that waits for /health
+    """`llmkern serve ARGS` (or another command, e.g. router) on 127.0.0.1:<free port>; a context manager that waits for /health
     and always kills the process (and its log file) on exit."""
 
-    def __init__(self, args: List[str], startup_timeout: float = 120, env: Optional[dict] = None):
+    def __init__(self, args: List[str], startup_timeout: float = 120, env: Optional[dict] = None,
+                 command: str = "serve", wait: bool = True):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         e = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
         e.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, "-m", "llmkern.cli", "serve", "--port", str(self.port), *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmkern.cli", command, "--port", str(self.port), *args],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=e)
-        self._wait_ready(startup_timeout)
+        if wait:
+            self.wait_ready(startup_timeout)
 
-    def _wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Until /health answers 200 (the process is closed, and an error raised, if it does not)."""
         import httpx
 
         end = time.monotonic() + timeout

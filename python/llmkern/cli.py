@@ -4,6 +4,8 @@
     llmkern generate --input prompts.jsonl --output out.jsonl   offline batch job + summary (resumable)
     llmkern embed --input texts.jsonl --output emb.jsonl        embeddings (resumable)
     llmkern serve                                           OpenAI-compatible server (needs llmkern[serve])
+    llmkern serve --data-parallel-size 2                    two replicas behind a KV-aware router
+    llmkern router --worker URL [--worker URL ...]          the router alone, in front of replicas anywhere
     llmkern bench throughput                                end-to-end benchmark vs HF transformers
     llmkern bench serve                                     serving benchmark (policies, HF's server)
 
@@ -299,8 +301,58 @@ def _cmd_serve(a) -> int:
         cfg = ServeConfig.from_args(a)
     except ValueError as e:
         raise SystemExit(f"llmkern serve: {e}")
+    if a.data_parallel_size < 1:
+        raise SystemExit(f"llmkern serve: --data-parallel-size: expected an integer >= 1, got {a.data_parallel_size}")
+    if a.data_parallel_size > 1:
+        from .router.launch import run_data_parallel
+
+        return run_data_parallel(a, a.argv[1:])
     engine = _make_llm(a).engine
     return run_server(engine, cfg, cfg.served_model_name or default_model_name(a.model), a.log_level)
+
+
+def _cmd_router(a) -> int:
+    try:
+        from .router.core import Router
+        from .router.launch import _router_tokenizer, run_router
+    except ImportError as e:
+        raise SystemExit(f"{_SERVE_HINT} ({e})")
+    try:
+        tok = _router_tokenizer(a.model) if a.model else None
+        router = Router(a.worker or [], policy=a.policy, tokenizer=tok)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"llmkern router: {e}")
+    if tok is None:
+        print("llmkern router: no --model given: prompts are not tokenised, so only token-id prompts are routed "
+              "by their cached prefix", file=sys.stderr)
+    return run_router(router, a.host, a.port, admin_key=a.admin_key, log_level=a.log_level)
+
+
+def _add_router_args(p: argparse.ArgumentParser) -> None:
+    from .router.policies import POLICIES
+
+    p.add_argument("--worker", action="append", default=None, metavar="URL",
+                   help="a replica (`llmkern serve`) base URL, e.g. http://10.0.0.5:8000; repeat for more; more "
+                        "can be added at run time with POST /admin/workers")
+    p.add_argument("--model", default=None, help="the replicas' model (its tokenizer is loaded to match prefixes)")
+    p.add_argument("--policy", default="cache_aware", choices=POLICIES)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--admin-key", default=None, help="require header X-Admin-Key on /admin routes")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _bench_router_args(p: argparse.ArgumentParser) -> None:
+    from .router.bench import add_args
+
+    add_args(p)
+
+
+def _bench_router(a) -> int:
+    from .router.bench import run_bench
+
+    run_bench(a)
+    return 0
 
 
 # -- bench -------------------------------------------------------------------------------------
@@ -360,6 +412,8 @@ BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
                    _bench_throughput_args, _bench_throughput),
     "serve": ("serving: open-loop Poisson load on `llmkern serve` (three policies) vs HF's `transformers serve`",
               _bench_serve_args, _bench_serve),
+    "router": ("routing: multi-tenant Poisson load on N replicas behind the router, per policy (hit rate, TTFT)",
+               _bench_router_args, _bench_router),
 }
 
 
@@ -398,7 +452,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
     _add_model_args(sv)
     add_serve_args(sv)
+    dp = sv.add_argument_group("data parallelism")
+    dp.add_argument("--data-parallel-size", type=int, default=1,
+                    help="N > 1: N replicas (the CPUs split between them, or one GPU each) behind a router on --port")
+    dp.add_argument("--router-policy", default="cache_aware",
+                    choices=["cache_aware", "approx_tree", "least_load", "round_robin"])
     sv.set_defaults(func=_cmd_serve)
+
+    r = sub.add_parser("router", help="KV-cache-aware router in front of llmkern serve replicas")
+    _add_router_args(r)
+    r.set_defaults(func=_cmd_router)
 
     b = sub.add_parser("bench", help="benchmarks: throughput (end-to-end vs HF), kernels, e2e, all, report "
                                      "(llmkern bench SUBCOMMAND --help)")
@@ -443,6 +506,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if extra:
         _unknown_option_error(_subparser(ap, [args.command] + ([args.bench] if args.command == "bench" else [])),
                               extra)
+    args.argv = argv
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:

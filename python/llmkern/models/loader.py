@@ -72,6 +72,19 @@ def read_checkpoint(model: Optional[Union[str, dict, ModelConfig]] = None, load_
     return _read_hf_dir(model)
 
 
+def load_tokenizer(model: Optional[str] = None) -> Optional[Tokenizer]:
+    """Only the tokenizer of `model` (as load_model would build it), without the weights: for
+    processes that tokenise but do not run the model, such as a router."""
+    model = os.fspath(model) if model is not None else default_model_path()
+    if not os.path.exists(model):
+        raise FileNotFoundError(f"model: path {model!r} does not exist (expected a HF model directory or a .gguf file)")
+    if model.endswith(".gguf"):
+        import gguf
+
+        return Tokenizer.from_gguf(gguf_metadata(gguf.GGUFReader(model)))
+    return Tokenizer.from_hf_dir(model)
+
+
 # -- HF directory -------------------------------------------------------------------------------
 def _read_hf_dir(path: str):
     from safetensors.torch import load_file

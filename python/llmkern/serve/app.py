@@ -1,5 +1,6 @@
 """build_app(loop, config): the FastAPI app. Routes: POST /v1/completions, POST
-/v1/chat/completions, GET /v1/models, GET /health, GET /metrics. A plain ASGI guard in front
+/v1/chat/completions, GET /v1/models, GET /health, GET /metrics, and for routers GET /kv/snapshot
+and GET /kv/events (SSE) with the prefix cache's block events and the replica's load. A plain ASGI guard in front
 checks the API key and the declared body size before any route runs."""
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .admission import Admission
 from .config import ServeConfig
 from .errors import APIError, json_response
+from .kv_events import KVEventPublisher
 from .metrics import ServeMetrics
 from .protocol import completion_response, parse_chat, parse_completion
 from .streaming import Run, final_outputs, first_item, stream_events
@@ -36,6 +38,19 @@ class ServerState:
         self.admission = Admission(cfg, loop, self.metrics)
         self.draining = False
         self.created = int(time.time())
+        kv = getattr(eng, "kv", None)       # an engine without a paged cache publishes nothing
+        self.kv_events = KVEventPublisher(kv.block_size if kv is not None else 0)
+        if kv is not None:
+            self.kv_events.attach(eng)
+
+    def load(self) -> dict:
+        """What a router weighs against cache hits: requests waiting and running, prompt tokens
+        still to prefill (queued in the engine or not yet handed to it), KV blocks in use."""
+        st, pend_reqs, pend_tokens = self.loop.load()
+        used = st.kv_blocks_total - st.kv_blocks_free
+        return {"num_waiting": st.num_waiting + pend_reqs, "num_running": st.num_running,
+                "prefill_tokens_pending": st.prefill_tokens_pending + pend_tokens,
+                "kv_usage": used / st.kv_blocks_total if st.kv_blocks_total else 0.0}
 
     async def drain(self, grace_s: float) -> None:
         """Stop accepting (503), let in-flight requests finish for up to grace_s, then abort the
@@ -150,6 +165,15 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
 
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/kv/snapshot")
+    async def kv_snapshot():
+        return dict(state.kv_events.snapshot(), load=state.load())
+
+    @app.get("/kv/events")
+    async def kv_events(since: int = 0):
+        return StreamingResponse(_kv_stream(state, since), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
     async def generate(request: Request, kind: str):
         if state.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
@@ -201,6 +225,23 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
         app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"])
     return app
+
+
+async def _kv_stream(state: ServerState, since: int, poll_s: float = 0.02, heartbeat_s: float = 0.25):
+    """SSE: {"seq", "events": [[seq, "stored"|"removed", hash], ...], "load"} whenever events
+    arrive (and every heartbeat_s with the load); {"reset": true, "seq"} when events after `since`
+    are gone, after which the reader takes a snapshot and reconnects."""
+    last, quiet = since, heartbeat_s
+    while not state.draining:       # a draining server closes the stream (uvicorn waits for open responses)
+        events, cur = state.kv_events.since(last)
+        if events is None:
+            yield f"data: {json.dumps({'reset': True, 'seq': cur})}\n\n"
+            return
+        if events or quiet >= heartbeat_s:
+            yield f"data: {json.dumps({'seq': cur, 'events': events, 'load': state.load()})}\n\n"
+            last, quiet = cur, 0.0
+        await asyncio.sleep(poll_s)
+        quiet += poll_s
 
 
 def default_model_name(model: Optional[str]) -> str:
