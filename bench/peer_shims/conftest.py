@@ -38,6 +38,7 @@ def _device_props():
 
 torch.cuda.get_device_capability = lambda *a, **k: CAPABILITY
 torch.cuda.get_device_properties = lambda *a, **k: _device_props()
+torch.cuda.device_count = lambda *a, **k: 1  # one device under test (tests parametrize over devices)
 torch.cuda.synchronize = lambda *a, **k: None
 torch.cuda.empty_cache = lambda *a, **k: None
 
@@ -48,6 +49,7 @@ globals().update(getattr(_shim, "fixtures", dict)())
 _records: dict = {}
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     for it in items:
         params = getattr(getattr(it, "callspec", None), "params", {})
@@ -66,8 +68,11 @@ def pytest_collection_modifyitems(config, items):
         deselected = [it for it in items if id(it) not in keep]
         items[:] = [it for it in items if id(it) in keep]
         config.hook.pytest_deselected(items=deselected)
-        for it in deselected:
-            _records[it.nodeid]["deselected"] = True
+
+
+def pytest_deselected(items):
+    for it in items:  # -k / -m / sampling: recorded as not selected, not as not run
+        _records.setdefault(it.nodeid, {"function": it.originalname or it.name, "params": {}})["deselected"] = True
 
 
 @pytest.hookimpl(hookwrapper=True)
