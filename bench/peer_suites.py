@@ -125,6 +125,7 @@ def prepare(suite_name: str, checkout: Path, work: Path) -> List[str]:
 def run(suite_name: str, checkout: Path, backend: str, sample: int, seed: int, keyword: str,
         timeout: float, extra: List[str]) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"peer-{suite_name}-"))
+    keep = bool(os.environ.get("PEER_SUITE_KEEP"))  # keep the temp dir (debugging the shims)
     try:
         tests = prepare(suite_name, checkout, work)
         sidecar = work / "records.json"
@@ -141,20 +142,34 @@ def run(suite_name: str, checkout: Path, backend: str, sample: int, seed: int, k
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-            tail = (proc.stdout + proc.stderr)[-3000:]
+            tail = f"exit status {proc.returncode}\n" + (proc.stdout + proc.stderr)[-3000:]
         except subprocess.TimeoutExpired as e:
             tail = f"timed out after {timeout:.0f} s\n" + ((e.stdout or b"")[-2000:].decode(errors="replace")
                                                             if isinstance(e.stdout, bytes) else str(e.stdout or "")[-2000:])
         elapsed = time.time() - t0
-        records = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+        records: dict = {}
+        if sidecar.exists():  # JSON lines; the last line of a test is its latest state
+            for line in sidecar.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                records[rec.pop("nodeid")] = rec
+        crashed = [n for n, r in records.items() if r.get("started") and "outcome" not in r]
+        for n in crashed:  # the process died inside this test (a crash is a failure)
+            records[n].update(outcome="failed", error="process died during the test", failed_line="")
         return summarise(suite_name, records, elapsed, tail)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def summarise(suite_name: str, records: dict, elapsed: float, tail: str) -> dict:
     suite = SUITES[suite_name]
-    totals = {"collected": len(records), "deselected": 0, "passed": 0, "failed": 0, "skipped": 0,
+    cases = records.pop("__cases__", {}).get("cases", {})
+    totals = {"cases": sum(cases.values()), "collected": len(records), "deselected": 0, "passed": 0, "failed": 0, "skipped": 0,
               "out_of_scope": 0, "not_run": 0}
     by_fn: Dict[str, Dict[str, int]] = {}
     oos_reasons: Dict[str, int] = {}
@@ -162,7 +177,8 @@ def summarise(suite_name: str, records: dict, elapsed: float, tail: str) -> dict
     tests = {}
     for nodeid, rec in records.items():
         fn = rec.get("function", nodeid)
-        row = by_fn.setdefault(fn, {"passed": 0, "failed": 0, "skipped": 0, "out_of_scope": 0})
+        row = by_fn.setdefault(fn, {"cases": cases.get(fn, 0), "passed": 0, "failed": 0, "skipped": 0,
+                                    "out_of_scope": 0})
         if rec.get("deselected"):
             totals["deselected"] += 1
             continue
@@ -191,17 +207,19 @@ def summarise(suite_name: str, records: dict, elapsed: float, tail: str) -> dict
 
 def print_report(rep: dict) -> None:
     t = rep["totals"]
-    print(f"== {rep['suite']}: {t['collected']} collected, {t['deselected']} not sampled, "
+    print(f"== {rep['suite']}: {t['cases']} parametrized cases, {t['collected']} collected (sampled), "
+          f"{t['deselected']} deselected (-k), "
           f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped, "
           f"{t['out_of_scope']} out of scope, {t['not_run']} not run ({rep['elapsed_s']} s)")
     if rep["in_scope_pass_rate"] is not None:
         print(f"   in-scope pass rate: {100 * rep['in_scope_pass_rate']:.1f}%")
     for reason, n in sorted(rep["out_of_scope_reasons"].items()):
         print(f"   out of scope: {n:6d}  {reason}")
-    print(f"   {'test function':48s} {'pass':>6s} {'fail':>6s} {'skip':>6s} {'oos':>6s}")
+    print(f"   {'test function':44s} {'cases':>7s} {'pass':>6s} {'fail':>6s} {'skip':>6s} {'oos':>6s}")
     for fn, row in sorted(rep["by_function"].items()):
-        if any(row.values()):
-            print(f"   {fn:48s} {row['passed']:6d} {row['failed']:6d} {row['skipped']:6d} {row['out_of_scope']:6d}")
+        if row["passed"] + row["failed"] + row["skipped"] + row["out_of_scope"]:
+            print(f"   {fn:44s} {row['cases']:7d} {row['passed']:6d} {row['failed']:6d} {row['skipped']:6d} "
+                  f"{row['out_of_scope']:6d}")
     for f in rep["failures"][:20]:
         print(f"   FAIL {f['test']}\n        at: {f['line'][:150]}\n        {f['error'][:300]}")
     if len(rep["failures"]) > 20:

@@ -30,8 +30,10 @@ sys.path.insert(0, os.environ["PEER_SUITE_SHIMS"])
 
 
 def _device_props():
-    # What the tests read of the GPU: memory (to skip huge cases), SM count, name.
+    # What the tests read of the GPU: memory (their own rules skip cases too big for it), SM
+    # count, name. Memory: the host's, capped by PEER_SUITE_DEVICE_GIB (default 16).
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    mem = min(mem, int(float(os.environ.get("PEER_SUITE_DEVICE_GIB", "16")) * 2**30))
     return types.SimpleNamespace(total_memory=mem, multi_processor_count=os.cpu_count() or 1,
                                  name=f"llmkern-{BACKEND}", major=CAPABILITY[0], minor=CAPABILITY[1])
 
@@ -49,25 +51,26 @@ globals().update(getattr(_shim, "fixtures", dict)())
 _records: dict = {}
 
 
-@pytest.hookimpl(trylast=True)
+_cases: dict = {}  # test function -> number of parametrized cases before sampling
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_generate_tests(metafunc):
+    yield
+    # Sampling here, on the parametrizations, keeps pytest from building an item for every one
+    # of the (hundreds of thousands of) cases: a fixed draw per function (same seed = same cases).
+    name = metafunc.function.__name__
+    calls = metafunc._calls
+    _cases[name] = len(calls) or 1
+    if SAMPLE > 0 and len(calls) > SAMPLE:
+        metafunc._calls = random.Random(f"{SEED}:{name}").sample(calls, SAMPLE)
+
+
 def pytest_collection_modifyitems(config, items):
     for it in items:
         params = getattr(getattr(it, "callspec", None), "params", {})
         _records[it.nodeid] = {"function": it.originalname or it.name,
                                "params": {k: repr(v) for k, v in params.items()}}
-    if SAMPLE > 0:
-        # A fixed sample of each test function's cases (same seed = same cases).
-        by_fn: dict = {}
-        for it in items:
-            by_fn.setdefault(it.originalname or it.name, []).append(it)
-        keep = set()
-        rng = random.Random(SEED)
-        for fn in sorted(by_fn):
-            group = by_fn[fn]
-            keep.update(id(it) for it in (group if len(group) <= SAMPLE else rng.sample(group, SAMPLE)))
-        deselected = [it for it in items if id(it) not in keep]
-        items[:] = [it for it in items if id(it) in keep]
-        config.hook.pytest_deselected(items=deselected)
 
 
 def pytest_deselected(items):
@@ -104,8 +107,22 @@ def pytest_runtest_makereport(item, call):
                         pass
             rec["failed_line"] = line
             rec["error"] = f"{call.excinfo.typename}: {str(call.excinfo.value)[:300]}"
+        _append(item.nodeid)
 
 
-def pytest_sessionfinish(session, exitstatus):
-    with open(SIDECAR, "w") as f:
-        json.dump(_records, f)
+def _append(nodeid: str) -> None:
+    # One JSON line per event, written as it happens: a crash keeps what ran before it.
+    with open(SIDECAR, "a") as f:
+        f.write(json.dumps({"nodeid": nodeid, **_records[nodeid]}) + "\n")
+
+
+def pytest_collection_finish(session):
+    _records["__cases__"] = {"function": "__cases__", "params": {}, "cases": _cases}
+    for nodeid in list(_records):
+        _append(nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid, location):
+    _records.setdefault(nodeid, {"function": nodeid, "params": {}})["started"] = True
+    _append(nodeid)
