@@ -10,7 +10,16 @@ forward is always deterministic) and ``dropout_p > 0`` raises NotImplementedErro
 extensions (``out=``, ``return_softmax_lse=`` on varlen) come after them, keyword-only. Head dims
 that are not a multiple of 8 are zero-padded around the kernels (as flash-attn does). Beyond
 flash-attn 2: any page size >= 1, fp32/fp16/bf16 on CPU (fp32 accumulation), int64 index tensors
-accepted (converted). The non-varlen and packed variants live in flash_attn_variants.py.
+accepted (converted to int32; an entry outside int32 raises ValueError, read on the host for CPU
+tensors and for CUDA tensors under ``LLMKERN_DEBUG_CHECKS=1``). The non-varlen and packed variants
+live in flash_attn_variants.py.
+
+``out`` (and, when k/v are appended, the caches) may share no memory with any other argument:
+an overlap raises ValueError. Keys a sequence does not own (other sequences' rows, the unused tail
+of its last block, blocks outside its table, unused block-table entries) never affect its output,
+whatever they hold. Keys inside a sequence that a query does not attend to (causal mask, sliding
+window) are weighted by zero, so NaN / inf there can still reach that query (0 * NaN), as in
+flash-attn and torch SDPA: keep the used part of a cache finite.
 
 CPU notes: bf16 uses the AVX512_BF16 dot-product instructions where the CPU has them (P is then
 rounded to bf16 for P.V, as on GPUs; ``LLMKERN_ATTN_BF16_DOT=0`` turns this off). Decode over a
@@ -23,18 +32,22 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from .._args import float_arg, int_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 from ._splitkv import split_workspace
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 
-def _i32(t: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
+def _i32(t: Optional[torch.Tensor], name: str, optional: bool = False) -> Optional[torch.Tensor]:
     """Index tensors cross as int32 (as flash-attn); int64 is converted, other dtypes rejected."""
-    if t is None:
+    if t is None and optional:
         return None
     require_tensor(t, name)
     if t.dtype == torch.int64:
+        if not torch.compiler.is_compiling():  # values >= 2**31 would wrap: reject them
+            t = t.contiguous()
+            lib_for(t).check_fits_int32(dl(t, name), name)
         return t.to(torch.int32)
     if t.dtype != torch.int32:
         raise TypeError(f"{name}: expected an int32 or int64 tensor, got {t.dtype}")
@@ -42,7 +55,9 @@ def _i32(t: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
 
 
 def _scale(softmax_scale, q: torch.Tensor) -> float:
-    return float(q.shape[-1]) ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if softmax_scale is None:  # head_dim 0 is left to the kernel's head_dim check
+        return float(q.shape[-1]) ** -0.5 if q.dim() and q.shape[-1] > 0 else 1.0
+    return float_arg(softmax_scale, "softmax_scale")
 
 
 def _no_dropout(dropout_p) -> None:
@@ -69,9 +84,9 @@ def _pad_to_8(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 def _window(window_size) -> Tuple[int, int]:
     try:
         left, right = window_size
-        return int(left), int(right)
     except (TypeError, ValueError):
         raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
+    return int_arg(left, "window_size[0]"), int_arg(right, "window_size[1]")
 
 
 # ---- flash_attn_varlen_func ------------------------------------------------------------------
@@ -139,7 +154,7 @@ def flash_attn_varlen_func(
     (``S_dmask`` is None without dropout, as in flash-attn); with the keyword-only extension
     ``return_softmax_lse=True`` ``(out, softmax_lse)``. lse is float32 ``[Hq, total_q]``.
     ``out=`` (keyword-only): write the result there."""
-    require_tensor(q, "q")
+    require_tensor(q, "q", 3, "[total_q, num_heads, head_dim]")
     require_tensor(k, "k")
     require_tensor(v, "v")
     for t, name in ((alibi_slopes, "alibi_slopes"), (out, "out")):
@@ -153,8 +168,9 @@ def flash_attn_varlen_func(
     padded = d % 8 != 0
     o, lse = _varlen(
         _pad_to_8(q), _pad_to_8(k), _pad_to_8(v), _i32(cu_seqlens_q, "cu_seqlens_q"),
-        _i32(cu_seqlens_k, "cu_seqlens_k"), int(max_seqlen_q), int(max_seqlen_k), scale,
-        bool(causal), left, right, float(softcap), alibi_slopes, _i32(block_table, "block_table"),
+        _i32(cu_seqlens_k, "cu_seqlens_k"), int_arg(max_seqlen_q, "max_seqlen_q"),
+        int_arg(max_seqlen_k, "max_seqlen_k"), scale, bool(causal), left, right,
+        float_arg(softcap, "softcap"), alibi_slopes, _i32(block_table, "block_table", optional=True),
         None if padded else out, want_lse,
     )
     if padded:
@@ -276,10 +292,10 @@ def flash_attn_with_kvcache(
         else:
             full = k_cache.shape[1] if k_cache.dim() >= 2 else 0
         cache_seqlens = torch.full((batch,), full, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    if not isinstance(num_splits, int):
-        raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
+    elif not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((batch,), int_arg(cache_seqlens, "cache_seqlens", -(2**31), 2**31 - 1),
+                                   dtype=torch.int32, device=q.device)
+    num_splits = int_arg(num_splits, "num_splits")
     left, right = _window(window_size)
     scale = _scale(softmax_scale, q)
     d = q.shape[-1]
@@ -292,9 +308,10 @@ def flash_attn_with_kvcache(
         q = q.contiguous()  # the kernel views [b, s] as one row dim
     o, lse = _kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, _i32(cache_seqlens, "cache_seqlens"),
-        _i32(cache_batch_idx, "cache_batch_idx"), _i32(cache_leftpad, "cache_leftpad"),
-        _i32(block_table, "block_table"), scale, bool(causal), left, right, float(softcap),
-        bool(rotary_interleaved), alibi_slopes, num_splits, out, bool(return_softmax_lse),
+        _i32(cache_batch_idx, "cache_batch_idx", optional=True),
+        _i32(cache_leftpad, "cache_leftpad", optional=True), _i32(block_table, "block_table", True),
+        scale, bool(causal), left, right, float_arg(softcap, "softcap"), bool(rotary_interleaved),
+        alibi_slopes, num_splits, out, bool(return_softmax_lse),
     )
     if out is not None:
         o = out

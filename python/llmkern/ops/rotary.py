@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from .._args import int_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 
 __all__ = ["rotary_embedding"]
@@ -36,13 +37,17 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
                      cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     """Rotates the first ``rot_dim`` features of every head of ``query`` (and ``key``, if given) by
     the angles of ``positions``: vLLM's layouts, ``positions [T]`` or ``[batch, seq]`` with
-    ``query [..., heads * head_size]`` or ``[..., heads, head_size]`` (any head stride). ``is_neox``: pairs (i, i + rot_dim/2),
-    Llama's rotate-half; otherwise (2i, 2i + 1), GPT-J's."""
+    ``query [..., heads * head_size]`` or ``[..., heads, head_size]`` (any head stride).
+    ``is_neox``: pairs (i, i + rot_dim/2), Llama's rotate-half; otherwise (2i, 2i + 1), GPT-J's.
+    ``key`` must be a separate tensor from ``query`` (views of one fused qkv that share no
+    element are fine); an overlap raises ValueError."""
     require_tensor(positions, "positions")
+    hs = int_arg(head_size, "head_size")
     n = positions.numel()
-    q = _heads(query, "query", n, int(head_size))
-    k = None if key is None else _heads(key, "key", n, int(head_size))
-    lib_for(q).rotary_embedding(dl(positions.reshape(-1)), dl(q), dl(k), int(head_size), dl(cos_sin_cache),
+    q = _heads(query, "query", n, hs)
+    k = None if key is None else _heads(key, "key", n, hs)
+    require_tensor(cos_sin_cache, "cos_sin_cache")
+    lib_for(q).rotary_embedding(dl(positions.reshape(-1)), dl(q), dl(k), hs, dl(cos_sin_cache),
                                 bool(is_neox), stream_of(q))
 
 
