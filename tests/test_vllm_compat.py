@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llmkern.compat import vllm_ops as ops
-from llmkern.models.rope import cos_sin_cache
+from llmkern.layers.rotary import cos_sin_cache
 from reference import ref_copy_blocks
 
 VLLM_PARAMS = {
