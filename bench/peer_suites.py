@@ -7,7 +7,7 @@
 
 PATH is a checkout the user provides (nothing is downloaded). The suite's test files are copied
 into a temporary directory with only device and size substitutions (listed in the report), next
-to a conftest (bench/peer_shims/conftest.py) that aliases the peer's modules to llmkern.compat.*;
+to a conftest (bench/peer_shims/peer_conftest.py) that aliases the peer's modules to llmkern.compat.*;
 pytest runs there and every test is reported as passed, failed or skipped, with failures that
 need what llmkern does not do (backward, dropout, private C++ entry points) counted separately
 as out of scope. ``--sample N`` keeps N cases per test function (a fixed, seeded draw; 0 = all):
@@ -118,7 +118,7 @@ def prepare(suite_name: str, checkout: Path, work: Path) -> List[str]:
         tests.append(str(dst))
     if not tests:
         raise SystemExit(f"{suite_name}: none of {suite.files} found in {checkout} (is it a checkout of the peer?)")
-    shutil.copy(HERE / "peer_shims" / "conftest.py", work / "conftest.py")
+    shutil.copy(HERE / "peer_shims" / "peer_conftest.py", work / "conftest.py")
     return tests
 
 

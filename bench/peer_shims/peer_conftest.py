@@ -1,4 +1,5 @@
-"""conftest.py that bench/peer_suites.py copies next to a peer's test files (in a temp dir).
+"""The conftest.py that bench/peer_suites.py copies next to a peer's test files (in a temp dir;
+named otherwise here so that pytest never loads it as this directory's conftest).
 
 It makes the peer's imports resolve to llmkern's compat modules (sys.modules aliases, installed
 by the suite's shim module), stands in for the CUDA device queries the tests make at import, runs
