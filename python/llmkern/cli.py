@@ -31,6 +31,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-offload-gb", type=float, default=0.0)
     g.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     g.add_argument("--scheduler", default="continuous", choices=["continuous", "static"])
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split every layer over this many processes (Megatron-style)")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                   help="split the layers into this many stages, one process group each")
+    g.add_argument("--distributed-timeout-s", type=float, default=60.0,
+                   help="with -tp/-pp: a collective not complete by then stops the engine with an error")
     g.add_argument("--speculative", default=None, metavar="METHOD[:K][,key=value...]",
                    help="speculative decoding, e.g. ngram:4 (prompt lookup), early_exit:3,num_layers=12, "
                         "draft:4,model=PATH (default: off)")
@@ -42,7 +48,9 @@ def _engine_kwargs(a) -> dict:
                 kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
                 enable_chunked_prefill=not a.no_chunked_prefill, cpu_offload_gb=a.cpu_offload_gb,
                 preemption_mode=a.preemption_mode, scheduler=a.scheduler,
-                speculative=getattr(a, "speculative", None))
+                speculative=getattr(a, "speculative", None),
+                tensor_parallel_size=a.tensor_parallel_size, pipeline_parallel_size=a.pipeline_parallel_size,
+                distributed_timeout_s=a.distributed_timeout_s)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -78,6 +86,10 @@ def _make_llm(a):
         raise SystemExit(f"llmkern: {msg}")
     except (ValueError, TypeError, NotImplementedError) as e:
         raise SystemExit(f"llmkern: {e}")
+    except RuntimeError as e:
+        if str(e).startswith("distributed:"):  # a rank failed to start or to load its shard
+            raise SystemExit(f"llmkern: {e}")
+        raise
 
 
 # -- generate ----------------------------------------------------------------------------------
@@ -113,9 +125,16 @@ def _cmd_generate(a) -> int:
     except ValueError as e:
         raise SystemExit(f"llmkern: {e}")
     has_template = bool(llm.tokenizer and llm.tokenizer.chat_template)
-    if a.prompt is not None:
-        return _stream_one(llm, _to_prompt(a.prompt, not a.no_chat, has_template), SamplingParams(**base), a)
-    return _run_jsonl(llm, a, base, has_template, format_summary)
+    try:
+        if a.prompt is not None:
+            return _stream_one(llm, _to_prompt(a.prompt, not a.no_chat, has_template), SamplingParams(**base), a)
+        return _run_jsonl(llm, a, base, has_template, format_summary)
+    except RuntimeError as e:
+        if type(e).__name__ == "DistributedError":  # a worker died or hung: say so, no traceback
+            raise SystemExit(f"llmkern: {e}")
+        raise
+    finally:
+        llm.shutdown()  # stops the worker processes of a model-parallel engine
 
 
 def _stream_one(llm, prompt, sp, a) -> int:

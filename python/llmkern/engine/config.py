@@ -33,6 +33,11 @@ class EngineConfig:
     # speculative decoding: None (off), a dict {"method": "ngram" | "draft" | "early_exit", ...}
     # or "METHOD[:K][,key=value...]" (see spec_config.SpecConfig)
     speculative: Optional[object] = None
+    # model parallelism (llmkern.distributed): T x P ranks, each its own process; the engine's
+    # process is rank 0 and spawns the others (or joins ranks started by torchrun, see README)
+    tensor_parallel_size: int = 1           # Megatron-style shards of every layer
+    pipeline_parallel_size: int = 1         # contiguous stages of layers
+    distributed_timeout_s: float = 60.0     # a collective not complete by then is an error
 
     def __post_init__(self):
         def bad(name, expected):
@@ -42,7 +47,8 @@ class EngineConfig:
             bad("scheduler", "'continuous' or 'static'")
         if self.preemption_mode not in ("recompute", "swap"):
             bad("preemption_mode", "'recompute' or 'swap'")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
+                     "pipeline_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(name, "an integer >= 1")
@@ -55,6 +61,8 @@ class EngineConfig:
                 bad(name, "a size in GiB >= 0")
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             bad("kv_cache_memory_gb", "a size in GiB > 0")
+        if not (isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0):
+            bad("distributed_timeout_s", "a number of seconds > 0")
         if not 0 < self.gpu_memory_utilization <= 1:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype is not None and self.dtype not in _DTYPES:
@@ -63,6 +71,11 @@ class EngineConfig:
             from .spec_config import SpecConfig
 
             self.speculative = SpecConfig.parse(self.speculative)
+
+    @property
+    def world_size(self) -> int:
+        """Model-parallel ranks (processes) the engine runs on."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def torch_device(self) -> torch.device:

@@ -16,6 +16,7 @@ from .kv_cache_manager import build_kv_cache
 from .metrics import RunMetrics
 from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner
+from .parallel_runner import ParallelRunner
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -30,12 +31,23 @@ class Engine:
                  tokenizer=None, model_obj=None):
         self.config = config = config or EngineConfig()
         device = config.torch_device
-        if model_obj is not None:
+        self.executor = None
+        if config.world_size > 1:  # the model split over T x P ranks; this process is rank 0
+            self._check_parallel(config, model_obj)
+            from ..distributed.executor import ParallelExecutor
+
+            self.executor = ParallelExecutor(model, config, load_format)
+            self.config = config = self.executor.config  # KV block counts resolved for every rank
+            self.model, self.tokenizer = self.executor.model, tokenizer or self.executor.tokenizer
+            device = self.executor.device
+            mc = self.executor.model_config  # the whole model's (self.model holds rank 0's shard)
+        elif model_obj is not None:
             self.model, self.tokenizer = model_obj, tokenizer
+            mc = self.model.config
         else:
             self.model, tok = load_model(model, config.torch_dtype, device, load_format, seed=config.seed)
             self.tokenizer = tokenizer or tok
-        mc = self.model.config
+            mc = self.model.config
         self.model_config = mc
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.eos_token_ids = list(mc.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else []))
@@ -51,20 +63,38 @@ class Engine:
 
             self.spec = SpecDecoder(config.speculative, self.model, device, dtype, self.max_model_len, self.sampler)
             kv_layers += self.spec.kv_layers()
-        self.kv = build_kv_cache(config, kv_layers, dtype, device)
+        self.kv = self.executor.kv if self.executor is not None else build_kv_cache(config, kv_layers, dtype, device)
         if self.spec is not None:
             self.spec.bind_caches(self.kv.caches, config.block_size)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         graphs = None
-        if device.type == "cuda" and not config.enforce_eager and self.spec is None:
+        if device.type == "cuda" and not config.enforce_eager and self.spec is None and self.executor is None:
             graphs = DecodeGraphs(self.model, self.kv.caches, config.block_size, config.max_num_seqs,
                                   self.max_model_len)
-        self.runner = ModelRunner(self.model, self.kv.caches, config.block_size, graphs)
+        if self.executor is not None:
+            self.runner = ParallelRunner(self.executor, config.block_size)
+        else:
+            self.runner = ModelRunner(self.model, self.kv.caches, config.block_size, graphs)
         self.requests: Dict[str, Request] = {}
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
         self._stream: Dict[str, bool] = {}
         self.metrics = RunMetrics()
+
+    @staticmethod
+    def _check_parallel(config: EngineConfig, model_obj) -> None:
+        if model_obj is not None:
+            raise ValueError("model_obj: a prebuilt model cannot be split over ranks; pass the model path "
+                             "with tensor_parallel_size/pipeline_parallel_size")
+        spec = config.speculative
+        if spec is not None and spec.method != "ngram":
+            raise NotImplementedError(f"speculative: method {spec.method!r} with tensor/pipeline parallelism is not "
+                                      f"supported (ngram is)")
+
+    def shutdown(self) -> None:
+        """Release the worker processes of a model-parallel engine (no-op otherwise); idempotent."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
     # -- intake ---------------------------------------------------------------------------------
     def tokenize(self, prompt: PromptType) -> (Optional[str], List[int]):

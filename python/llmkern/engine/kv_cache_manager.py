@@ -18,6 +18,7 @@ from .sequence import Sequence
 Caches = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (key_cache, value_cache)
 LayerGroup = Tuple[int, int, int]  # (num_layers, num_kv_heads, head_dim) of one model
 _GiB = 1 << 30
+CPU_KV_DEFAULT_GIB = 2.0  # the CPU KV budget when none is given (per machine: ranks on it split it)
 
 
 def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -30,13 +31,33 @@ def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads
 
 def kv_budget_bytes(config: EngineConfig, device: torch.device) -> float:
     """Memory for the device KV blocks: kv_cache_memory_gb, else on a GPU the part of
-    gpu_memory_utilization not used yet (weights loaded), else 2 GiB."""
+    gpu_memory_utilization not used yet (weights loaded), else CPU_KV_DEFAULT_GIB."""
     if config.kv_cache_memory_gb is not None:
         return config.kv_cache_memory_gb * _GiB
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return max(0.0, total * config.gpu_memory_utilization - (total - free))
-    return 2 * _GiB
+    return CPU_KV_DEFAULT_GIB * _GiB
+
+
+def kv_block_counts(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
+                    device: torch.device) -> Tuple[int, int, int]:
+    """(device blocks, CPU offload blocks, swap blocks) for a cache of `layers`: from the block
+    counts in config, else from its memory budgets."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    block_bytes = sum(2 * n * h * d for n, h, d in layers) * elem * config.block_size
+    num_blocks = config.num_gpu_blocks
+    if num_blocks is None:
+        num_blocks = int(kv_budget_bytes(config, device) // block_bytes)
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
+    n_off = config.num_cpu_offload_blocks
+    if n_off is None:
+        n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
+    n_swap = config.num_swap_blocks
+    if n_swap is None:
+        n_swap = int(config.swap_space_gb * _GiB // block_bytes)
+    return num_blocks, n_off, n_swap
 
 
 def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
@@ -45,26 +66,14 @@ def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.
     share the block ids): device blocks from num_gpu_blocks or the memory budget, the CPU offload
     tier and the swap space from their block counts or GiB."""
     bs = config.block_size
-    elem = torch.empty((), dtype=dtype).element_size()
-    block_bytes = sum(2 * n * h * d for n, h, d in layers) * elem * bs
-    num_blocks = config.num_gpu_blocks
-    if num_blocks is None:
-        num_blocks = int(kv_budget_bytes(config, device) // block_bytes)
-    if num_blocks < 1:
-        raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
+    num_blocks, n_off, n_swap = kv_block_counts(config, layers, dtype, device)
 
     def alloc(n: int, dev, pin: bool = False) -> Caches:
         return [c for g in layers for c in alloc_caches(n, bs, *g, dtype, dev, pin=pin)]
 
-    n_off = config.num_cpu_offload_blocks
-    if n_off is None:
-        n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
     offload = alloc(n_off, "cpu", pin=True) if n_off and config.enable_prefix_caching else None
     swap = None
     if config.preemption_mode == "swap":
-        n_swap = config.num_swap_blocks
-        if n_swap is None:
-            n_swap = int(config.swap_space_gb * _GiB // block_bytes)
         swap = alloc(n_swap, "cpu", pin=True) if n_swap else None
     return KVCacheManager(alloc(num_blocks, device), bs, config.enable_prefix_caching, offload, swap)
 
@@ -96,20 +105,30 @@ class KVCacheManager:
         self.swap_caches = swap_caches
         self.swap_pool = HostPool(swap_caches[0][0].shape[0]) if swap_caches else None
         self.stats = CacheStats()
+        self.copy_log: Optional[list] = None  # set by a model-parallel engine: block copies to replay
 
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
     # -- copies ---------------------------------------------------------------------------------
-    @staticmethod
-    def _copy(src: Caches, dst: Caches, pairs: List[Tuple[int, int]]) -> None:
+    def tier(self, name: str) -> Caches:
+        """The caches of one tier: "device", "offload" or "swap"."""
+        return {"device": self.caches, "offload": self.offload_caches, "swap": self.swap_caches}[name]
+
+    def copy_blocks_between(self, src: str, dst: str, pairs: List[Tuple[int, int]]) -> None:
+        """Copy (src block, dst block) pairs between two tiers, every layer."""
         if not pairs:
             return
         mapping = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
-        for (sk, sv), (dk, dv) in zip(src, dst):
+        for (sk, sv), (dk, dv) in zip(self.tier(src), self.tier(dst)):
             swap_blocks(sk, dk, mapping)
             swap_blocks(sv, dv, mapping)
+
+    def _copy(self, src: str, dst: str, pairs: List[Tuple[int, int]]) -> None:
+        if pairs and self.copy_log is not None:  # model-parallel ranks replay them on their shards
+            self.copy_log.append((src, dst, list(pairs)))
+        self.copy_blocks_between(src, dst, pairs)
 
     def _allocate(self, n: int) -> List[int]:
         bids, evicted = self.pool.allocate(n)
@@ -126,7 +145,7 @@ class KVCacheManager:
             return
         for e, h in zip(todo, host):
             self.offload.cached[e.block_hash] = HostEntry(h, e.tokens, e.reg, e.parent_reg)
-        self._copy(self.caches, self.offload_caches, [(e.block_id, h) for e, h in zip(todo, host)])
+        self._copy("device", "offload", [(e.block_id, h) for e, h in zip(todo, host)])
         self.stats.blocks_offloaded += len(todo)
 
     # -- per-sequence API -----------------------------------------------------------------------
@@ -189,7 +208,7 @@ class KVCacheManager:
             for i, e in host:  # pin the entries while device blocks are allocated (that may offload)
                 del self.offload.cached[seq.block_hashes[i]]
             dev = self._allocate(len(host))
-            self._copy(self.offload_caches, self.caches, [(e.block_id, d) for (_, e), d in zip(host, dev)])
+            self._copy("offload", "device", [(e.block_id, d) for (_, e), d in zip(host, dev)])
             for (i, e), d in zip(host, dev):
                 displaced = self.offload.cached.pop(seq.block_hashes[i], None)
                 if displaced is not None:  # a colliding entry offloaded meanwhile
@@ -265,7 +284,7 @@ class KVCacheManager:
 
     def swap_out(self, seq: Sequence) -> None:
         host = self.swap_pool.take(len(seq.block_ids))
-        self._copy(self.caches, self.swap_caches, list(zip(seq.block_ids, host)))
+        self._copy("device", "swap", list(zip(seq.block_ids, host)))
         self.stats.blocks_swapped_out += len(host)
         self.free(seq)
         seq.swap_blocks = host
@@ -280,7 +299,7 @@ class KVCacheManager:
 
     def swap_in(self, seq: Sequence) -> None:
         dev = self._allocate(len(seq.swap_blocks))
-        self._copy(self.swap_caches, self.caches, list(zip(seq.swap_blocks, dev)))
+        self._copy("swap", "device", list(zip(seq.swap_blocks, dev)))
         self.stats.blocks_swapped_in += len(dev)
         self.swap_pool.give_back(seq.swap_blocks)
         seq.swap_blocks = []

@@ -20,7 +20,9 @@ class LLM:
     def __init__(self, model=None, load_format: str = "auto", **kwargs):
         """model: None (embedded default), a HF model directory or a .gguf file (or, with
         load_format="dummy", a config for random weights). Other keywords: EngineConfig fields
-        (max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching, ...)."""
+        (max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching, ...,
+        tensor_parallel_size, pipeline_parallel_size: the model split over that many processes;
+        call shutdown() or use `with LLM(...) as llm:` to stop them before the interpreter exits)."""
         config, rest = EngineConfig.split_kwargs(kwargs)
         if rest:
             raise TypeError(f"LLM: unknown argument(s) {', '.join(sorted(rest))}")
@@ -93,3 +95,13 @@ class LLM:
 
     def run_metrics(self) -> dict:
         return self.engine.run_metrics()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes of a model-parallel engine (tensor/pipeline_parallel_size > 1)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

@@ -48,22 +48,28 @@ def load_model(model: Optional[Union[str, dict, ModelConfig]] = None, dtype: Opt
     directory/config.json path, a config dict or a ModelConfig (random weights)."""
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or default_dtype(device)
+    cfg, sd, tok = read_checkpoint(model, load_format, seed)
+    return LlamaForCausalLM.from_state_dict(cfg, sd, dtype, device), tok
+
+
+def read_checkpoint(model: Optional[Union[str, dict, ModelConfig]] = None, load_format: str = "auto",
+                    seed: int = 0) -> Tuple[ModelConfig, Dict[str, torch.Tensor], Optional[Tokenizer]]:
+    """(config, HF-named state dict, tokenizer or None) of `model`, as load_model takes it (a
+    model-parallel rank keeps its shard of the state dict)."""
     if load_format not in ("auto", "hf", "gguf", "dummy"):
         raise ValueError(f"load_format: expected one of auto, hf, gguf, dummy, got {load_format!r}")
     if model is None:
         model = default_model_path()
     if load_format == "dummy":
-        return _load_dummy(model, dtype, device, seed)
+        return _read_dummy(model, seed)
     if isinstance(model, (dict, ModelConfig)):
         raise ValueError("model: a config without weights needs load_format='dummy'")
     model = os.fspath(model)
     if not os.path.exists(model):
         raise FileNotFoundError(f"model: path {model!r} does not exist (expected a HF model directory or a .gguf file)")
     if load_format == "gguf" or (load_format == "auto" and model.endswith(".gguf")):
-        cfg, sd, tok = read_gguf(model)
-    else:
-        cfg, sd, tok = _read_hf_dir(model)
-    return LlamaForCausalLM.from_state_dict(cfg, sd, dtype, device), tok
+        return read_gguf(model)
+    return _read_hf_dir(model)
 
 
 # -- HF directory -------------------------------------------------------------------------------
@@ -189,7 +195,8 @@ def dummy_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> Dict
     return sd
 
 
-def _load_dummy(model, dtype, device, seed):
+def _read_dummy(model, seed):
+    tok = None
     if isinstance(model, ModelConfig):
         cfg = model
     elif isinstance(model, dict):
@@ -203,13 +210,11 @@ def _load_dummy(model, dtype, device, seed):
             names = {t.name for t in reader.tensors}
             meta = gguf_metadata(reader)
             cfg = ModelConfig.from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names)
-            return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), \
-                Tokenizer.from_gguf(meta)
+            return cfg, dummy_state_dict(cfg, seed), Tokenizer.from_gguf(meta)
         p = os.path.join(model, "config.json") if os.path.isdir(model) else model
         if not os.path.exists(p):
             raise FileNotFoundError(f"model: no config at {p!r} for dummy weights")
         with open(p) as f:
             cfg = ModelConfig.from_hf(json.load(f))
         tok = Tokenizer.from_hf_dir(os.path.dirname(p))
-        return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), tok
-    return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), None
+    return cfg, dummy_state_dict(cfg, seed), tok
