@@ -12,6 +12,9 @@ import time
 
 import pytest
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+
 from llmkern import LLM, SamplingParams
 from llmkern.distributed.executor import DistributedError
 

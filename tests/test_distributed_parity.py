@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+
 from llmkern import LLM, SamplingParams
 
 from distributed_helpers import PROMPTS, engine_kwargs, make_model, one_thread, worker_children

@@ -4,6 +4,9 @@ checkpoint (an independent rebuild of each weight from its pieces)."""
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
 import torch
 
 from llmkern.distributed.sharding import check_parallel, head_split, local_config, shard_state_dict

@@ -11,7 +11,7 @@
 
 #include "attention/attn_vec_cpu.h"
 #include "attention/flash_attn_cpu.h"
-#include "common/elem_cpu.h"
+#include "common/vec_cpu.h"
 #include "common/parallel.h"
 #include "rotary/rotary_math.h"
 
@@ -183,7 +183,7 @@ namespace {
 
 // One head row rotated (flash-attn's rotary_cos/sin rows at position pos) from src into dst;
 // features past rotary_dim are copied. fp32 math, one rounding.
-template <typename E>
+template <DType DT, typename E = vec::elem_t<DT>>
 void rotate_row(const AppendKvParams& p, const E* src, E* dst, int64_t pos) {
   const int half = p.rotary_dim / 2;
   if (dst != src) memcpy(dst, src, size_t(p.head_dim) * sizeof(E));
@@ -193,14 +193,14 @@ void rotate_row(const AppendKvParams& p, const E* src, E* dst, int64_t pos) {
   for (int i = 0; i < half; ++i) {
     int a, b;
     rope_pair(i, p.rotary_dim, !p.rotary_interleaved, a, b);
-    float x = load(src[a]), y = load(src[b]);
-    rope_rotate(x, y, load(cs[i]), load(sn[i]));
-    dst[a] = store<E>(x);
-    dst[b] = store<E>(y);
+    float x = vec::to_f32<DT>(src[a]), y = vec::to_f32<DT>(src[b]);
+    rope_rotate(x, y, vec::to_f32<DT>(cs[i]), vec::to_f32<DT>(sn[i]));
+    dst[a] = vec::from_f32<DT>(x);
+    dst[b] = vec::from_f32<DT>(y);
   }
 }
 
-template <typename E>
+template <DType DT, typename E = vec::elem_t<DT>>
 void append_rows(const AppendKvParams& p) {
   const int64_t rows = int64_t(p.batch) * p.seqlen_new;
   const size_t row_bytes = size_t(p.head_dim) * sizeof(E);
@@ -224,7 +224,7 @@ void append_rows(const AppendKvParams& p) {
       E* kc = static_cast<E*>(p.k_cache) + kbase;
       E* vc = static_cast<E*>(p.v_cache) + vbase;
       for (int h = 0; h < p.num_kv_heads; ++h) {
-        if (p.rotary_dim > 0) rotate_row(p, kn + h * p.kn_head_stride, kc + h * p.k_head_stride, j);
+        if (p.rotary_dim > 0) rotate_row<DT>(p, kn + h * p.kn_head_stride, kc + h * p.k_head_stride, j);
         else memcpy(kc + h * p.k_head_stride, kn + h * p.kn_head_stride, row_bytes);
         memcpy(vc + h * p.v_head_stride, vn + h * p.vn_head_stride, row_bytes);
       }
@@ -232,7 +232,7 @@ void append_rows(const AppendKvParams& p) {
   });
 }
 
-template <typename E>
+template <DType DT, typename E = vec::elem_t<DT>>
 void rotate_q(const AppendKvParams& p) {
   const int64_t rows = int64_t(p.batch) * p.seqlen_q;
   parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
@@ -242,7 +242,7 @@ void rotate_q(const AppendKvParams& p) {
       const E* src = static_cast<const E*>(p.q) + r * p.q_row_stride;
       E* dst = static_cast<E*>(p.q_rot) + r * int64_t(p.num_heads) * p.head_dim;
       for (int h = 0; h < p.num_heads; ++h)
-        rotate_row(p, src + h * p.q_head_stride, dst + int64_t(h) * p.head_dim, pos);
+        rotate_row<DT>(p, src + h * p.q_head_stride, dst + int64_t(h) * p.head_dim, pos);
     }
   });
 }
@@ -250,10 +250,10 @@ void rotate_q(const AppendKvParams& p) {
 }  // namespace
 
 void append_kv(const AppendKvParams& p, int64_t /*stream*/) {
-  dispatch_elem(p.dtype, [&](auto* tag) {
-    using E = std::remove_pointer_t<decltype(tag)>;
-    if (p.seqlen_new > 0) append_rows<E>(p);
-    if (p.q_rot && p.rotary_dim > 0) rotate_q<E>(p);
+  vec::dispatch_elem(p.dtype, [&](auto tag) {
+    constexpr DType DT = decltype(tag)::value;
+    if (p.seqlen_new > 0) append_rows<DT>(p);
+    if (p.q_rot && p.rotary_dim > 0) rotate_q<DT>(p);
   });
 }
 

@@ -1,8 +1,11 @@
 """The `llmkern` command.
 
     llmkern generate "prompt"                               stream one answer (embedded default model)
-    llmkern generate --input prompts.jsonl --output out.jsonl   offline batch job + summary
+    llmkern generate --input prompts.jsonl --output out.jsonl   offline batch job + summary (resumable)
+    llmkern embed --input texts.jsonl --output emb.jsonl        embeddings (resumable)
+    llmkern serve                                           OpenAI-compatible server (needs llmkern[serve])
     llmkern bench throughput                                end-to-end benchmark vs HF transformers
+    llmkern bench serve                                     serving benchmark (policies, HF's server)
 
 `bench` subcommands come from the BENCH_COMMANDS registry below (add an entry to plug in more)."""
 from __future__ import annotations
@@ -30,7 +33,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-chunked-prefill", action="store_true")
     g.add_argument("--cpu-offload-gb", type=float, default=0.0)
     g.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
-    g.add_argument("--scheduler", default="continuous", choices=["continuous", "static"])
+    g.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "dynamic"],
+                   help="continuous batching; static: a batch runs to completion before the next; dynamic: "
+                        "static, started once --max-batch-size wait or the oldest waited --max-wait-ms")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split every layer over this many processes (Megatron-style)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
@@ -48,9 +53,10 @@ def _engine_kwargs(a) -> dict:
                 kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
                 enable_chunked_prefill=not a.no_chunked_prefill, cpu_offload_gb=a.cpu_offload_gb,
                 preemption_mode=a.preemption_mode, scheduler=a.scheduler,
-                speculative=getattr(a, "speculative", None),
+                speculative=getattr(a, "speculative", None), policy=getattr(a, "policy", "fcfs"),
+                max_wait_ms=getattr(a, "max_wait_ms", 0.0),
                 tensor_parallel_size=a.tensor_parallel_size, pipeline_parallel_size=a.pipeline_parallel_size,
-                distributed_timeout_s=a.distributed_timeout_s)
+                distributed_timeout_s=a.distributed_timeout_s, schedule=getattr(a, "schedule", "arrival"))
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -115,7 +121,6 @@ def _to_prompt(obj, chat: bool, has_template: bool):
 def _cmd_generate(a) -> int:
     if (a.prompt is None) == (a.input is None):
         raise SystemExit("llmkern generate: give either a prompt or --input FILE.jsonl")
-    llm = _make_llm(a)
     from .engine import SamplingParams
     from .engine.metrics import format_summary
 
@@ -124,11 +129,14 @@ def _cmd_generate(a) -> int:
         SamplingParams(**base)
     except ValueError as e:
         raise SystemExit(f"llmkern: {e}")
+    if a.input is not None:
+        from .offline import GenerateTask
+
+        return _run_job(GenerateTask(base, chat=not a.no_chat), a)
+    llm = _make_llm(a)
     has_template = bool(llm.tokenizer and llm.tokenizer.chat_template)
     try:
-        if a.prompt is not None:
-            return _stream_one(llm, _to_prompt(a.prompt, not a.no_chat, has_template), SamplingParams(**base), a)
-        return _run_jsonl(llm, a, base, has_template, format_summary)
+        return _stream_one(llm, _to_prompt(a.prompt, not a.no_chat, has_template), SamplingParams(**base), a)
     except RuntimeError as e:
         if type(e).__name__ == "DistributedError":  # a worker died or hung: say so, no traceback
             raise SystemExit(f"llmkern: {e}")
@@ -166,78 +174,87 @@ def _stream_one(llm, prompt, sp, a) -> int:
     return 0
 
 
-def _run_jsonl(llm, a, base: dict, has_template: bool, format_summary) -> int:
-    from .engine import SamplingParams
+def _add_job_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("offline job (--input)")
+    m = g.add_mutually_exclusive_group()
+    m.add_argument("--resume", action="store_true",
+                   help="--output holds results of an earlier run of this job: keep them, run only the rest")
+    m.add_argument("--overwrite", action="store_true", help="discard results already in --output")
+    g.add_argument("--schedule", default="throughput", choices=["throughput", "arrival"],
+                   help="throughput: prompts sharing a prefix grouped and the prefix computed once, biggest "
+                        "groups first (default); arrival: input order")
+    g.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
+                   help="machine price per hour: the summary adds the cost per million tokens")
+    g.add_argument("--ray", action="store_true", help="run the lines on Ray Data (pip install 'llmkern[ray]')")
+    g.add_argument("--ray-address", default=None, help="existing Ray cluster (default: start a local one)")
+    g.add_argument("--ray-actors", type=int, default=1, help="engines (Ray actors), one per replica")
+    g.add_argument("--ray-cpus-per-actor", type=float, default=1.0)
+    g.add_argument("--ray-gpus-per-actor", type=float, default=0.0)
+    g.add_argument("--ray-batch-size", type=int, default=64, help="lines per map_batches call")
 
-    eng = llm.engine
-    results: Dict[int, dict] = {}
-    pending: Dict[str, Tuple[int, object]] = {}
-    n_bad = 0
+
+def _run_job(task, a) -> int:
+    from .offline import JobError, run_job
+
+    if a.price_per_hour is not None and a.price_per_hour < 0:
+        raise SystemExit("llmkern: --price-per-hour: expected a price >= 0")
+    if a.ray and a.output is None:
+        raise SystemExit("llmkern: --ray needs --output")
+    mode = "resume" if a.resume else "overwrite" if a.overwrite else None
+    ray_options = None
+    if a.ray:
+        if a.ray_actors < 1 or a.ray_batch_size < 1:
+            raise SystemExit("llmkern: --ray-actors and --ray-batch-size: expected integers >= 1")
+        ray_options = dict(model=a.model, load_format=a.load_format, engine_kwargs=_engine_kwargs(a),
+                           address=a.ray_address, num_actors=a.ray_actors, batch_size=a.ray_batch_size,
+                           num_cpus=a.ray_cpus_per_actor, num_gpus=a.ray_gpus_per_actor, progress=not a.quiet)
     try:
-        f = open(a.input, encoding="utf-8")
-    except OSError as e:
-        raise SystemExit(f"llmkern: --input: {e}")
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            ident = None
-            try:
-                obj = json.loads(line)
-                ident = obj.get("id") if isinstance(obj, dict) else None
-                prompt = _to_prompt(obj, not a.no_chat, has_template)
-                overrides = {k: v for k, v in obj.items() if k not in _PROMPT_KEYS + ("id",)} \
-                    if isinstance(obj, dict) else {}
-                overrides.update(overrides.pop("sampling_params", {}) or {})
-                sp = SamplingParams.from_dict({**base, **overrides})
-                rid = eng.add_request(prompt, sp)
-                pending[rid] = (lineno, ident)
-            except (ValueError, TypeError, json.JSONDecodeError) as e:
-                n_bad += 1
-                print(f"llmkern: {a.input}:{lineno}: skipped: {e}", file=sys.stderr)
-                results[lineno] = {"line": lineno, "id": ident, "error": str(e)}
-    bar = None
-    if not a.quiet and pending:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(pending), desc="generate", unit="req", dynamic_ncols=True, file=sys.stderr)
-    out_toks, t0 = 0, time.perf_counter()
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if not out.finished or out.request_id not in pending:
-                continue
-            lineno, ident = pending.pop(out.request_id)
-            m = out.metrics
-            results[lineno] = {
-                "line": lineno, "id": ident, "text": out.text, "token_ids": out.token_ids,
-                "finish_reason": out.finish_reason,
-                "outputs": [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
-                            for c in out.outputs] if len(out.outputs) > 1 else None,
-                "metrics": {"ttft_s": m.ttft, "e2e_s": m.e2e, "prompt_tokens": m.num_prompt_tokens,
-                            "output_tokens": m.num_output_tokens, "cached_prompt_tokens": m.num_cached_prompt_tokens},
-            }
-            if bar is not None:
-                out_toks += m.num_output_tokens
-                bar.set_postfix_str(f"{out_toks / (time.perf_counter() - t0):.1f} out tok/s")
-                bar.update(1)
-    if bar is not None:
-        bar.close()
-    with open(a.output, "w", encoding="utf-8") if a.output else _Stdout() as fo:
-        for lineno in sorted(results):
-            r = {k: v for k, v in results[lineno].items() if v is not None}
-            fo.write(json.dumps(r, ensure_ascii=False) + "\n")
+        s = run_job(task, a.input, a.output, mode, llm_factory=lambda: _make_llm(a), ray_options=ray_options,
+                    progress=not a.quiet)
+    except JobError as e:
+        raise SystemExit(f"llmkern: {e}")
+    except KeyboardInterrupt:
+        if a.output:
+            print(f"llmkern: interrupted; finished results are in {a.output} (run again with --resume)",
+                  file=sys.stderr)
+        return 130
     if not a.quiet:
-        print(format_summary(llm.run_metrics()) + (f" | {n_bad} bad line(s) skipped" if n_bad else ""),
+        from .engine.metrics import format_summary
+
+        if s.engine is not None:
+            print(format_summary(s.engine), file=sys.stderr)
+        print(s.format(a.price_per_hour) + (f" | {s.errors} bad line(s) skipped" if s.errors else "")
+              + (f" | {s.dropped} result(s) of ids no longer in the input dropped" if s.dropped else ""),
               file=sys.stderr)
-    return 1 if n_bad else 0
+    return 1 if s.errors else 0
 
 
-class _Stdout:
-    def __enter__(self):
-        return sys.stdout
+def _cmd_embed(a) -> int:
+    from .offline import EmbedTask
 
-    def __exit__(self, *exc):
-        sys.stdout.flush()
+    return _run_job(EmbedTask(a.pooling, normalize=not a.no_normalize), a)
+
+
+# -- serve -------------------------------------------------------------------------------------
+_SERVE_HINT = "llmkern serve needs the serve extra: pip install 'llmkern[serve]'"
+
+
+def _cmd_serve(a) -> int:
+    from .serve.config import ServeConfig
+
+    try:
+        from .serve.app import default_model_name
+        from .serve.server import run_server
+    except ImportError as e:
+        raise SystemExit(f"{_SERVE_HINT} ({e})")
+    if a.max_batch_size is not None:
+        a.max_num_seqs = a.max_batch_size
+    try:
+        cfg = ServeConfig.from_args(a)
+    except ValueError as e:
+        raise SystemExit(f"llmkern serve: {e}")
+    engine = _make_llm(a).engine
+    return run_server(engine, cfg, cfg.served_model_name or default_model_name(a.model), a.log_level)
 
 
 # -- bench -------------------------------------------------------------------------------------
@@ -263,9 +280,25 @@ def _bench_throughput(a) -> int:
 
 # name -> (help, add_arguments(parser), run(args) -> exit code). More benchmarks plug in here,
 # e.g. "kernels" (bench/bench_*.py), "e2e", "all".
+def _bench_serve_args(p: argparse.ArgumentParser) -> None:
+    from .serve.bench import add_args
+
+    add_args(p)
+
+
+def _bench_serve(a) -> int:
+    try:
+        from .serve.bench import main as bench_main
+    except ImportError as e:
+        raise SystemExit(f"{_SERVE_HINT} ({e})")
+    return bench_main(a)
+
+
 BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
     "throughput": ("end-to-end offline throughput (offline-32 workload) vs HF transformers",
                    _bench_throughput_args, _bench_throughput),
+    "serve": ("serving: open-loop Poisson load on `llmkern serve` (three policies) vs HF's `transformers serve`",
+              _bench_serve_args, _bench_serve),
 }
 
 
@@ -283,7 +316,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     _add_model_args(g)
     _add_sampling_args(g)
+    _add_job_args(g)
     g.set_defaults(func=_cmd_generate)
+
+    e = sub.add_parser("embed", help="embeddings of a JSONL file (resumable; vLLM's embed shape)")
+    e.add_argument("--input", required=True, help="JSONL file: one string or {\"input\"|\"prompt_token_ids\", "
+                                                  "[\"id\"]} object per line")
+    e.add_argument("--output", default=None, help="JSONL results {\"line\", \"id\", \"embedding\"} (default: stdout)")
+    e.add_argument("--pooling", default="mean", choices=["mean", "last", "cls"],
+                   help="mean of the final hidden states, the last token's, or the first token's")
+    e.add_argument("--no-normalize", action="store_true", help="do not L2-normalise the embeddings")
+    e.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    _add_model_args(e)
+    _add_job_args(e)
+    e.set_defaults(func=_cmd_embed)
+
+    from .serve.config import add_serve_args
+
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
+    _add_model_args(sv)
+    add_serve_args(sv)
+    sv.set_defaults(func=_cmd_serve)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -296,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"] and argv[1:2] != ["throughput"]:  # the suite: kernels | e2e | all | report
+    if argv[:1] == ["bench"] and (not argv[1:2] or argv[1] not in BENCH_COMMANDS):  # the suite: kernels | e2e | all | report
         from .bench_cli import main as bench_main
 
         return bench_main(argv[1:])

@@ -1,1 +1,2 @@
-"""Import-compatible modules: swap one import line to run another library's callers on llmkern."""
+"""Import-compatible modules: drop-in replacements for other projects' kernel APIs (swap one
+import line to run another library's callers on llmkern)."""

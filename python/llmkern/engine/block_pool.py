@@ -9,9 +9,24 @@ a hit therefore holds exactly the KV of the same token prefix."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT_REG = 0  # parent of the first block of every sequence
+
+
+def block_hash(parent: int, tokens: Sequence[int]) -> int:
+    """The chained hash of one full block: its tokens and the hash of the block before it (0 for
+    the first). Python's hash of int tuples does not depend on PYTHONHASHSEED, so the value is the
+    same in every process."""
+    return hash((parent, tuple(tokens)))
+
+
+def chain_block_hashes(token_ids: Sequence[int], block_size: int, start: Sequence[int] = ()) -> List[int]:
+    """Hashes of every full block of token_ids, continuing the already hashed leading blocks `start`."""
+    out = list(start)
+    for i in range(len(out), len(token_ids) // block_size):
+        out.append(block_hash(out[i - 1] if i else 0, token_ids[i * block_size:(i + 1) * block_size]))
+    return out
 
 
 class Block:

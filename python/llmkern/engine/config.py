@@ -14,6 +14,12 @@ class EngineConfig:
     max_model_len: Optional[int] = None     # default: the model's context length
     # scheduling
     scheduler: str = "continuous"           # "continuous" | "static" (admit a batch, run it to the end)
+    #   | "dynamic" (static, but a batch starts only once max_num_seqs wait or the oldest has
+    #   waited max_wait_ms)
+    schedule: str = "arrival"               # admission order: "arrival" (FCFS) | "throughput" (offline:
+                                            # shared prefixes grouped and computed once, biggest first)
+    policy: str = "fcfs"                    # "fcfs" | "priority" (lower Request.priority first)
+    max_wait_ms: float = 0.0                # dynamic: how long the oldest request may wait for a full batch
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048      # token budget per step
     enable_chunked_prefill: bool = True
@@ -43,8 +49,15 @@ class EngineConfig:
         def bad(name, expected):
             raise ValueError(f"{name}: expected {expected}, got {getattr(self, name)!r}")
 
-        if self.scheduler not in ("continuous", "static"):
-            bad("scheduler", "'continuous' or 'static'")
+        if self.schedule not in ("arrival", "throughput"):
+            bad("schedule", "'arrival' or 'throughput'")
+        if self.scheduler not in ("continuous", "static", "dynamic"):
+            bad("scheduler", "'continuous', 'static' or 'dynamic'")
+        if self.policy not in ("fcfs", "priority"):
+            bad("policy", "'fcfs' or 'priority'")
+        if not isinstance(self.max_wait_ms, (int, float)) or isinstance(self.max_wait_ms, bool) or \
+                not 0 <= self.max_wait_ms < float("inf"):
+            bad("max_wait_ms", "a finite number of milliseconds >= 0")
         if self.preemption_mode not in ("recompute", "swap"):
             bad("preemption_mode", "'recompute' or 'swap'")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",

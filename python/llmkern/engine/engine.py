@@ -13,7 +13,7 @@ from ..models.loader import load_model
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import build_kv_cache
-from .metrics import RunMetrics
+from .metrics import EngineStats, RunMetrics
 from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner
 from .parallel_runner import ParallelRunner
@@ -130,10 +130,17 @@ class Engine:
 
     def add_request(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, stream: bool = False,
-                    arrival_time: Optional[float] = None) -> str:
+                    arrival_time: Optional[float] = None, priority: int = 0,
+                    queue_deadline: Optional[float] = None) -> str:
         """Validate and queue one request; raises ValueError/TypeError (and queues nothing) if it
-        is bad. Returns its id."""
+        is bad. Returns its id. priority: lower runs first under policy "priority";
+        queue_deadline: a time.perf_counter() value after which the request, if it has not
+        started, finishes with finish_reason "timeout" and no output."""
         params = params if params is not None else SamplingParams()
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority: expected an integer, got {priority!r}")
+        if params.logprobs is not None and self.spec is not None:
+            raise ValueError("logprobs: not available with speculative decoding")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)
@@ -151,7 +158,7 @@ class Engine:
             request_id = str(next(self._ids))
         elif request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        req = Request(request_id, text, ids, params, arrival_time)
+        req = Request(request_id, text, ids, params, arrival_time, priority, queue_deadline)
         for i in range(params.n):
             g = None
             if params.seed is not None:
@@ -185,19 +192,41 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work
 
+    def ready_in(self) -> float:
+        """Seconds until step() has work (0: now; > 0: a dynamic batch is forming; inf: idle)."""
+        return self.scheduler.ready_in(time.perf_counter())
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's load and counters (for a server's admission and metrics)."""
+        sch, kv = self.scheduler, self.kv
+        waiting = {s.request.request_id for s in sch.waiting}
+        return EngineStats(
+            num_running=len({s.request.request_id for s in sch.running} - waiting),
+            num_waiting=len(waiting), num_swapped=len(sch.swapped),
+            prefill_tokens_pending=sch.num_prefill_tokens_pending(),
+            kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.pool.num_free,
+            num_preemptions=sch.num_preemptions, prefix_query_tokens=kv.stats.prefix_query_tokens,
+            prefix_hit_tokens=kv.stats.prefix_hit_tokens,
+            prompt_tokens_computed=self.metrics.prompt_tokens_computed,
+            generation_tokens=self.metrics.generated_tokens, prefill_tok_s=self.metrics.prefill_tok_s)
+
     # -- the step -------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> List[RequestOutput]:
         """One scheduling + model step. Returns outputs of the requests that finished in it and,
         for streaming requests, of those that produced tokens."""
         spec = self.spec
+        now = time.perf_counter()
+        expired = self.scheduler.expired(now)
+        for seq in expired:
+            self._finish(seq, "timeout", now)
         if spec is not None:
             spec.before_schedule(self.scheduler.running)
         batch = self.scheduler.schedule()
         if spec is not None:
             spec.before_forward(batch)
         if batch.empty:
-            if self.scheduler.has_work and not self.scheduler.running:
+            if self.scheduler.has_work and not self.scheduler.running and self.ready_in() == 0:
                 raise RuntimeError("engine: no request can be scheduled (KV pool too small for the queue head)")
             return self._collect([])
         t0 = time.perf_counter()
@@ -208,7 +237,13 @@ class Engine:
         verified = {}
         if spec is not None:  # verified chunks leave the batch; their tokens are committed below
             logits, sample_seqs, verified = spec.verify(batch, logits, sample_seqs)
+        lp_rows = [i for i, s in enumerate(sample_seqs) if s.logprobs is not None]
+        # Log-probabilities of the model's distribution (before penalties and temperature, as
+        # vLLM and OpenAI report them); taken before the sampler edits the logits in place.
+        logp = torch.log_softmax(logits[lp_rows].float(), dim=-1) if lp_rows else None
         tokens = self.sampler(logits, sample_seqs) if sample_seqs else []
+        if lp_rows:
+            self._record_logprobs(logp, [sample_seqs[i] for i in lp_rows], [tokens[i] for i in lp_rows])
         now = time.perf_counter()
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
@@ -229,6 +264,16 @@ class Engine:
                     self.kv.cache_blocks(seq)
         self.metrics.on_step(batch, len(sample_seqs), now - t0)
         return self._collect(touched)
+
+    @staticmethod
+    def _record_logprobs(logp: torch.Tensor, seqs: List[Sequence], toks: List[int]) -> None:
+        kmax = max(s.params.logprobs for s in seqs)
+        top_v, top_i = logp.topk(kmax, dim=-1) if kmax else (None, None)
+        chosen = logp[torch.arange(len(toks)), torch.tensor(toks)].tolist()
+        for r, (s, lp) in enumerate(zip(seqs, chosen)):
+            k = s.params.logprobs
+            top = list(zip(top_i[r, :k].tolist(), top_v[r, :k].tolist())) if k else []
+            s.logprobs.append((lp, top))
 
     def _check_stop(self, seq: Sequence, tok: int, now: float) -> None:
         p = seq.params
@@ -287,10 +332,16 @@ class Engine:
         for s in req.seqs:
             new_ids = s.output_token_ids[s.stream_offset:]
             s.stream_offset = s.num_output_tokens
-            delta = s.output_text[s.text_sent:] if len(s.output_text) > s.text_sent else ""
-            s.text_sent = max(s.text_sent, len(s.output_text))
+            # While a stop string may still match, its possible beginning is held back so that a
+            # stream never shows text the final output drops.
+            hold = max(map(len, s.params.stop_list)) - 1 if s.params.stop_list and not s.is_finished else 0
+            end = len(s.output_text) - hold
+            delta = s.output_text[s.text_sent:end] if end > s.text_sent else ""
+            s.text_sent = max(s.text_sent, end)
+            lps = s.logprobs
             outs.append(CompletionOutput(s.index, s.output_text, s.output_token_ids, s.finish_reason,
-                                         s.stop_reason, delta, new_ids))
+                                         s.stop_reason, delta, new_ids, lps,
+                                         None if lps is None else lps[len(lps) - len(new_ids):]))
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
                              self._request_metrics(req))
 

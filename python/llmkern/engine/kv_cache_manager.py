@@ -12,7 +12,7 @@ import torch
 
 from ..ops.kvcache import swap_blocks
 from .config import EngineConfig
-from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool
+from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool, block_hash
 from .sequence import Sequence
 
 Caches = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (key_cache, value_cache)
@@ -162,8 +162,7 @@ class KVCacheManager:
         hashes = seq.block_hashes
         toks = seq.token_ids
         for i in range(len(hashes), upto):
-            parent = hashes[i - 1] if i else 0
-            hashes.append(hash((parent, tuple(toks[i * bs:(i + 1) * bs]))))
+            hashes.append(block_hash(hashes[i - 1] if i else 0, toks[i * bs:(i + 1) * bs]))
 
     def acquire_prefix(self, seq: Sequence) -> int:
         """For a sequence about to start: take the longest cached prefix of full blocks (at least
@@ -277,6 +276,13 @@ class KVCacheManager:
         if seq.swap_blocks:
             self.swap_pool.give_back(seq.swap_blocks)
             seq.swap_blocks = []
+
+    def reset_prefix_cache(self) -> None:
+        """Drop the index of every cached block not in use, on the device and in the host tier."""
+        self.pool.evict_all_cached()
+        if self.offload is not None:
+            self.offload.give_back([e.block_id for e in self.offload.cached.values()])
+            self.offload.cached.clear()
 
     # -- swap preemption ------------------------------------------------------------------------
     def can_swap_out(self, seq: Sequence) -> bool:

@@ -40,6 +40,10 @@ class CompletionOutput:
     stop_reason: Union[None, int, str] = None  # the stop string / stop token id that matched
     delta_text: str = ""                  # streaming: text added by this step
     delta_token_ids: List[int] = field(default_factory=list)
+    # With SamplingParams.logprobs: per output token (logprob of the token, [(token id, logprob)] of
+    # the most likely ones); delta_logprobs for the tokens of delta_token_ids.
+    logprobs: Optional[list] = None
+    delta_logprobs: Optional[list] = None
 
     @property
     def finished(self) -> bool:
@@ -68,3 +72,34 @@ class RequestOutput:
     @property
     def finish_reason(self) -> Optional[str]:
         return self.outputs[0].finish_reason if self.outputs else ("error" if self.error else None)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: List[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """LLM.embed's result for one input (vLLM's shape: `.outputs.embedding`)."""
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: List[int]
+    finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    score: float                   # log-likelihood of the continuation: sum of token_logprobs
+    token_logprobs: List[float]    # log p(continuation token | everything before it)
+    is_greedy: bool                # every continuation token is the argmax at its position
+
+
+@dataclass
+class ScoringRequestOutput:
+    """LLM.score's result for one (prompt, continuation) pair (vLLM's shape: `.outputs.score`)."""
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: List[int]
+    continuation_token_ids: List[int]
+    finished: bool = True
