@@ -140,10 +140,12 @@ def run(suite_name: str, checkout: Path, backend: str, sample: int, seed: int, k
         if keyword:
             cmd += ["-k", keyword]
         t0 = time.time()
+        timed_out = False
         try:
             proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
             tail = f"exit status {proc.returncode}\n" + (proc.stdout + proc.stderr)[-3000:]
         except subprocess.TimeoutExpired as e:
+            timed_out = True
             tail = f"timed out after {timeout:.0f} s\n" + ((e.stdout or b"")[-2000:].decode(errors="replace")
                                                             if isinstance(e.stdout, bytes) else str(e.stdout or "")[-2000:])
         elapsed = time.time() - t0
@@ -156,8 +158,11 @@ def run(suite_name: str, checkout: Path, backend: str, sample: int, seed: int, k
                     continue
                 records[rec.pop("nodeid")] = rec
         crashed = [n for n, r in records.items() if r.get("started") and "outcome" not in r]
-        for n in crashed:  # the process died inside this test (a crash is a failure)
-            records[n].update(outcome="failed", error="process died during the test", failed_line="")
+        for n in crashed:  # the run stopped inside this test: a crash fails it, the timeout does not
+            if timed_out:
+                records[n].pop("started", None)
+            else:
+                records[n].update(outcome="failed", error="process died during the test", failed_line="")
         return summarise(suite_name, records, elapsed, tail)
     finally:
         if keep:
