@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import _C
 from ._backend import simt_available, simt_backend
+from ._errors import IndexOutOfRangeError
 
 __version__ = _C.build_info()["version"]
 
