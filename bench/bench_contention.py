@@ -32,6 +32,8 @@ if HERE not in sys.path:
 
 TARGET = 0.40
 SCENARIOS = ("engine", "split", "hog")
+# A plain CPU-bound process (it ends with its parent).
+_HOG = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in range(1 << 20): pass\n"
 
 
 # ---- the engine process ---------------------------------------------------------------------
@@ -59,10 +61,13 @@ def worker(name: str, quick: bool, loop: bool, dtype: str) -> None:
     _run_llmkern(llm, prompts[:2], [4] * min(2, len(prompts)))
     print("READY", flush=True)
     sys.stdin.readline()
-    while True:
+    parent = os.getppid()
+    while os.getppid() == parent:  # a looping worker ends with its driver, however that ended
+        cpu0 = time.process_time()
         dt = _run_llmkern(llm, prompts, outs)
-        if not loop:
-            print(json.dumps({"seconds": dt, "tokens": sum(outs)}), flush=True)
+        if not loop:  # CPU time too: threads that spin while waiting burn it without progress
+            print(json.dumps({"seconds": dt, "tokens": sum(outs), "cpu_s": time.process_time() - cpu0}),
+                  flush=True)
             return
 
 
@@ -111,10 +116,10 @@ def _engine_args(name: str, quick: bool, loop: bool, dtype: str) -> List[str]:
 def measure(name: str, mode: str, scenario: str, quick: bool, dtype: str = "float32",
             timeout: float = 900) -> dict:
     """{"seconds", "tokens"} of one run of workload `name` under `scenario` (solo/engine/split/hog)."""
-    import llmkern
-
     env = {"LLMKERN_THREADS": mode}
-    cpus = llmkern.cpu_affinity.allowed_cpus()
+    cpus = sorted(os.sched_getaffinity(0))
+    if scenario == "split":
+        import llmkern
     procs: List[_Proc] = []
     try:
         m_env = dict(env)
@@ -132,7 +137,7 @@ def measure(name: str, mode: str, scenario: str, quick: bool, dtype: str = "floa
             b.wait_line("READY", timeout)
             b.go()
         elif scenario == "hog":
-            procs.append(_Proc([sys.executable, "-c", "while True: pass"], {}, cpus=[cpus[-1]]))
+            procs.append(_Proc([sys.executable, "-c", _HOG], {}, cpus=[cpus[-1]]))
         if len(procs) > 1:
             time.sleep(0.5)  # the other process is in its steady state
         m.go()
@@ -142,12 +147,17 @@ def measure(name: str, mode: str, scenario: str, quick: bool, dtype: str = "floa
             p.close()
 
 
-def run(quick: bool = False, device: str = "cpu", modes=("pool", "openmp"), workloads=("offline", "decode"),
-        dtype: str = "float32") -> list:
+def run(quick: bool = False, device: str = "cpu", modes=None, workloads=None, dtype: str = "float32",
+        scenarios=None) -> list:
+    """--quick (part of `llmkern bench e2e --quick`): the pool mode, the short offline workload,
+    the engine and hog scenarios only."""
     from common import Record
 
     if device != "cpu":
         raise SystemExit("bench_contention: CPU only")
+    modes = modes or (("pool",) if quick else ("pool", "openmp"))
+    workloads = workloads or (("offline",) if quick else ("offline", "decode"))
+    scenarios = scenarios or (("engine", "hog") if quick else SCENARIOS)
     recs = []
     for name in workloads:
         label = ("offline-8 (short)" if quick else "offline-32") if name == "offline" else \
@@ -155,7 +165,7 @@ def run(quick: bool = False, device: str = "cpu", modes=("pool", "openmp"), work
         for mode in modes:
             load0 = os.getloadavg()[0]
             solo = [measure(name, mode, "solo", quick, dtype)]
-            shared = {s: measure(name, mode, s, quick, dtype) for s in SCENARIOS}
+            shared = {s: measure(name, mode, s, quick, dtype) for s in scenarios}
             solo.append(measure(name, mode, "solo", quick, dtype))
             solo_s = sum(r["seconds"] for r in solo) / len(solo)
             tokens = solo[0]["tokens"]
@@ -163,24 +173,32 @@ def run(quick: bool = False, device: str = "cpu", modes=("pool", "openmp"), work
             what = {"engine": "with a second llmkern engine (all CPUs)",
                     "split": "two engines, CPUs split by LLMKERN_CPUS",
                     "hog": "with a CPU-bound process on one CPU"}
-            for s in SCENARIOS:
+            for s in scenarios:
                 t = shared[s]["seconds"]
                 recs.append(Record(f"e2e/contention {label}", f"{mode}: {what[s]}", t, "same engine alone", solo_s,
                                    "out tok/s", tokens / t,
                                    extra={"fraction_of_solo": solo_s / t, "target": TARGET,
                                           "solo_runs_s": [round(r["seconds"], 3) for r in solo],
                                           "solo_tok_s": tokens / solo_s, "loadavg_1m": round(load, 2),
+                                          "cpu_ms_per_token": 1e3 * shared[s]["cpu_s"] / tokens,
+                                          "solo_cpu_ms_per_token": 1e3 * sum(r["cpu_s"] for r in solo) / len(solo) / tokens,
                                           "dtype": dtype}))
                 print(f"[contention] {label} {mode} {s}: {tokens / t:.1f} tok/s vs solo {tokens / solo_s:.1f} "
-                      f"= {solo_s / t:.2f} of solo (load {load:.1f})", file=sys.stderr, flush=True)
+                      f"= {solo_s / t:.2f} of solo (load {load:.1f}); CPU ms/token "
+                      f"{recs[-1].extra['cpu_ms_per_token']:.1f} vs solo {recs[-1].extra['solo_cpu_ms_per_token']:.1f}",
+                      file=sys.stderr, flush=True)
     return recs
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the finally blocks reap the children
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--modes", default="pool,openmp")
-    ap.add_argument("--workloads", default="offline,decode")
+    ap.add_argument("--modes", default="", help="pool,openmp (default: both; --quick: pool)")
+    ap.add_argument("--workloads", default="", help="offline,decode (default: both; --quick: offline)")
+    ap.add_argument("--scenarios", default="", help=",".join(SCENARIOS) + " (default: all; --quick: engine,hog)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--loop", action="store_true", help=argparse.SUPPRESS)
@@ -190,7 +208,9 @@ if __name__ == "__main__":
         sys.exit(0)
     from common import print_records
 
-    rs = run(a.quick, modes=a.modes.split(","), workloads=a.workloads.split(","), dtype=a.dtype)
+    split = lambda v: tuple(x for x in v.split(",") if x) or None  # noqa: E731
+    rs = run(a.quick, modes=split(a.modes), workloads=split(a.workloads), dtype=a.dtype,
+             scenarios=split(a.scenarios))
     print_records(rs)
     for r in rs:
         print(f"  {r.bench} [{r.case}] {r.extra['fraction_of_solo']:.2f} of solo "

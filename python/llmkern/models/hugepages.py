@@ -1,4 +1,4 @@
-"""CPU weights on transparent huge pages.
+"""CPU weights and KV caches on transparent huge pages.
 
 Decode on CPU streams every weight once per step. With 4 KiB pages the hardware prefetchers stop at
 every page boundary and each page costs a TLB miss: measured here, the decode GEMV reads weights
@@ -54,4 +54,21 @@ def move_to_hugepages(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
             dst.copy_(t)
             done[id(t)] = dst
         out.append(done[id(t)])
+    return out
+
+
+def zeros_on_hugepages(shapes: List[tuple], dtype: torch.dtype) -> List[torch.Tensor]:
+    """Zero-filled CPU tensors of the given shapes in one huge-page arena (pages are faulted in on
+    first touch). Paged KV caches: decode attention reads each sequence's blocks in table order,
+    scattered over the cache, and on 4 KiB pages pays a TLB miss and a prefetcher restart per page."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    sizes = [(int(torch.Size(s).numel()) * esize + _ALIGN - 1) // _ALIGN * _ALIGN for s in shapes]
+    if not hasattr(mmap, "MAP_ANONYMOUS") or sum(sizes) == 0:
+        return [torch.zeros(s, dtype=dtype) for s in shapes]
+    arena = _arena(sum(sizes))
+    out, o = [], 0
+    for s, n in zip(shapes, sizes):
+        numel = int(torch.Size(s).numel())
+        out.append(arena[o:o + numel * esize].view(dtype).view(s))
+        o += n
     return out
