@@ -58,3 +58,11 @@ def test_kv_caches_on_one_arena_zeroed_and_disjoint():
     assert all(torch.all(t == i + 1) for i, t in enumerate(flat))
     starts = sorted(t.data_ptr() for t in flat)
     assert all(b - a >= flat[0].numel() * 2 for a, b in zip(starts, starts[1:]))
+
+
+def test_hugepage_fraction_reports_the_weights_mapping():
+    from llmkern.models.hugepages import hugepage_fraction, move_to_hugepages
+
+    (w,) = move_to_hugepages([torch.randn(1 << 20)])  # 4 MiB: at least one aligned 2 MiB block
+    f = hugepage_fraction(w)
+    assert f is None or 0.0 <= f <= 1.0
