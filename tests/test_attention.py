@@ -45,13 +45,18 @@ def _assert_lse(lse, ref):
         assert (lse[fin] - ref[fin]).abs().max().item() < 1e-3
 
 
-def _paged(seqs, block_size, dev, extra_blocks=3):
-    """A random (permuted, non-contiguous) block table for sequences of the given lengths."""
+def _paged(seqs, block_size, dev, extra_blocks=3, garbage=False):
+    """A random (permuted, non-contiguous) block table for sequences of the given lengths. Unused
+    entries are -1, or with `garbage` random ids anywhere in int32 (out of range, negative): the
+    kernels must never read them."""
     need = [max(1, (n + block_size - 1) // block_size) for n in seqs]
     num_blocks = sum(need) + extra_blocks
     perm = torch.randperm(num_blocks)
     width = max(need) + 1
-    table = torch.full((len(seqs), width), -1, dtype=torch.int32)  # unused entries stay invalid
+    table = torch.full((len(seqs), width), -1, dtype=torch.int32)
+    if garbage:
+        table = torch.randint(-2**31, 2**31 - 1, (len(seqs), width), dtype=torch.int32)
+        table[:, -1] = torch.tensor([num_blocks, 2**31 - 1, -2])[torch.arange(len(seqs)) % 3].to(torch.int32)
     at = 0
     for b, n in enumerate(need):
         table[b, :n] = perm[at:at + n].to(torch.int32)
@@ -113,12 +118,14 @@ def test_varlen_dense(be, dtype, case):
 @pytest.mark.parametrize("block_size", [1, 5, 16, 256])
 @pytest.mark.parametrize("dtype,hq,hkv,d", [(torch.bfloat16, 6, 2, 64), (torch.float32, 8, 1, 128), (torch.float16, 3, 3, 80)])
 def test_varlen_paged(be, block_size, dtype, hq, hkv, d):
-    """Chunked prefill / prefix hits: the queries are the last rows of each cached sequence."""
+    """Chunked prefill / prefix hits: the queries are the last rows of each cached sequence.
+    Key counts sit on block boundaries (exact multiples, +-1); unused block-table entries hold
+    garbage ids for half the block sizes."""
     dev = be.device
     bs = block_size
-    lens_k = [bs - 1 if bs > 1 else 3, bs, bs + 1, 2 * bs + 37, 0, 9]
-    lens_q = [min(n, c) for n, c in zip(lens_k, [4, 1, 40, 70, 0, 9])]
-    table, nblk = _paged(lens_k, bs, dev)
+    lens_k = [bs - 1 if bs > 1 else 3, bs, bs + 1, 2 * bs + 37, 0, 9, 3 * bs, 2 * bs - 1]
+    lens_q = [min(n, c) for n, c in zip(lens_k, [4, 1, 40, 70, 0, 9, 33, 2 * bs - 1])]
+    table, nblk = _paged(lens_k, bs, dev, garbage=bs in (5, 256))
     kc = torch.randn(nblk, bs, hkv, d, device=dev).to(dtype)
     vc = torch.randn(nblk, bs, hkv, d, device=dev).to(dtype)
     q = torch.randn(sum(lens_q), hq, d, device=dev).to(dtype)
@@ -163,10 +170,10 @@ def test_varlen_empty(be):
     assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
 
 
-def _kvcache_case(dev, dtype, batch, s, hq, hkv, d, block_size, cache_lens, append):
+def _kvcache_case(dev, dtype, batch, s, hq, hkv, d, block_size, cache_lens, append, garbage=False):
     cap = max(cache_lens) + s + 5
     if block_size:
-        table, nblk = _paged([n + s for n in cache_lens], block_size, dev)
+        table, nblk = _paged([n + s for n in cache_lens], block_size, dev, garbage=garbage)
         shape = (nblk, block_size, hkv, d)
     else:
         table, shape = None, (batch, cap, hkv, d)
@@ -199,8 +206,12 @@ def test_kvcache(be, case):
     dev = be.device
     cache_lens = [0, 300, 17, 1000][:batch] if batch > 1 else [1500]
     if bs:
-        cache_lens = [n if n % bs else n + 1 for n in cache_lens]  # block boundaries differ by case
-    q, kc, vc, kn, vn, lens, table = _kvcache_case(dev, dtype, batch, s, hq, hkv, d, bs, cache_lens, append)
+        # On block boundaries: cached keys an exact multiple of the block size, cached + appended
+        # keys an exact multiple, and one past / one short of a boundary.
+        m = max(1, 300 // bs)
+        cache_lens = [m * bs, m * bs - s, 2 * bs + 1, 3 * bs - 1][:batch] if batch > 1 else [1500 // bs * bs]
+    q, kc, vc, kn, vn, lens, table = _kvcache_case(dev, dtype, batch, s, hq, hkv, d, bs, cache_lens, append,
+                                                   garbage=bs in (5, 7, 256))
     alibi = _alibi(alibi_kind, batch, hq, dev)
     kw = _kw(causal, window, softcap, alibi)
     scale = d ** -0.5
@@ -319,3 +330,63 @@ print("ok")
     envs["PYTHONPATH"] = os.pathsep.join([here] + sys.path)
     res = subprocess.run([sys.executable, "-c", code], env=envs, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_keys_outside_a_sequence_never_reach_it(be):
+    """Keys a sequence does not own (other sequences' rows, the unused tail of its last block,
+    blocks outside its table) never affect its output, even when they hold NaN / inf."""
+    dev, nan = be.device, float("nan")
+    d = 64
+    # dense varlen: sequence 1's keys and values are NaN and +inf
+    lens = [37, 20, 45]
+    cu = _cu(lens, dev)
+    q = torch.randn(sum(lens), 4, d, device=dev)
+    k, v = torch.randn(sum(lens), 2, d, device=dev), torch.randn(sum(lens), 2, d, device=dev)
+    k[37:57], v[37:57] = nan, float("inf")
+    out = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, 45, 45, causal=True)
+    ref, _ = ref_varlen(q, k, v, cu, cu, d ** -0.5, causal=True)
+    keep = torch.ones(sum(lens), dtype=torch.bool, device=dev)
+    keep[37:57] = False
+    assert (out[keep] - ref[keep]).abs().max() < 3e-5
+    # paged: every cache row a sequence does not own is NaN (block tails, unowned blocks)
+    bs, lens_k = 16, [17, 31, 5]
+    table, nblk = _paged(lens_k, bs, dev, garbage=True)
+    kc = torch.full((nblk, bs, 2, d), nan, device=dev)
+    vc = torch.full((nblk, bs, 2, d), nan, device=dev)
+    for b, n in enumerate(lens_k):
+        for pos in range(n):
+            blk = int(table[b, pos // bs])
+            kc[blk, pos % bs], vc[blk, pos % bs] = torch.randn(2, d), torch.randn(2, d)
+    cuk, cuq = _cu(lens_k, dev), _cu([4, 31, 1], dev)
+    qp = torch.randn(36, 4, d, device=dev)
+    out = llmkern.flash_attn_varlen_func(qp, kc, vc, cuq, cuk, 31, 31, causal=True, block_table=table)
+    ref, _ = ref_varlen(qp, kc, vc, cuq, cuk, d ** -0.5, causal=True, block_table=table)
+    assert torch.isfinite(out).all() and (out - ref).abs().max() < 3e-5
+    # decode, appending one new row per sequence into the first free slot (NaN before)
+    qd = torch.randn(3, 1, 4, d, device=dev)
+    kn, vn = torch.randn(3, 1, 2, d, device=dev), torch.randn(3, 1, 2, d, device=dev)
+    seqlens = torch.tensor([16, 30, 4], dtype=torch.int32, device=dev)
+    ref, _, _, _ = ref_kvcache(qd, kc, vc, seqlens, d ** -0.5, k=kn, v=vn, block_table=table)
+    for splits in (1, 3):
+        out = llmkern.flash_attn_with_kvcache(qd, kc.clone(), vc.clone(), k=kn, v=vn, cache_seqlens=seqlens,
+                                              block_table=table, num_splits=splits)
+        assert torch.isfinite(out).all() and (out - ref).abs().max() < 3e-5
+
+
+def test_nan_in_a_causally_hidden_key(be):
+    """Documented behaviour (flash-attn's, and torch SDPA's): keys inside a sequence that a query
+    does not attend to (causal mask, window) are weighted by zero, so a NaN there may reach that
+    query too (0 * NaN). Every query that attends to the NaN key is NaN; every other row is either
+    NaN or exactly what it would be without the NaN."""
+    dev = be.device
+    T, d = 100, 64
+    q = torch.randn(T, 2, d, device=dev)
+    k, v = torch.randn(T, 2, d, device=dev), torch.randn(T, 2, d, device=dev)
+    cu = _cu([T], dev)
+    clean = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True)
+    v[50] = float("nan")
+    out = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, T, T, causal=True)
+    nan_rows = torch.isnan(out).flatten(1).any(1)
+    assert nan_rows[50:].all(), "rows that attend to the NaN value must be NaN"
+    fin = ~nan_rows
+    assert torch.isfinite(out[fin]).all() and torch.equal(out[fin], clean[fin])

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from llmkern.engine.block_pool import BlockPool, HostPool
-from llmkern.engine.kv_cache_manager import KVCacheManager, alloc_caches
+from llmkern.engine.config import EngineConfig
+from llmkern.engine.kv_cache_manager import KVCacheManager, alloc_caches, build_kv_cache
 from llmkern.engine.sampling_params import SamplingParams
 from llmkern.engine.sequence import Request, Sequence
 
@@ -131,6 +132,56 @@ def test_swap_out_in_roundtrip():
     assert kv_tokens(kv, s, 10) == list(range(50, 60))
     kv.free(s)
     assert kv.pool.num_free == 8 and kv.swap_pool.num_available == 8
+
+
+def test_can_swap_in_counts_the_blocks_of_the_next_tokens():
+    kv = make_kv(n=4, swap=8, caching=False)
+    s = make_seq(range(50, 58))               # 2 full blocks
+    kv.acquire_prefix(s)
+    fill(kv, s)
+    kv.swap_out(s)
+    assert kv.num_blocks_to_swap_in(s, 1) == 3 and kv.num_blocks_to_swap_in(s, 0) == 2
+    hog = make_seq(range(9))
+    assert kv.allocate_slots(hog, 4)          # 1 block taken: 3 free
+    assert kv.can_swap_in(s, 1) and not kv.can_swap_in(s, 5)  # 8 + 5 tokens need 4 blocks
+    kv.free(hog)
+    kv.free(s)
+
+
+def test_truncate_rolls_back_blocks_but_not_into_the_prefix_cache():
+    kv = make_kv(n=8)
+    s = make_seq(range(20, 26))               # 6 tokens: 1 full block + 2
+    kv.acquire_prefix(s)
+    fill(kv, s)
+    assert kv.can_allocate(s, 8) and not kv.can_allocate(s, 31)
+    assert kv.allocate_slots(s, 8)            # room for 14 tokens: 4 blocks
+    assert len(s.block_ids) == 4 and kv.pool.num_free == 4
+    kv.truncate(s, 7)                         # keep ceil(7 / 4) = 2 blocks
+    assert len(s.block_ids) == 2 and kv.pool.num_free == 6 and s.num_computed_tokens == 6
+    kv.truncate(s, 5)
+    assert len(s.block_ids) == 2 and s.num_computed_tokens == 5
+    with pytest.raises(ValueError, match="num_tokens"):
+        kv.truncate(s, 3)                     # block 0 is in the prefix cache
+    assert len(s.block_ids) == 2
+    kv.free(s)
+    assert kv.pool.num_used == 0
+
+
+def test_build_kv_cache_sizes_every_tier_from_the_budget():
+    layers = [(2, 1, 4), (1, 2, 8)]           # a target and a draft model sharing block ids
+    block_bytes = (2 * 2 * 1 * 4 + 2 * 1 * 2 * 8) * 4 * BS  # fp32, K and V
+    cfg = EngineConfig(block_size=BS, kv_cache_memory_gb=100 * block_bytes / 2**30,
+                       cpu_offload_gb=7 * block_bytes / 2**30, preemption_mode="swap",
+                       swap_space_gb=5 * block_bytes / 2**30)
+    kv = build_kv_cache(cfg, layers, torch.float32, torch.device("cpu"))
+    assert kv.num_blocks == 100 and kv.offload.num_blocks == 7 and kv.swap_pool.num_blocks == 5
+    assert [tuple(k.shape) for k, _ in kv.caches] == [(100, BS, 1, 4)] * 2 + [(100, BS, 2, 8)]
+    assert all(k.shape[0] == 7 for k, _ in kv.offload_caches) and all(v.shape[0] == 5 for _, v in kv.swap_caches)
+    kv = build_kv_cache(EngineConfig(block_size=BS, num_gpu_blocks=3), layers, torch.float32, torch.device("cpu"))
+    assert kv.num_blocks == 3 and kv.offload is None and kv.swap_pool is None
+    with pytest.raises(ValueError, match="kv_cache_memory_gb"):
+        build_kv_cache(EngineConfig(block_size=BS, kv_cache_memory_gb=block_bytes / 2 / 2**30), layers,
+                       torch.float32, torch.device("cpu"))
 
 
 def test_host_pool_take_evicts_lru():

@@ -84,6 +84,30 @@ def test_copy_blocks_empty(backend):
     assert torch.equal(kc, before)
 
 
+@pytest.mark.parametrize("mapping", [[[0, 1], [1, 2]], [[1, 2], [0, 1]], [[0, 2], [1, 2]], [[0, 1], [1, 0]]],
+                         ids=["chain", "chain-reversed", "dst-twice", "swap"])
+def test_copy_blocks_order_dependent_mappings_rejected(backend, mapping):
+    """Pairs are independent and run in parallel, so a mapping whose result would depend on their
+    order (a destination that is also a source, or written twice) is rejected before anything is
+    copied; on every backend (CUDA reads the mapping only under LLMKERN_DEBUG_CHECKS=1)."""
+    import os
+
+    if backend.name == "cuda" and os.environ.get("LLMKERN_DEBUG_CHECKS", "0") in ("", "0"):
+        pytest.skip("device-side block ids are validated under LLMKERN_DEBUG_CHECKS=1")
+    dev = backend.device
+    kcs = [torch.randn(4, 3, 2, 8, device=dev) for _ in range(2)]
+    vcs = [torch.randn(4, 3, 2, 8, device=dev) for _ in range(2)]
+    before = [c.clone() for c in kcs + vcs]
+    with pytest.raises(ValueError, match="block_mapping"):
+        llmkern.copy_blocks(kcs, vcs, torch.tensor(mapping, device=dev))
+    assert all(torch.equal(a, b) for a, b in zip(kcs + vcs, before))
+    # independent pairs, including a block copied onto itself, are fine
+    ok = torch.tensor([[0, 1], [0, 3], [2, 2]], device=dev)
+    ref_k, ref_v = ref_copy_blocks(kcs, vcs, ok.cpu())
+    llmkern.copy_blocks(kcs, vcs, ok)
+    assert all(torch.equal(a, b) for a, b in zip(kcs + vcs, ref_k + ref_v))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_swap_blocks_cpu_cpu(dtype, block_size):

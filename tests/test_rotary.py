@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import llmkern
-from llmkern.models.rope import cos_sin_cache
+from llmkern.layers.rotary import cos_sin_cache
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

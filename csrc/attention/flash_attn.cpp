@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/checks.h"
+#include "common/overlap.h"
 
 namespace llmk {
 namespace {
@@ -68,6 +69,21 @@ void check_out(const TensorView& out, const TensorView& q) {
   check_same_dtype(q, "q", out, "out");
   check_same_device(q, "q", out, "out");
   check_last_dim_contiguous(out, "out");
+}
+
+struct Arg {
+  const TensorView* t;  // null = not given
+  const char* name;
+};
+inline Arg arg(const TensorView& t, const char* n) { return {&t, n}; }
+inline Arg arg(const std::optional<TensorView>& t, const char* n) { return {t ? &*t : nullptr, n}; }
+
+// A written tensor may share no byte with any other argument: the kernels read inputs tile by
+// tile while writing, so an alias gives results that depend on the schedule.
+void check_written(Arg written, std::initializer_list<Arg> others) {
+  if (!written.t) return;
+  for (const Arg& o : others)
+    if (o.t) check_no_overlap(*o.t, o.name, *written.t, written.name);
 }
 
 void check_lse(const std::optional<TensorView>& lse, const TensorView& q,
@@ -165,6 +181,9 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
   check_scalars(softmax_scale, softcap, window_left, window_right);
   check_out(out, q);
   check_lse(softmax_lse, q, {hq, q.size(0)}, "[num_heads, total_q]");
+  check_written(arg(out, "out"), {arg(q, "q"), arg(k, "k"), arg(v, "v"), arg(cu_seqlens_q, "cu_seqlens_q"),
+                                  arg(cu_seqlens_k, "cu_seqlens_k"), arg(alibi_slopes, "alibi_slopes"),
+                                  arg(block_table, "block_table")});
 
   AttnParams p;
   p.batch = static_cast<int>(batch);
@@ -272,6 +291,16 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
   check_same_device(q, "q", cache_seqlens, "cache_seqlens");
   check_dim(cache_seqlens, "cache_seqlens", 0, batch, "batch, from q");
   check_scalars(softmax_scale, softcap, window_left, window_right);
+  const std::initializer_list<Arg> read = {arg(q, "q"), arg(k, "k"), arg(v, "v"),
+                                           arg(cache_seqlens, "cache_seqlens"),
+                                           arg(block_table, "block_table"), arg(alibi_slopes, "alibi_slopes")};
+  check_written(arg(out, "out"), read);
+  check_written(arg(out, "out"), {arg(k_cache, "k_cache"), arg(v_cache, "v_cache")});
+  if (k) {  // the new rows are written into the caches
+    check_written(arg(v_cache, "v_cache"), {arg(k_cache, "k_cache")});
+    check_written(arg(k_cache, "k_cache"), read);
+    check_written(arg(v_cache, "v_cache"), read);
+  }
   LLMK_CHECK(num_splits >= 0 && num_splits <= 128, ValueError,
              "num_splits: must be in [0, 128] (0 = auto), got ", num_splits);
 

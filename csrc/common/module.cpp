@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "common/bindings.h"
+#include "common/checks.h"
 #include "common/cpu_quota.h"
 #include "common/device_memory.h"
 #include "common/dispatch.h"
@@ -49,6 +50,15 @@ void set_num_threads(int n) {
 
 int get_num_threads() { return llmk::pool_threads(); }
 
+// Python narrows int64 index tensors to the int32 the kernels read (attention's cu_seqlens,
+// cache_seqlens, block_table): every entry must fit, or the narrowing would wrap silently. Read on
+// the host for CPU tensors (and in the emulator), for CUDA tensors under LLMKERN_DEBUG_CHECKS=1.
+void check_fits_int32(llmk::TensorView t, const std::string& name) {
+  llmk::check_index(t, name.c_str());
+  llmk::check_index_range(t, name.c_str(), INT32_MIN, int64_t{INT32_MAX} + 1,
+                          "an int32 index (the kernels' index type)");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
@@ -70,6 +80,7 @@ PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
   m.def("build_info", &build_info);
   m.def("set_num_threads", &set_num_threads);
   m.def("get_num_threads", &get_num_threads);
+  m.def("check_fits_int32", &check_fits_int32);
   llmk::bind_kvcache(m);
   llmk::bind_attention(m);
   llmk::bind_sampling(m);

@@ -1,9 +1,12 @@
 #include "kvcache/cache_ops.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "common/checks.h"
 #include "common/device_memory.h"
+#include "common/overlap.h"
 
 namespace llmk {
 
@@ -47,6 +50,13 @@ void reshape_and_cache_flash(TensorView key, TensorView value, TensorView key_ca
   check_last_dim_contiguous(key_cache, "key_cache");
   check_last_dim_contiguous(value_cache, "value_cache");
   check_contiguous(slot_mapping, "slot_mapping");
+  check_no_overlap(key_cache, "key_cache", value_cache, "value_cache");
+  for (const TensorView* c : {&key_cache, &value_cache}) {
+    const char* cn = c == &key_cache ? "key_cache" : "value_cache";
+    check_no_overlap(key, "key", *c, cn);
+    check_no_overlap(value, "value", *c, cn);
+    check_no_overlap(slot_mapping, "slot_mapping", *c, cn);
+  }
   (void)k_scale;
   (void)v_scale;  // only meaningful for fp8 caches
   if (n == 0 || heads == 0 || head_dim == 0) return;
@@ -55,23 +65,51 @@ void reshape_and_cache_flash(TensorView key, TensorView value, TensorView key_ca
   LLMK_RUN(key, reshape_and_cache_flash, key, value, key_cache, value_cache, slot_mapping, stream);
 }
 
-static void check_block_mapping(const TensorView& m, int64_t num_blocks_src, int64_t num_blocks_dst) {
+// independent_pairs (copy_blocks, whose pairs run in parallel): each destination at most once and
+// never also a source, so the result does not depend on the order the pairs run in.
+static void check_block_mapping(const TensorView& m, int64_t num_blocks_src, int64_t num_blocks_dst,
+                                bool independent_pairs = false) {
   check_ndim(m, "block_mapping", 2, "[num_pairs, 2] of (src, dst) block ids");
   check_dim(m, "block_mapping", 1, 2, "(src, dst)");
   check_index(m, "block_mapping");
   check_contiguous(m, "block_mapping");
-  if (m.size(0) == 0 || !(host_readable(m) || debug_checks_enabled())) return;
+  const int64_t pairs = m.size(0);
+  if (pairs == 0 || !(host_readable(m) || debug_checks_enabled())) return;
+  std::vector<int64_t> ids(static_cast<size_t>(2 * pairs));  // (src, dst) pairs, host copy
+  if (host_readable(m)) {
+    for (int64_t i = 0; i < 2 * pairs; ++i) ids[i] = index_at(m, i);
+  } else {  // debug mode on a device tensor
+    std::vector<char> raw(2 * pairs * m.elem_size());
+    copy_device_to_host(raw.data(), m.data, raw.size());
+    TensorView h = m;
+    h.data = raw.data();
+    h.device = DeviceType::CPU;
+    for (int64_t i = 0; i < 2 * pairs; ++i) ids[i] = index_at(h, i);
+  }
   // Columns have different bounds when src and dst pools differ in size.
-  for (int64_t i = 0; i < m.size(0); ++i) {
-    if (!host_readable(m)) {  // debug mode on a device tensor: check both columns as one
-      check_index_range(m, "block_mapping", 0, std::min(num_blocks_src, num_blocks_dst), "block ids");
-      return;
-    }
-    const int64_t s = index_at(m, 2 * i), d = index_at(m, 2 * i + 1);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t s = ids[2 * i], d = ids[2 * i + 1];
     LLMK_CHECK(s >= 0 && s < num_blocks_src, ValueError, "block_mapping: source block ", s,
                " (pair ", i, ") is out of range [0, ", num_blocks_src, ")");
     LLMK_CHECK(d >= 0 && d < num_blocks_dst, ValueError, "block_mapping: destination block ", d,
                " (pair ", i, ") is out of range [0, ", num_blocks_dst, ")");
+  }
+  if (!independent_pairs) return;
+  std::vector<std::pair<int64_t, int64_t>> dst(static_cast<size_t>(pairs));  // (block, pair)
+  for (int64_t i = 0; i < pairs; ++i) dst[i] = {ids[2 * i + 1], i};
+  std::sort(dst.begin(), dst.end());
+  for (int64_t i = 1; i < pairs; ++i)
+    LLMK_CHECK(dst[i].first != dst[i - 1].first, ValueError, "block_mapping: destination block ",
+               dst[i].first, " appears in pairs ", dst[i - 1].second, " and ", dst[i].second,
+               "; pairs run in parallel, so each destination may be written once");
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t s = ids[2 * i];
+    auto it = std::lower_bound(dst.begin(), dst.end(), std::make_pair(s, int64_t{-1}));
+    LLMK_CHECK(it == dst.end() || it->first != s || it->second == i, ValueError,
+               "block_mapping: block ", s, " is the source of pair ", i,
+               " and the destination of pair ", it == dst.end() ? 0 : it->second,
+               "; pairs run in parallel, so a chain (a->b, b->c) has no defined result: "
+               "split it over two calls");
   }
 }
 
@@ -98,7 +136,7 @@ void copy_blocks(std::vector<TensorView> key_caches, std::vector<TensorView> val
     }
   }
   if (block_mapping.is_cuda() || k0.is_cuda()) check_same_device(k0, "key_caches[0]", block_mapping, "block_mapping");
-  check_block_mapping(block_mapping, k0.size(0), k0.size(0));
+  check_block_mapping(block_mapping, k0.size(0), k0.size(0), /*independent_pairs=*/true);
   if (block_mapping.size(0) == 0 || k0.numel() == 0) return;
   const TensorView* ptrs = nullptr;
   if (k0.is_cuda()) {
@@ -123,6 +161,7 @@ void swap_blocks(TensorView src, TensorView dst, TensorView block_mapping, int64
   check_contiguous(src, "src", 1);
   check_contiguous(dst, "dst", 1);
   check_on_cpu(block_mapping, "block_mapping");
+  check_no_overlap(src, "src", dst, "dst");
   check_block_mapping(block_mapping, src.size(0), dst.size(0));
   const int64_t pairs = block_mapping.size(0);
   if (pairs == 0 || src.numel() == 0) return;

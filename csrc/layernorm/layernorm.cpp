@@ -1,6 +1,7 @@
 #include "layernorm/layernorm.h"
 
 #include "common/checks.h"
+#include "common/overlap.h"
 
 namespace llmk {
 
@@ -36,12 +37,17 @@ void check_norm(const TensorView& input, const TensorView& other, const char* ot
 
 void rms_norm(TensorView out, TensorView input, TensorView weight, double eps, int64_t stream) {
   check_norm(input, out, "out", weight, eps);
+  check_no_overlap(input, "input", out, "out", /*allow_same=*/true);  // in place is documented
+  check_no_overlap(weight, "weight", out, "out");
   if (input.numel() == 0) return;
   LLMK_RUN(input, rms_norm, out, input, weight, static_cast<float>(eps), stream);
 }
 
 void fused_add_rms_norm(TensorView input, TensorView residual, TensorView weight, double eps, int64_t stream) {
   check_norm(input, residual, "residual", weight, eps);
+  check_no_overlap(input, "input", residual, "residual");
+  check_no_overlap(weight, "weight", input, "input");
+  check_no_overlap(weight, "weight", residual, "residual");
   if (input.numel() == 0) return;
   LLMK_RUN(input, fused_add_rms_norm, input, residual, weight, static_cast<float>(eps), stream);
 }
@@ -52,6 +58,7 @@ void silu_and_mul(TensorView out, TensorView input, int64_t stream) {
              ") must be even: [gate | up]");
   check_rows(input, "input", input, "input", input.size(1), "2 * d");
   check_rows(out, "out", input, "input", input.size(1) / 2, "d = input.shape[-1] / 2");
+  check_no_overlap(input, "input", out, "out");
   if (input.numel() == 0) return;
   LLMK_RUN(input, silu_and_mul, out, input, stream);
 }

@@ -1,6 +1,7 @@
 #include "rotary/rotary.h"
 
 #include "common/checks.h"
+#include "common/overlap.h"
 
 namespace llmk {
 
@@ -36,6 +37,14 @@ void rotary_embedding(TensorView positions, TensorView query, std::optional<Tens
              ") must be even, positive and at most head_size (", head_size, ")");
   check_heads(query, "query", positions, cos_sin_cache, head_size);
   if (key) check_heads(*key, "key", positions, cos_sin_cache, head_size);
+  // Rotated in place: query and key must be separate rows (views of one fused qkv are fine).
+  for (const TensorView* t : {&query, key ? &*key : nullptr}) {
+    if (!t) continue;
+    const char* n = t == &query ? "query" : "key";
+    check_no_overlap(positions, "positions", *t, n);
+    check_no_overlap(cos_sin_cache, "cos_sin_cache", *t, n);
+  }
+  if (key) check_no_overlap(query, "query", *key, "key");
   check_index_range(positions, "positions", 0, cos_sin_cache.size(0), "cos_sin_cache rows (max_position)");
   if (positions.numel() == 0) return;
   LLMK_RUN(query, rotary_embedding, positions, query, key ? &*key : nullptr, static_cast<int>(head_size),

@@ -12,6 +12,8 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from . import _C
+from ._args import raise_unsupported_device
+from ._args import require_tensor  # noqa: F401  (re-exported: the ops modules import it from here)
 
 _state = threading.local()
 
@@ -47,13 +49,17 @@ def lib_for(t: torch.Tensor):
     return _C
 
 
-def dl(t: Optional[torch.Tensor]):
-    """A DLPack capsule for `t` (no copy, strides kept), or None."""
+def dl(t: Optional[torch.Tensor], name: str = "tensor argument"):
+    """A DLPack capsule for `t` (no copy, strides kept), or None. `name` is the argument's name
+    for the error raised when `t` is not a tensor on a device the kernels can address."""
     if t is None:
         return None
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
-    return to_dlpack(t.detach() if t.requires_grad else t)
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    try:
+        return to_dlpack(t.detach() if t.requires_grad else t)
+    except BufferError:  # meta and other devices DLPack cannot export
+        raise_unsupported_device(t, name)
 
 
 def stream_of(t: torch.Tensor) -> int:
@@ -61,12 +67,6 @@ def stream_of(t: torch.Tensor) -> int:
     if t.is_cuda:
         return torch.cuda.current_stream(t.device).cuda_stream
     return 0
-
-
-def require_tensor(x, name: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    return x
 
 
 def kernel_op(name: str, mutates_args: Sequence[str] = ()) -> Callable:

@@ -107,3 +107,73 @@ CASES = [
     ("kv-paged-block-size-0", _kvp(k_cache=torch.randn(4, 0, 2, 16), v_cache=torch.randn(4, 0, 2, 16)), ValueError, "k_cache"),
     ("kv-not-tensor", _kv(v_cache=None), TypeError, "v_cache"),
 ]
+
+# ---- corpus of issue 14: aliasing, wrapped 64-bit indices, exception types, argument messages ----
+_I64 = 2**32  # an int64 entry this large would wrap to a small int32 one
+
+
+def _mha(**over):
+    """q, k, v of one shape, so that out= can alias any of them."""
+    return _varlen(**{"k": torch.randn(5, 4, 16), "v": torch.randn(5, 4, 16), **over})
+
+
+def _out_overlaps_v():
+    buf = torch.randn(10, 4, 16)
+    return _mha(v=buf[:5], out=buf[2:7])
+
+
+def _kv_append(**over):
+    return _kv(**{"k": torch.randn(2, 1, 2, 16), "v": torch.randn(2, 1, 2, 16), **over})
+
+
+def _kv_cache_alias():
+    c = torch.randn(2, 8, 2, 16)
+    return _kv_append(k_cache=c, v_cache=c)
+
+
+_meta = lambda *s: torch.empty(*s, device="meta")  # noqa: E731
+
+CASES += [
+    # silent garbage: outputs aliasing inputs
+    ("va-out-is-k", (lambda kk: _mha(k=kk, out=kk))(torch.randn(5, 4, 16)), ValueError, "out: shares memory with k"),
+    ("va-out-is-q", (lambda qq: _mha(q=qq, out=qq))(torch.randn(5, 4, 16)), ValueError, "out: shares memory with q"),
+    ("va-out-overlaps-v", _out_overlaps_v(), ValueError, "out: shares memory with v"),
+    ("kv-out-is-q", (lambda qq: _kv(q=qq, out=qq))(torch.randn(2, 1, 4, 16)), ValueError, "out: shares memory with q"),
+    ("kv-cache-alias-append", _kv_cache_alias(), ValueError, "v_cache: shares memory with k_cache"),
+    ("kv-new-k-in-cache", (lambda c: _kv_append(k_cache=c, k=c[:, 6:7]))(torch.randn(2, 8, 2, 16)),
+     ValueError, "k_cache: shares memory with k"),
+    # silent garbage: int64 index values that do not fit the kernels' int32
+    ("va-cuq-int64-wrap", _varlen(cu_seqlens_q=torch.tensor([0, 3, 5 + _I64])), ValueError, "cu_seqlens_q"),
+    ("va-cuk-int64-wrap", _varlen(cu_seqlens_k=torch.tensor([0, 3 + _I64, 5 + _I64])), ValueError, "cu_seqlens_k"),
+    ("va-paged-block-int64-wrap", _paged(block_table=torch.tensor([[0, -1], [2 + _I64, 1]])), ValueError, "block_table"),
+    ("va-paged-unused-int64-huge", _paged(block_table=torch.tensor([[0, 2**40], [2, 1]])), ValueError, "block_table"),
+    ("kv-seqlens-int64-wrap", _kv(cache_seqlens=torch.tensor([3, 5 + _I64])), ValueError, "cache_seqlens"),
+    ("kv-paged-block-int64-wrap", _kvp(block_table=torch.tensor([[0, 3], [2 + _I64, 1]])), ValueError, "block_table"),
+    ("kv-seqlens-int-huge", _kv(cache_seqlens=2**40), ValueError, "cache_seqlens"),
+    # wrong exception types
+    ("va-q-0d", _varlen(q=torch.tensor(1.0)), ValueError, "q"),
+    ("kv-q-0d", _kv(q=torch.tensor(1.0)), ValueError, "q"),
+    ("va-headdim-0", _varlen(q=torch.randn(5, 4, 0), k=torch.randn(5, 2, 0), v=torch.randn(5, 2, 0)), ValueError, "head_dim"),
+    ("kv-headdim-0", _kv(q=torch.randn(2, 1, 4, 0), k_cache=torch.randn(2, 8, 2, 0), v_cache=torch.randn(2, 8, 2, 0)),
+     ValueError, "head_dim"),
+    ("va-q-meta", _varlen(q=_meta(5, 4, 16)), ValueError, "q: tensors on device 'meta'"),
+    ("va-k-meta", _varlen(k=_meta(5, 2, 16)), ValueError, "k: tensors on device 'meta'"),
+    ("va-cuq-meta", _varlen(cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int32, device="meta")),
+     ValueError, "cu_seqlens_q: tensors on device 'meta'"),
+    ("va-out-meta", _varlen(out=_meta(5, 4, 16)), ValueError, "out: tensors on device 'meta'"),
+    ("kv-kcache-meta", _kv(k_cache=_meta(2, 8, 2, 16)), ValueError, "k_cache: tensors on device 'meta'"),
+    ("kv-seqlens-meta", _kv(cache_seqlens=torch.tensor([3, 5], device="meta")), ValueError, "cache_seqlens: tensors on device 'meta'"),
+    # unclear messages: wrong Python types for scalars and tensors
+    ("va-maxq-none", _varlen(max_seqlen_q=None), TypeError, "max_seqlen_q"),
+    ("va-maxk-huge", _varlen(max_seqlen_k=2**70), ValueError, "max_seqlen_k"),
+    ("va-maxq-float", _varlen(max_seqlen_q=3.5), TypeError, "max_seqlen_q"),
+    ("va-scale-str", _varlen(softmax_scale="x"), TypeError, "softmax_scale"),
+    ("va-softcap-str", _varlen(softcap="x"), TypeError, "softcap"),
+    ("va-window-huge", _varlen(window_size=(2**70, 0)), ValueError, "window_size"),
+    ("va-cuq-none", _varlen(cu_seqlens_q=None), TypeError, "cu_seqlens_q"),
+    ("va-q-none", _varlen(q=None), TypeError, "q"),
+    ("kv-splits-huge", _kv(num_splits=2**70), ValueError, "num_splits"),
+    ("kv-scale-str", _kv(softmax_scale="x"), TypeError, "softmax_scale"),
+    ("kv-seqlens-str", _kv(cache_seqlens="3"), TypeError, "cache_seqlens"),
+    ("kv-block-table-list", _kv(block_table=[[0, 1]]), TypeError, "block_table"),
+]

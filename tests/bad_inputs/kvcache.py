@@ -46,3 +46,49 @@ CASES = [
     ("sw-noncontig", lambda: llmkern.swap_blocks(torch.zeros(3, 8, 2, 4).transpose(1, 3), torch.zeros(3, 4, 2, 8), torch.tensor([[0, 1]])), ValueError, "src"),
     ("sw-map-dtype", lambda: llmkern.swap_blocks(_C(), _C(), torch.tensor([[0.0, 1.0]])), TypeError, "block_mapping"),
 ]
+
+# ---- corpus of issue 14 ----
+_meta = lambda *s: torch.empty(*s, device="meta")  # noqa: E731
+_cb = llmkern.copy_blocks
+
+
+def _one_buffer_caches():
+    c = _C()
+    return _cache_ok(key_cache=c, value_cache=c)
+
+
+def _key_in_cache():
+    c = _C()
+    return _cache_ok(key=c.view(-1, 2, 8)[:4], key_cache=c)
+
+
+CASES += [
+    # silent garbage: aliasing, chains
+    ("rc-caches-alias", _one_buffer_caches(), ValueError, "value_cache: shares memory with key_cache"),
+    ("rc-key-in-cache", _key_in_cache(), ValueError, "key_cache: shares memory with key"),
+    ("rc-slot-int64-huge", _cache_ok(slot_mapping=torch.tensor([0, 1, 2 + 2**32, 3])), ValueError, "slot_mapping"),
+    ("cb-chain", lambda: _cb([_C()], [_C()], torch.tensor([[0, 1], [1, 2]])), ValueError, "block_mapping"),
+    ("cb-chain-reversed", lambda: _cb([_C()], [_C()], torch.tensor([[1, 2], [0, 1]])), ValueError, "block_mapping"),
+    ("cb-dst-twice", lambda: _cb([_C()], [_C()], torch.tensor([[0, 2], [1, 2]])), ValueError, "block_mapping"),
+    ("cb-map-int64-huge", lambda: _cb([_C()], [_C()], torch.tensor([[0, 1 + 2**32]])), ValueError, "block_mapping"),
+    ("sw-same-tensor", (lambda c: lambda: llmkern.swap_blocks(c, c, torch.tensor([[0, 1]])))(_C()), ValueError,
+     "dst: shares memory with src"),
+    # wrong exception types: meta tensors
+    ("rc-key-meta", _cache_ok(key=_meta(4, 2, 8)), ValueError, "key: tensors on device 'meta'"),
+    ("rc-cache-meta", _cache_ok(value_cache=_meta(3, 4, 2, 8)), ValueError, "value_cache: tensors on device 'meta'"),
+    ("rc-slot-meta", _cache_ok(slot_mapping=torch.tensor([0, 1, 2, 3], device="meta")), ValueError,
+     "slot_mapping: tensors on device 'meta'"),
+    ("cb-meta", lambda: _cb([_meta(3, 4, 2, 8)], [_C()], torch.tensor([[0, 1]])), ValueError, "key_caches[0]: tensors on device 'meta'"),
+    ("cb-map-meta", lambda: _cb([_C()], [_C()], torch.tensor([[0, 1]], device="meta")), ValueError,
+     "block_mapping: tensors on device 'meta'"),
+    ("sw-meta", lambda: llmkern.swap_blocks(_meta(3, 4, 2, 8), _C(), torch.tensor([[0, 1]])), ValueError, "src: tensors on device 'meta'"),
+    # unclear messages: arguments that are not tensors name the argument
+    ("rc-value-list", _cache_ok(value=[[1.0]]), TypeError, "value"),
+    ("rc-value-none", _cache_ok(value=None), TypeError, "value"),
+    ("rc-cache-list", _cache_ok(key_cache=[0.0]), TypeError, "key_cache"),
+    ("rc-slot-list", _cache_ok(slot_mapping=[0, 1, 2, 3]), TypeError, "slot_mapping"),
+    ("rc-dtype-none", lambda: r(_K(), _K(), _C(), _C(), _S(), None), TypeError, "kv_cache_dtype"),
+    ("cb-map-list", lambda: _cb([_C()], [_C()], [[0, 1]]), TypeError, "block_mapping"),
+    ("sw-map-list", lambda: llmkern.swap_blocks(_C(), _C(), [[0, 1]]), TypeError, "block_mapping"),
+    ("sw-map-none", lambda: llmkern.swap_blocks(_C(), _C(), None), TypeError, "block_mapping"),
+]

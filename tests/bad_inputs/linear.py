@@ -40,3 +40,26 @@ CASES = [
     ("rows-rank", lambda: r(torch.randn(20, 8), 20, torch.tensor([1])), ValueError, "weight_packed"),
     ("rows-w-dtype", lambda: r(P.double(), 20, torch.tensor([1])), TypeError, "weight_packed"),
 ]
+
+# ---- corpus of issue 14 ----
+_meta = lambda *s: torch.empty(*s, device="meta")  # noqa: E731
+
+CASES += [
+    # unclear messages: out_features is checked before anything is allocated
+    ("packed-n-huge", lambda: g(torch.randn(2, 8), P, 2**40), ValueError, "out_features"),
+    ("packed-n-2e70", lambda: g(torch.randn(2, 8), P, 2**70), ValueError, "out_features"),
+    ("packed-n-float", lambda: g(torch.randn(2, 8), P, 20.0), TypeError, "out_features"),
+    ("packed-n-none", lambda: g(torch.randn(2, 8), P, None), TypeError, "out_features"),
+    ("rows-n-huge", lambda: r(P, 2**70, torch.tensor([1])), ValueError, "out_features"),
+    ("rows-n-float", lambda: r(P, 20.0, torch.tensor([1])), TypeError, "out_features"),
+    ("packed-bias-list", lambda: g(torch.randn(2, 8), P, 20, [0.0] * 20), TypeError, "bias"),
+    ("lin-bias-list", lambda: f(torch.randn(2, 8), torch.randn(4, 8), [0.0] * 4), TypeError, "bias"),
+    ("lin-w-none", lambda: f(torch.randn(2, 8), None), TypeError, "weight"),
+    # wrong exception types: meta tensors
+    ("lin-x-meta", lambda: f(_meta(2, 8), torch.randn(4, 8)), ValueError, "x: tensors on device 'meta'"),
+    ("lin-w-meta", lambda: f(torch.randn(2, 8), _meta(4, 8)), ValueError, "weight: tensors on device 'meta'"),
+    ("packed-x-meta", lambda: g(_meta(2, 8), P, 20), ValueError, "x: tensors on device 'meta'"),
+    ("packed-bias-meta", lambda: g(torch.randn(2, 8), P, 20, _meta(20)), ValueError, "bias: tensors on device 'meta'"),
+    ("pack-meta", lambda: llmkern.pack_linear_weight(_meta(20, 8)), ValueError, "weight: tensors on device 'meta'"),
+    ("rows-idx-meta", lambda: r(P, 20, torch.tensor([1], device="meta")), ValueError, "indices: tensors on device 'meta'"),
+]

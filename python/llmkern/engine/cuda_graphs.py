@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..models.attention import AttnMetadata
+from ..layers.attention import AttnMetadata
 
 
 def _sizes(max_num_seqs: int) -> List[int]:

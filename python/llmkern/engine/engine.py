@@ -12,7 +12,7 @@ import torch
 from ..models.loader import load_model
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .kv_cache_manager import KVCacheManager, alloc_caches
+from .kv_cache_manager import build_kv_cache
 from .metrics import RunMetrics
 from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner
@@ -23,7 +23,6 @@ from .scheduler import Scheduler
 from .sequence import Request, Sequence, SeqStatus
 
 PromptType = Union[str, List[int], dict, List[dict]]
-_GiB = 1 << 30
 
 
 class Engine:
@@ -44,58 +43,28 @@ class Engine:
             self.eos_token_ids = sorted(set(self.eos_token_ids) | set(self.tokenizer.eos_token_ids))
 
         dtype = self.model.dtype
-        bs = config.block_size
-        elem = torch.empty((), dtype=dtype).element_size()
+        self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, device, config.seed)
         self.spec = None
+        kv_layers = [mc.kv_layout]
         if config.speculative is not None:
             from .spec_decode import SpecDecoder
 
-            self.spec = SpecDecoder(config.speculative, self.model, device, dtype)
-            self.spec.check_max_model_len(self.max_model_len)
-        block_bytes = (mc.kv_bytes_per_token(elem) + (self.spec.kv_bytes_per_token(elem) if self.spec else 0)) * bs
-        num_blocks = config.num_gpu_blocks
-        if num_blocks is None:
-            num_blocks = int(self._kv_budget(device) // block_bytes)
-        if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
-        geom = (bs, mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
-        caches = alloc_caches(num_blocks, *geom, device=device)
-        n_off = config.num_cpu_offload_blocks
-        if n_off is None:
-            n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
-        offload = alloc_caches(n_off, *geom, device="cpu", pin=True) if n_off and config.enable_prefix_caching else None
-        swap = None
-        if config.preemption_mode == "swap":
-            n_swap = config.num_swap_blocks
-            if n_swap is None:
-                n_swap = int(config.swap_space_gb * _GiB // block_bytes)
-            swap = alloc_caches(n_swap, *geom, device="cpu", pin=True) if n_swap else None
-        if self.spec is not None:  # a draft model's KV layers live in the same blocks
-            caches, offload, swap = self.spec.extend_caches(caches, offload, swap)
-        self.kv = KVCacheManager(caches, bs, config.enable_prefix_caching, offload, swap)
-        self.num_blocks = num_blocks
+            self.spec = SpecDecoder(config.speculative, self.model, device, dtype, self.max_model_len, self.sampler)
+            kv_layers += self.spec.kv_layers()
+        self.kv = build_kv_cache(config, kv_layers, dtype, device)
+        if self.spec is not None:
+            self.spec.bind_caches(self.kv.caches, config.block_size)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         graphs = None
         if device.type == "cuda" and not config.enforce_eager and self.spec is None:
-            graphs = DecodeGraphs(self.model, caches, bs, config.max_num_seqs, self.max_model_len)
-        self.runner = ModelRunner(self.model, caches, bs, graphs)
-        self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, device, config.seed)
+            graphs = DecodeGraphs(self.model, self.kv.caches, config.block_size, config.max_num_seqs,
+                                  self.max_model_len)
+        self.runner = ModelRunner(self.model, self.kv.caches, config.block_size, graphs)
         self.requests: Dict[str, Request] = {}
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
         self._stream: Dict[str, bool] = {}
         self.metrics = RunMetrics()
-        if self.spec is not None:
-            self.spec.attach(self)
-
-    def _kv_budget(self, device: torch.device) -> float:
-        if self.config.kv_cache_memory_gb is not None:
-            return self.config.kv_cache_memory_gb * _GiB
-        if device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(device)
-            used = total - free
-            return max(0.0, total * self.config.gpu_memory_utilization - used)
-        return 2 * _GiB
 
     # -- intake ---------------------------------------------------------------------------------
     def tokenize(self, prompt: PromptType) -> (Optional[str], List[int]):
@@ -145,9 +114,9 @@ class Engine:
                              f"(max_model_len {self.max_model_len}, leaving room for one output token)")
         total = len(ids) + (1 if params.max_tokens is None else max(params.max_tokens, 1))
         need = -(-min(total, self.max_model_len) // self.config.block_size)
-        if need > self.num_blocks:
+        if need > self.kv.num_blocks:
             raise ValueError(f"prompt: needs {need} KV blocks for {len(ids)} prompt + max_tokens tokens, but the KV "
-                             f"pool has {self.num_blocks}; lower max_tokens or raise kv_cache_memory_gb")
+                             f"pool has {self.kv.num_blocks}; lower max_tokens or raise kv_cache_memory_gb")
         if request_id is None:
             request_id = str(next(self._ids))
         elif request_id in self.requests:
@@ -202,7 +171,10 @@ class Engine:
                 raise RuntimeError("engine: no request can be scheduled (KV pool too small for the queue head)")
             return self._collect([])
         t0 = time.perf_counter()
-        logits, sample_seqs = self.runner.execute(batch)
+        inputs = self.runner.prepare(batch)
+        if spec is not None:
+            spec.mirror(inputs)
+        logits, sample_seqs = self.runner.execute(inputs)
         verified = {}
         if spec is not None:  # verified chunks leave the batch; their tokens are committed below
             logits, sample_seqs, verified = spec.verify(batch, logits, sample_seqs)
@@ -220,7 +192,11 @@ class Engine:
             self._check_stop(seq, tok, now)
             touched.append(seq)
         if verified:
-            touched += spec.commit(verified, now, self._check_stop)
+            for seq in spec.commit(verified, now, self._check_stop):
+                touched.append(seq)
+                if not seq.is_finished:  # finished ones are freed already
+                    self.kv.truncate(seq, seq.num_computed_tokens)  # the rejected drafts' slots
+                    self.kv.cache_blocks(seq)
         self.metrics.on_step(batch, len(sample_seqs), now - t0)
         return self._collect(touched)
 

@@ -1,7 +1,8 @@
 """KVCacheManager: the paged KV cache of all layers and the policy on top of the block pools:
-per-sequence block tables, prefix caching (chained block hashes), the CPU offload tier for
-evicted prefix blocks, and swap-out/in of preempted sequences. Block copies between device and
-host go through the swap_blocks kernel, batched per layer."""
+its sizing (build_kv_cache), per-sequence block tables (allocation, rollback), prefix caching
+(chained block hashes), the CPU offload tier for evicted prefix blocks, and swap-out/in of
+preempted sequences. Block copies between device and host go through the swap_blocks kernel,
+batched per layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,11 +11,14 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..models.hugepages import zeros_on_hugepages
-from . import kernels as K
+from ..ops.kvcache import swap_blocks
+from .config import EngineConfig
 from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool
 from .sequence import Sequence
 
 Caches = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (key_cache, value_cache)
+LayerGroup = Tuple[int, int, int]  # (num_layers, num_kv_heads, head_dim) of one model
+_GiB = 1 << 30
 
 
 def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -26,6 +30,47 @@ def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads
         return [(flat[2 * i], flat[2 * i + 1]) for i in range(num_layers)]
     return [tuple(torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in range(2))
             for _ in range(num_layers)]
+
+
+def kv_budget_bytes(config: EngineConfig, device: torch.device) -> float:
+    """Memory for the device KV blocks: kv_cache_memory_gb, else on a GPU the part of
+    gpu_memory_utilization not used yet (weights loaded), else 2 GiB."""
+    if config.kv_cache_memory_gb is not None:
+        return config.kv_cache_memory_gb * _GiB
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return max(0.0, total * config.gpu_memory_utilization - (total - free))
+    return 2 * _GiB
+
+
+def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
+                   device: torch.device) -> "KVCacheManager":
+    """Size and allocate the KV cache of `layers` (the target model, then a draft model whose layers
+    share the block ids): device blocks from num_gpu_blocks or the memory budget, the CPU offload
+    tier and the swap space from their block counts or GiB."""
+    bs = config.block_size
+    elem = torch.empty((), dtype=dtype).element_size()
+    block_bytes = sum(2 * n * h * d for n, h, d in layers) * elem * bs
+    num_blocks = config.num_gpu_blocks
+    if num_blocks is None:
+        num_blocks = int(kv_budget_bytes(config, device) // block_bytes)
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
+
+    def alloc(n: int, dev, pin: bool = False) -> Caches:
+        return [c for g in layers for c in alloc_caches(n, bs, *g, dtype, dev, pin=pin)]
+
+    n_off = config.num_cpu_offload_blocks
+    if n_off is None:
+        n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
+    offload = alloc(n_off, "cpu", pin=True) if n_off and config.enable_prefix_caching else None
+    swap = None
+    if config.preemption_mode == "swap":
+        n_swap = config.num_swap_blocks
+        if n_swap is None:
+            n_swap = int(config.swap_space_gb * _GiB // block_bytes)
+        swap = alloc(n_swap, "cpu", pin=True) if n_swap else None
+    return KVCacheManager(alloc(num_blocks, device), bs, config.enable_prefix_caching, offload, swap)
 
 
 @dataclass
@@ -56,6 +101,10 @@ class KVCacheManager:
         self.swap_pool = HostPool(swap_caches[0][0].shape[0]) if swap_caches else None
         self.stats = CacheStats()
 
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
     # -- copies ---------------------------------------------------------------------------------
     @staticmethod
     def _copy(src: Caches, dst: Caches, pairs: List[Tuple[int, int]]) -> None:
@@ -63,8 +112,8 @@ class KVCacheManager:
             return
         mapping = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
         for (sk, sv), (dk, dv) in zip(src, dst):
-            K.swap_blocks(sk, dk, mapping)
-            K.swap_blocks(sv, dv, mapping)
+            swap_blocks(sk, dk, mapping)
+            swap_blocks(sv, dv, mapping)
 
     def _allocate(self, n: int) -> List[int]:
         bids, evicted = self.pool.allocate(n)
@@ -89,8 +138,9 @@ class KVCacheManager:
         total = seq.num_computed_tokens + num_new_tokens
         return max(0, -(-total // self.block_size) - len(seq.block_ids))
 
-    def can_allocate(self, n: int) -> bool:
-        return n <= self.pool.num_free
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether allocate_slots(seq, num_new_tokens) would succeed now."""
+        return self.num_blocks_needed(seq, num_new_tokens) <= self.pool.num_free
 
     def _hash_blocks(self, seq: Sequence, upto: int) -> None:
         bs = self.block_size
@@ -168,9 +218,9 @@ class KVCacheManager:
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Blocks for the next num_new_tokens of seq; False (nothing changed) if the pool is short."""
-        need = self.num_blocks_needed(seq, num_new_tokens)
-        if need > self.pool.num_free:
+        if not self.can_allocate(seq, num_new_tokens):
             return False
+        need = self.num_blocks_needed(seq, num_new_tokens)
         if need:
             seq.block_ids.extend(self._allocate(need))
         return True
@@ -190,6 +240,19 @@ class KVCacheManager:
             toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             regs.append(self.pool.register(seq.block_ids[i], seq.block_hashes[i], toks, parent))
         seq.num_cached_blocks = full
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Roll seq back to its first num_tokens tokens: the blocks past them return to the pool
+        (e.g. the slots of rejected speculative drafts). Blocks indexed in the prefix cache are
+        final and cannot be rolled back into."""
+        if num_tokens < seq.num_cached_blocks * self.block_size:
+            raise ValueError(f"num_tokens: {num_tokens} would cut into the {seq.num_cached_blocks} blocks "
+                             f"already in the prefix cache")
+        keep = -(-num_tokens // self.block_size)
+        if len(seq.block_ids) > keep:
+            self.pool.release(reversed(seq.block_ids[keep:]))
+            del seq.block_ids[keep:]
+        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
 
     def free(self, seq: Sequence) -> None:
         self.pool.release(reversed(seq.block_ids))
@@ -211,8 +274,13 @@ class KVCacheManager:
         self.free(seq)
         seq.swap_blocks = host
 
-    def can_swap_in(self, seq: Sequence, extra_blocks: int = 0) -> bool:
-        return len(seq.swap_blocks) + extra_blocks <= self.pool.num_free
+    def num_blocks_to_swap_in(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Device blocks a swapped-out seq needs to come back and then run num_new_tokens."""
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(len(seq.swap_blocks), total)
+
+    def can_swap_in(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.num_blocks_to_swap_in(seq, num_new_tokens) <= self.pool.num_free
 
     def swap_in(self, seq: Sequence) -> None:
         dev = self._allocate(len(seq.swap_blocks))

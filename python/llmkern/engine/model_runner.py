@@ -2,17 +2,37 @@
 the rows that sample. Host-side preparation is vectorised per sequence (numpy), never per token."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from ..models.attention import AttnMetadata
+from ..layers.attention import AttnMetadata
 from ..models.llama import LlamaForCausalLM
 from .cuda_graphs import DecodeGraphs
 from .kv_cache_manager import Caches
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
+
+
+def block_table(seqs: List[Sequence]) -> np.ndarray:
+    """int32 [len(seqs), most blocks]: each sequence's block ids, zero-padded."""
+    width = max(len(s.block_ids) for s in seqs)
+    bt = np.zeros((len(seqs), width), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        bt[i, :len(s.block_ids)] = s.block_ids
+    return bt
+
+
+@dataclass
+class StepInputs:
+    """One step's flat model inputs, prepared once per step."""
+    input_ids: torch.Tensor        # [T]
+    positions: torch.Tensor        # [T]
+    meta: AttnMetadata
+    sample_rows: torch.Tensor      # rows of the output whose logits are sampled
+    sample_seqs: List[Sequence]    # the sequence of each sampled row
 
 
 class ModelRunner:
@@ -28,15 +48,7 @@ class ModelRunner:
         t = torch.from_numpy(a)
         return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
 
-    @staticmethod
-    def _block_table(seqs: List[Sequence]) -> np.ndarray:
-        width = max(len(s.block_ids) for s in seqs)
-        bt = np.zeros((len(seqs), width), dtype=np.int32)
-        for i, s in enumerate(seqs):
-            bt[i, :len(s.block_ids)] = s.block_ids
-        return bt
-
-    def prepare(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, torch.Tensor, AttnMetadata, torch.Tensor, List[Sequence]]:
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
         bs = self.block_size
         ids: List[int] = []
         pos_parts, slot_parts = [], []
@@ -54,7 +66,7 @@ class ModelRunner:
             slot_parts.append(last_blk * bs + pos % bs)
             meta.num_decode = nd
             meta.decode_seqlens = self._tensor((pos + 1).astype(np.int32))
-            meta.decode_block_table = self._tensor(self._block_table(batch.decodes))
+            meta.decode_block_table = self._tensor(block_table(batch.decodes))
             sample_rows.extend(range(nd))
             sample_seqs.extend(batch.decodes)
 
@@ -88,18 +100,19 @@ class ModelRunner:
             if paged:
                 meta.prefill_cu_k = self._tensor(np.asarray(cu_k, dtype=np.int32))
                 meta.prefill_max_k = int(np.max(np.diff(cu_k)))
-                meta.prefill_block_table = self._tensor(self._block_table(batch.prefills))
+                meta.prefill_block_table = self._tensor(block_table(batch.prefills))
 
         input_ids = self._tensor(np.asarray(ids, dtype=np.int64))
         positions = self._tensor(np.concatenate(pos_parts))
         meta.slot_mapping = self._tensor(np.concatenate(slot_parts))
         rows = self._tensor(np.asarray(sample_rows, dtype=np.int64))
-        return input_ids, positions, meta, rows, sample_seqs
+        return StepInputs(input_ids, positions, meta, rows, sample_seqs)
 
-    def execute(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, List[Sequence]]:
+    def execute(self, inputs: StepInputs) -> Tuple[Optional[torch.Tensor], List[Sequence]]:
         """fp32 logits [num sampling rows, vocab] and the sequences they belong to."""
-        input_ids, positions, meta, rows, sample_seqs = self.prepare(batch)
-        if (self.graphs is not None and not batch.prefills and meta.num_decode
+        input_ids, positions, meta, rows, sample_seqs = (inputs.input_ids, inputs.positions, inputs.meta,
+                                                         inputs.sample_rows, inputs.sample_seqs)
+        if (self.graphs is not None and not meta.num_prefill_tokens and meta.num_decode
                 and self.graphs.fits(meta.num_decode, meta.decode_block_table.shape[1])):
             logits = self.graphs.run(input_ids, positions, meta)
             if logits is not None:

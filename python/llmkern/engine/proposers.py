@@ -27,9 +27,11 @@ from typing import List, Optional, Sequence as Seq, Tuple
 import numpy as np
 import torch
 
-from ..models.attention import AttnMetadata
+from ..layers.attention import AttnMetadata
 from ..models.llama import LlamaForCausalLM
-from . import kernels as K
+from ..ops.sampling import sampling_from_probs, top_k_mask_logits, top_p_renorm_probs
+from .model_runner import block_table
+from .sampler import greedy_tokens
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
@@ -45,10 +47,10 @@ def filtered_probs(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.T
     x = logits.float() / temps.unsqueeze(1)
     top_k = [p.top_k if p.top_k > 0 else V for p in params]
     if any(k < V for k in top_k):
-        x = K.top_k_mask_logits(x, torch.tensor(top_k, dtype=torch.int32, device=dev))
+        x = top_k_mask_logits(x, torch.tensor(top_k, dtype=torch.int32, device=dev))
     probs = torch.softmax(x, dim=-1)
     if any(p.top_p < 1.0 for p in params):
-        probs = K.top_p_renorm_probs(probs, torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev))
+        probs = top_p_renorm_probs(probs, torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev))
     if any(p.min_p > 0 for p in params):
         min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev).unsqueeze(1)
         probs = torch.where(probs >= min_p * probs.amax(dim=-1, keepdim=True), probs, 0.0)
@@ -63,10 +65,10 @@ def sample_rows(probs: torch.Tensor, gens: Seq[Optional[torch.Generator]],
     out = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
     shared = [i for i, g in enumerate(gens) if g is None]
     if shared:
-        out[shared] = K.sampling_from_probs(probs[shared], generator=default).to(torch.int64)
+        out[shared] = sampling_from_probs(probs[shared], generator=default).to(torch.int64)
     for i, g in enumerate(gens):
         if g is not None:
-            out[i] = K.sampling_from_probs(probs[i:i + 1], generator=g)[0].to(torch.int64)
+            out[i] = sampling_from_probs(probs[i:i + 1], generator=g)[0].to(torch.int64)
     return out
 
 
@@ -129,10 +131,7 @@ class ModelProposer:
         Returns the drafts and, for sampled requests, the draft distributions [ks[i], V]."""
         bs = self.block_size
         b = len(seqs)
-        width = max(len(s.block_ids) for s in seqs)
-        bt = np.zeros((b, width), dtype=np.int32)
-        for i, s in enumerate(seqs):
-            bt[i, :len(s.block_ids)] = s.block_ids
+        bt = block_table(seqs)
         nc = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=b)
         ks_a = np.asarray(ks)
         drafts: List[List[int]] = [[] for _ in seqs]
@@ -149,7 +148,7 @@ class ModelProposer:
             ids = self._t(np.asarray([cur[i] for i in act], dtype=np.int64))
             hidden = self.model.forward(ids, self._t(pos), meta, self.caches)
             logits = self.model.compute_logits(hidden)
-            nxt = K.greedy_tokens(logits)
+            nxt = greedy_tokens(logits)
             sampled = [r for r, i in enumerate(act) if not seqs[i].params.greedy]
             if sampled:
                 p = filtered_probs(logits[sampled], [seqs[act[r]].params for r in sampled])

@@ -10,8 +10,21 @@ from typing import List, Optional
 
 import torch
 
-from . import kernels as K
+from ..ops.sampling import (
+    apply_penalties,
+    min_p_sampling_from_probs,
+    sampling_from_logits,
+    top_k_mask_logits,
+    top_k_top_p_sampling_from_logits,
+    top_p_renorm_probs,
+)
 from .sequence import Sequence
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Row argmax (lowest index on ties) as int64: the sampling kernel at temperature 0, a single
+    pass on llmkern's threads (5x torch.argmax for 32 x 49k fp32 logits on 2 cores)."""
+    return sampling_from_logits(logits, temperature=0.0, seed=0, offset=0).long()
 
 
 class Sampler:
@@ -27,10 +40,10 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: List[Sequence]) -> List[int]:
         params = [s.params for s in seqs]
         if all(p.greedy and not p.has_penalties and not p.min_tokens for p in params):
-            return K.greedy_tokens(logits).tolist()
-        self._mask_min_tokens(logits, seqs)
+            return greedy_tokens(logits).tolist()
+        self.mask_min_tokens(logits, seqs)
         self._apply_penalties(logits, seqs)
-        out = K.greedy_tokens(logits)
+        out = greedy_tokens(logits)
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             shared = [i for i in rows if seqs[i].generator is None]
@@ -42,14 +55,18 @@ class Sampler:
                     out[i] = self._sample(logits, [i], seqs, g)[0].to(out.dtype)
         return out.tolist()
 
-    def _mask_min_tokens(self, logits: torch.Tensor, seqs: List[Sequence]) -> None:
+    def mask_min_tokens(self, logits: torch.Tensor, seqs: List[Sequence], offsets: Optional[List[int]] = None,
+                        rows: Optional[List[int]] = None) -> None:
+        """Logits row rows[i] (default i) predicts output token seqs[i].num_output_tokens + offsets[i]
+        (default 0; a speculative chunk's rows have offsets 0, 1, ...). While that token is below
+        min_tokens, every EOS id and stop_token_id is banned, whether or not ignore_eos is set (as
+        vLLM and HF's min_new_tokens do)."""
         for i, s in enumerate(seqs):
             p = s.params
-            if p.min_tokens and s.num_output_tokens < p.min_tokens:
-                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos)
-                banned = [t for t in banned if t < logits.shape[1]]
+            if p.min_tokens and s.num_output_tokens + (offsets[i] if offsets else 0) < p.min_tokens:
+                banned = [t for t in (*p.stop_token_ids, *self.eos) if t < logits.shape[1]]
                 if banned:
-                    logits[i, banned] = float("-inf")
+                    logits[rows[i] if rows else i, banned] = float("-inf")
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: List[Sequence]) -> None:
         rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
@@ -66,7 +83,7 @@ class Sampler:
 
         ps = [seqs[i].params for i in rows]
         sub = logits[rows]
-        K.apply_penalties(
+        apply_penalties(
             sub, repetition_penalties=torch.tensor([p.repetition_penalty for p in ps], dtype=torch.float32, device=dev),
             frequency_penalties=torch.tensor([p.frequency_penalty for p in ps], dtype=torch.float32, device=dev),
             presence_penalties=torch.tensor([p.presence_penalty for p in ps], dtype=torch.float32, device=dev),
@@ -87,14 +104,14 @@ class Sampler:
         use_k, use_p = any(k < V for k in top_k), any(q < 1.0 for q in top_p)
         if any(m > 0 for m in min_p):
             if use_k:
-                x = K.top_k_mask_logits(x, torch.tensor(top_k, dtype=torch.int32, device=x.device))
+                x = top_k_mask_logits(x, torch.tensor(top_k, dtype=torch.int32, device=x.device))
             probs = torch.softmax(x, dim=-1)
             if use_p:
-                probs = K.top_p_renorm_probs(probs, torch.tensor(top_p, dtype=torch.float32, device=x.device))
-            return K.min_p_sampling_from_probs(probs, torch.tensor(min_p, dtype=torch.float32, device=x.device),
+                probs = top_p_renorm_probs(probs, torch.tensor(top_p, dtype=torch.float32, device=x.device))
+            return min_p_sampling_from_probs(probs, torch.tensor(min_p, dtype=torch.float32, device=x.device),
                                                generator=generator)
         if use_k or use_p:
-            return K.top_k_top_p_sampling_from_logits(
+            return top_k_top_p_sampling_from_logits(
                 x, torch.tensor(top_k, dtype=torch.int32, device=x.device),
                 torch.tensor(top_p, dtype=torch.float32, device=x.device), generator=generator)
-        return K.sampling_from_logits(x, generator=generator)
+        return sampling_from_logits(x, generator=generator)

@@ -84,7 +84,7 @@ class Scheduler:
                 # Speculative drafts ride along with the decode; they are the first thing dropped
                 # when the budget or the pool is short.
                 k = min(len(seq.spec_token_ids), budget - 1)
-                if k and self.kv.num_blocks_needed(seq, 1 + k) > self.kv.pool.num_free:
+                if k and not self.kv.can_allocate(seq, 1 + k):
                     k = 0
                 del seq.spec_token_ids[k:]
                 n += k
@@ -114,8 +114,7 @@ class Scheduler:
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.swapped[0]
             n = seq.num_tokens - seq.num_computed_tokens
-            extra = -(-(seq.num_computed_tokens + n) // self.kv.block_size) - len(seq.swap_blocks)
-            if n > budget or not self.kv.can_swap_in(seq, extra_blocks=max(0, extra)):
+            if n > budget or not self.kv.can_swap_in(seq, n):
                 break
             self.swapped.popleft()
             self.kv.swap_in(seq)

@@ -1,6 +1,7 @@
 """Speculative decoding: drafts are proposed, verified by one target forward, accepted or rolled back.
 
-Per engine step (hooks in Engine.step, Scheduler.schedule and ModelRunner.prepare):
+Per engine step (hooks in Engine.step; Scheduler.schedule and ModelRunner.prepare read
+`seq.spec_token_ids`):
   1. before_schedule: every running sequence in decode state gets up to k drafts in
      `seq.spec_token_ids` (n-gram: the tokens themselves; model proposers: k placeholders, drafted
      after scheduling). k is capped by max_tokens and max_model_len, and speculation is skipped
@@ -9,8 +10,9 @@ Per engine step (hooks in Engine.step, Scheduler.schedule and ModelRunner.prepar
   2. The scheduler runs such a sequence as a chunk of 1 + k tokens ([last token] + drafts); the
      drafts count against the token budget and are dropped first when the budget or the KV pool
      is short.
-  3. before_forward: model proposers draft for the scheduled chunks (and the separate draft model
-     runs over the step's rows to keep its cache in step with the target's).
+  3. before_forward: model proposers draft for the scheduled chunks; mirror: once the step's
+     inputs are prepared, the separate draft model runs over the same rows to keep its cache in
+     step with the target's.
   4. The target forward returns logits for all 1 + k rows of each chunk (paged varlen attention,
      causal from the cached prefix). verify: greedy requests accept drafts while they equal the
      argmax and then emit the argmax; sampled requests go through chain_speculative_sampling
@@ -18,8 +20,9 @@ Per engine step (hooks in Engine.step, Scheduler.schedule and ModelRunner.prepar
      rejection emits the corrected token and full acceptance emits a bonus token.
   5. commit: emitted tokens are appended one at a time with the stop checks (stop strings, stop
      ids, EOS, max_tokens stay exact; tokens after a stop are dropped); the last token and the
-     accepted drafts become computed; blocks past them are released (rejected slots rolled
-     back) and only blocks whose tokens are final enter the prefix cache."""
+     accepted drafts become computed. The engine then rolls the KV cache back past them
+     (KVCacheManager.truncate frees the rejected slots' blocks) and indexes only blocks whose
+     tokens are final in the prefix cache."""
 from __future__ import annotations
 
 import time
@@ -30,8 +33,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from . import kernels as K
+from ..ops.sampling import chain_speculative_sampling
 from .proposers import ModelProposer, NgramProposer, early_exit_model, filtered_probs
+from .sampler import Sampler, greedy_tokens
 from .sequence import Sequence, SeqStatus
 from .spec_config import SpecConfig
 
@@ -69,8 +73,15 @@ def format_spec_summary(s: dict) -> str:
 
 
 class SpecDecoder:
-    def __init__(self, cfg: SpecConfig, target, device: torch.device, dtype: torch.dtype):
+    """Built in two steps, because the KV cache is sized after the draft model is known:
+    SpecDecoder(...) loads the draft model (kv_layers() says what it adds to the cache), then
+    bind_caches(...) hands it its cache layers."""
+
+    def __init__(self, cfg: SpecConfig, target, device: torch.device, dtype: torch.dtype,
+                 max_model_len: int, sampler: Sampler):
         self.cfg = cfg
+        self.max_model_len = max_model_len
+        self.sampler = sampler  # its generator draws for requests without their own; min_tokens mask
         self.k = cfg.num_speculative_tokens
         self.metrics = SpecMetrics()
         self.target = target
@@ -84,6 +95,9 @@ class SpecDecoder:
             if dc.vocab_size != mc.vocab_size:
                 raise ValueError(f"speculative.model: vocab_size {dc.vocab_size} differs from the target's "
                                  f"{mc.vocab_size} (the draft must share the tokenizer)")
+            if dc.max_position_embeddings < max_model_len:
+                raise ValueError(f"speculative.model: the draft allows {dc.max_position_embeddings} positions, "
+                                 f"fewer than max_model_len {max_model_len}; lower max_model_len")
         elif cfg.method == "early_exit":
             n = cfg.num_layers if cfg.num_layers is not None else max(1, mc.num_layers // 2)
             if n >= mc.num_layers:
@@ -96,51 +110,24 @@ class SpecDecoder:
         self._draft_probs: Dict[int, torch.Tensor] = {}
         self._t_draft_end = 0.0
 
-    # -- construction hooks -------------------------------------------------------------------------
-    def kv_bytes_per_token(self, elem_size: int) -> int:
-        """KV bytes of the separate draft model (early exit shares the target's layers)."""
+    # -- construction -------------------------------------------------------------------------------
+    def kv_layers(self) -> List[Tuple[int, int, int]]:
+        """(num_layers, num_kv_heads, head_dim) a separate draft model adds to the KV cache (its
+        layers follow the target's and share its block ids); early exit shares the target's."""
         if self.cfg.method != "draft":
-            return 0
-        return self.draft_model.config.kv_bytes_per_token(elem_size)
+            return []
+        return [self.draft_model.config.kv_layout]
 
-    def check_max_model_len(self, max_model_len: int) -> None:
-        if self.cfg.method == "draft" and self.draft_model.config.max_position_embeddings < max_model_len:
-            raise ValueError(f"speculative.model: the draft allows {self.draft_model.config.max_position_embeddings} "
-                             f"positions, fewer than max_model_len {max_model_len}; lower max_model_len")
-
-    def extend_caches(self, caches, *host_caches):
-        """Append the draft model's layers (same block count, so the target's block ids address
-        them) to the device caches and to each host cache list (offload, swap; None stays None)."""
-        from .kv_cache_manager import alloc_caches
-
-        if self.cfg.method != "draft":
-            return (caches,) + host_caches
-        dc = self.draft_model.config
-        bs = caches[0][0].shape[1]
-
-        def more(c, device, pin):
-            if c is None:
-                return None
-            return c + alloc_caches(c[0][0].shape[0], bs, dc.num_layers, dc.num_kv_heads, dc.head_dim,
-                                    c[0][0].dtype, device, pin=pin)
-
-        return (more(caches, caches[0][0].device, False),) + tuple(more(c, "cpu", True) for c in host_caches)
-
-    def attach(self, engine) -> None:
-        self.kv = engine.kv
-        self.runner = engine.runner
-        self.sampler = engine.sampler
-        self.max_model_len = engine.max_model_len
-        self.eos = engine.eos_token_ids
-        bs = engine.config.block_size
+    def bind_caches(self, caches: list, block_size: int) -> None:
+        """The per-layer caches of the whole KV cache (target layers first)."""
         L = self.target.config.num_layers
         if self.cfg.method == "ngram":
             self.proposer = NgramProposer(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
         elif self.cfg.method == "draft":
-            self.proposer = ModelProposer(self.draft_model, engine.runner.caches[L:], bs, mirror=True)
+            self.proposer = ModelProposer(self.draft_model, caches[L:], block_size, mirror=True)
         else:
             n = self.draft_model.config.num_layers
-            self.proposer = ModelProposer(self.draft_model, engine.runner.caches[:n], bs, mirror=False)
+            self.proposer = ModelProposer(self.draft_model, caches[:n], block_size, mirror=False)
 
     # -- 1. before scheduling ------------------------------------------------------------------
     def before_schedule(self, running: List[Sequence]) -> None:
@@ -192,9 +179,17 @@ class SpecDecoder:
                 s.spec_token_ids = d
                 if p is not None:
                     self._draft_probs[s.seq_id] = p
-        if self.proposer.needs_model and self.proposer.mirror and not batch.empty:
-            input_ids, positions, meta, _, _ = self.runner.prepare(batch)
-            self.proposer.mirror_forward(input_ids, positions, meta)
+        now = time.perf_counter()
+        self.metrics.draft_time += now - t0
+        self._t_draft_end = now
+
+    def mirror(self, inputs) -> None:
+        """A separate draft model writes its KV for the step's token rows (the runner's prepared
+        inputs, the same the target runs on)."""
+        if not (self.proposer.needs_model and self.proposer.mirror):
+            return
+        t0 = time.perf_counter()
+        self.proposer.mirror_forward(inputs.input_ids, inputs.positions, inputs.meta)
         now = time.perf_counter()
         self.metrics.draft_time += now - t0
         self._t_draft_end = now
@@ -221,11 +216,14 @@ class SpecDecoder:
             else:
                 plain_rows.append(i)
                 i += 1
-        self._mask_min_tokens(logits, spans)
+        # Row j of a chunk predicts output token n_out + j.
+        chunk = [(s, j) for s in spans for j in range(len(s.spec_token_ids) + 1)]
+        self.sampler.mask_min_tokens(logits, [s for s, _ in chunk], [j for _, j in chunk],
+                                     [spans[s] + j for s, j in chunk])
         out: Dict[Sequence, List[int]] = {}
         greedy = [s for s in spans if s.params.greedy]
         if greedy:
-            amax = K.greedy_tokens(logits).tolist()
+            amax = greedy_tokens(logits).tolist()
             for s in greedy:
                 r0, d = spans[s], s.spec_token_ids
                 a = 0
@@ -250,19 +248,6 @@ class SpecDecoder:
             plain = None
         return plain, [sample_seqs[i] for i in plain_rows], out
 
-    def _mask_min_tokens(self, logits: torch.Tensor, spans: Dict[Sequence, int]) -> None:
-        """Row j of a chunk predicts output token n_out + j: ban EOS / stop ids while below
-        min_tokens, as the sampler does for plain rows."""
-        for s, r0 in spans.items():
-            p = s.params
-            if not p.min_tokens:
-                continue
-            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos)
-            banned = [t for t in banned if t < logits.shape[1]]
-            for j in range(len(s.spec_token_ids) + 1):
-                if s.num_output_tokens + j < p.min_tokens and banned:
-                    logits[r0 + j, banned] = float("-inf")
-
     def _verify_sampled(self, logits, spans, seqs) -> Dict[Sequence, List[int]]:
         # One kernel call per (draft count, kind of draft, generator): rows of a call share n.
         groups = defaultdict(list)
@@ -278,7 +263,7 @@ class SpecDecoder:
             ids = torch.tensor([s.spec_token_ids for s in group], dtype=torch.int64, device=dev)
             q = torch.stack([self._draft_probs[s.seq_id] for s in group]).float().contiguous() if has_q else None
             gen = group[0].generator if group[0].generator is not None else self.sampler.generator
-            toks, _, emitted = K.chain_speculative_sampling(q, ids, p, generator=gen)
+            toks, _, emitted = chain_speculative_sampling(q, ids, p, generator=gen)
             toks, emitted = toks.tolist(), emitted.tolist()
             for s, row, e in zip(group, toks, emitted):
                 out[s] = row[:e + 1]
@@ -286,8 +271,9 @@ class SpecDecoder:
 
     # -- 5. commit ------------------------------------------------------------------------------
     def commit(self, results: Dict[Sequence, List[int]], now: float, check_stop) -> List[Sequence]:
+        """Appends the emitted tokens with the stop checks; returns the sequences. Their KV past
+        num_computed_tokens (rejected drafts) is the caller's to roll back."""
         touched = []
-        bs = self.kv.block_size
         for seq, toks in results.items():
             seq.spec_token_ids = []
             # The last token and the accepted drafts (all but the final emitted token) now have
@@ -299,12 +285,5 @@ class SpecDecoder:
                 if seq.is_finished:  # its blocks are freed already; later tokens are dropped
                     break
             touched.append(seq)
-            if seq.is_finished:
-                continue
-            keep = -(-seq.num_computed_tokens // bs)
-            if len(seq.block_ids) > keep:  # roll back the rejected drafts' slots
-                self.kv.pool.release(reversed(seq.block_ids[keep:]))
-                del seq.block_ids[keep:]
-            self.kv.cache_blocks(seq)
         self.metrics.verify_time += time.perf_counter() - self._t_draft_end
         return touched

@@ -3,7 +3,7 @@ GGUF metadata, for the Llama family (Llama 2/3, Mistral, Qwen2, SmolLM)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 
@@ -37,15 +37,16 @@ class ModelConfig:
                              f"num_attention_heads {self.num_heads}")
 
     @property
+    def kv_layout(self) -> Tuple[int, int, int]:
+        """(num_layers, num_kv_heads, head_dim): the KV cache geometry per token."""
+        return self.num_layers, self.num_kv_heads, self.head_dim
+
     def num_params(self) -> int:
         """Parameters touched per token by the matmuls (embedding lookup excluded, LM head included)."""
         h, d = self.hidden_size, self.head_dim
         attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
         mlp = 3 * h * self.intermediate_size
         return self.num_layers * (attn + mlp) + self.vocab_size * h
-
-    def kv_bytes_per_token(self, elem_size: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem_size
 
     # -- constructors ---------------------------------------------------------------------------
     @classmethod

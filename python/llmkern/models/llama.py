@@ -12,75 +12,44 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 
-from ..engine import kernels as K
-from .attention import AttnMetadata, paged_attention
+from ..layers.activation import silu_and_mul
+from ..layers.attention import AttnMetadata, paged_attention
+from ..layers.embed_head import compute_logits, embed_tokens
+from ..layers.layernorm import RMSNorm
+from ..layers.linear import Linear
+from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
 from .hugepages import move_to_hugepages
-from .rope import cos_sin_cache
-
-
-GEMV_ROWS = 8
-
-
-class Linear:
-    """One projection, its weight in the layout of the kernel that runs it.
-
-    CPU fp32: packed once into 16-feature panels for llmkern's register-tiled GEMM (linear_packed),
-    ~2x torch's sgemm at the 8-64 rows of batched decode and ~1.5x at prefill sizes. Other CPU
-    dtypes: llmkern's GEMV up to GEMV_ROWS rows (it streams the weights at the read bandwidth),
-    torch beyond. CUDA: torch (cuBLAS)."""
-
-    __slots__ = ("weight", "bias", "out_features", "packed")
-
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
-        self.out_features = weight.shape[0]
-        self.packed = weight.device.type == "cpu" and weight.dtype == torch.float32
-        self.weight = K.pack_linear_weight(weight) if self.packed else weight
-        self.bias = bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return K.linear_packed(x, self.weight, self.out_features, self.bias)
-        if x.shape[0] <= GEMV_ROWS and not x.is_cuda and x.stride(-1) == 1:
-            return K.linear_small_m(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Weight rows `ids` [T] -> [T, in_features] (an embedding lookup of a tied LM head)."""
-        if self.packed:
-            return K.packed_weight_rows(self.weight, self.out_features, ids)
-        return F.embedding(ids, self.weight)
 
 
 @dataclass
 class LayerWeights:
-    input_norm: torch.Tensor
+    input_norm: RMSNorm
     qkv: Linear                     # [(H + 2 Hkv) * D, hidden], optional bias
     o: Linear                       # [hidden, H * D]
-    post_norm: torch.Tensor
+    post_norm: RMSNorm
     gate_up: Linear                 # [2 * inter, hidden]
     down: Linear                    # [hidden, inter]
 
 
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, embed: Optional[torch.Tensor], layers: List[LayerWeights],
-                 norm: torch.Tensor, lm_head: Linear):
+                 norm: RMSNorm, lm_head: Linear):
         self.config = config
         self.embed = embed
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head
-        self.dtype = norm.dtype
-        self.device = norm.device
+        self.dtype = norm.weight.dtype
+        self.device = norm.weight.device
         c = config
         self.scale = c.head_dim ** -0.5
         self.window = (c.sliding_window - 1, 0) if c.sliding_window else (-1, -1)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
-        self.cos_sin = cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings,
-                                     self.dtype, self.device)
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings,
+                                      self.dtype, self.device)
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -97,6 +66,7 @@ class LlamaForCausalLM:
                 return None
             return t.to(device=device, dtype=dtype)
 
+        eps = config.rms_norm_eps
         layers = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
@@ -106,9 +76,9 @@ class LlamaForCausalLM:
                 bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).contiguous()
             gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
             layers.append(LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"), qkv=Linear(torch.cat([q, k, v]), bias),
+                input_norm=RMSNorm(take(p + "input_layernorm.weight"), eps), qkv=Linear(torch.cat([q, k, v]), bias),
                 o=Linear(take(p + "self_attn.o_proj.weight")),
-                post_norm=take(p + "post_attention_layernorm.weight"),
+                post_norm=RMSNorm(take(p + "post_attention_layernorm.weight"), eps),
                 gate_up=Linear(torch.cat([gate, up])), down=Linear(take(p + "mlp.down_proj.weight"))))
             del q, k, v, gate, up
         embed = take("model.embed_tokens.weight")
@@ -116,9 +86,9 @@ class LlamaForCausalLM:
         lm_head = Linear(embed if head is None else head)  # some checkpoints tie without saying so
         if head is None and lm_head.packed:  # tied: look rows up in the packed head, no second copy
             embed = None
-        norm = take("model.norm.weight")
+        norm = RMSNorm(take("model.norm.weight"), eps)
         model = cls(config, embed, layers, norm, lm_head)
-        if norm.device.type == "cpu":  # decode streams the weights: keep them on huge pages
+        if model.device.type == "cpu":  # decode streams the weights: keep them on huge pages
             model._move_to_hugepages()
         return model
 
@@ -127,14 +97,14 @@ class LlamaForCausalLM:
 
     def _tensors(self) -> List[Optional[torch.Tensor]]:
         """Every weight tensor, in a fixed order (tied ones repeated)."""
-        out = [self.embed, self.norm] + [t for L in self.layers for t in (L.input_norm, L.post_norm)]
+        out = [self.embed, self.norm.weight] + [n.weight for L in self.layers for n in (L.input_norm, L.post_norm)]
         return out + [t for lin in self._linears() for t in (lin.weight, lin.bias)]
 
     def _move_to_hugepages(self) -> None:
         it = iter(move_to_hugepages(self._tensors()))
-        self.embed, self.norm = next(it), next(it)
+        self.embed, self.norm.weight = next(it), next(it)
         for L in self.layers:
-            L.input_norm, L.post_norm = next(it), next(it)
+            L.input_norm.weight, L.post_norm.weight = next(it), next(it)
         for lin in self._linears():
             lin.weight, lin.bias = next(it), next(it)
 
@@ -152,36 +122,29 @@ class LlamaForCausalLM:
                 kv_caches: List[tuple]) -> torch.Tensor:
         """input_ids/positions [T] -> final hidden states [T, hidden], after the final norm."""
         c = self.config
-        eps = c.rms_norm_eps
         T = input_ids.shape[0]
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         q_size, qk_size = self.q_size, self.q_size + self.kv_size
-        hidden = F.embedding(input_ids, self.embed) if self.embed is not None else self.lm_head.rows(input_ids)
-        residual = hidden
+        residual = embed_tokens(input_ids, self.embed, self.lm_head)
         hidden = torch.empty_like(residual)
         attn_out = torch.empty((T, H, D), dtype=self.dtype, device=self.device)
         for i, L in enumerate(self.layers):
             if i == 0:
-                K.rms_norm(hidden, residual, L.input_norm, eps)
+                L.input_norm(residual, out=hidden)
             else:  # residual += previous MLP output; hidden = norm(residual)
-                K.fused_add_rms_norm(hidden, residual, L.input_norm, eps)
+                L.input_norm.add_(hidden, residual)
             qkv = L.qkv(hidden)
             q, k, v = qkv[:, :q_size], qkv[:, q_size:qk_size], qkv[:, qk_size:]
-            K.rotary_embedding(positions, q, k, D, self.cos_sin, True)
+            self.rotary(positions, q, k)
             k_cache, v_cache = kv_caches[i]
             paged_attention(q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D), k_cache, v_cache, meta,
                             self.scale, self.window, attn_out)
             hidden = L.o(attn_out.view(T, H * D))
-            K.fused_add_rms_norm(hidden, residual, L.post_norm, eps)
-            gu = L.gate_up(hidden)
-            act = torch.empty((T, gu.shape[-1] // 2), dtype=self.dtype, device=self.device)
-            K.silu_and_mul(act, gu)
-            hidden = L.down(act)
-        K.fused_add_rms_norm(hidden, residual, self.norm, eps)  # one pass: last residual add + final norm
+            L.post_norm.add_(hidden, residual)
+            hidden = L.down(silu_and_mul(L.gate_up(hidden)))
+        self.norm.add_(hidden, residual)  # one pass: last residual add + final norm
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """LM head on the selected rows of forward()'s output only; fp32 logits [rows, vocab]."""
-        if rows is not None:
-            hidden = hidden.index_select(0, rows)
-        return self.lm_head(hidden).float()
+        return compute_logits(self.lm_head, hidden, rows)

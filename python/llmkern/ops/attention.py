@@ -5,7 +5,16 @@ sequence with sq queries and sk keys sits at key position i + sk - sq), the slid
 keys in ``[i + sk - sq - left, i + sk - sq + right]``, ``softcap`` maps scores to
 ``softcap * tanh(s / softcap)``, ALiBi adds ``-slope * |i + sk - sq - j|``, rows that see no key
 give zeros (and lse = +inf). Beyond flash-attn 2: any page size >= 1, head dims any multiple of 8
-up to 256, fp32/fp16/bf16 on CPU (fp32 accumulation), int64 index tensors accepted (converted).
+up to 256, fp32/fp16/bf16 on CPU (fp32 accumulation), int64 index tensors accepted (converted to
+int32; an entry outside int32 raises ValueError, read on the host for CPU tensors and for CUDA
+tensors under ``LLMKERN_DEBUG_CHECKS=1``).
+
+``out`` (and, when k/v are appended, the caches) may share no memory with any other argument:
+an overlap raises ValueError. Keys a sequence does not own (other sequences' rows, the unused tail
+of its last block, blocks outside its table, unused block-table entries) never affect its output,
+whatever they hold. Keys inside a sequence that a query does not attend to (causal mask, sliding
+window) are weighted by zero, so NaN / inf there can still reach that query (0 * NaN), as in
+flash-attn and torch SDPA: keep the used part of a cache finite.
 
 CPU notes: bf16 uses the AVX512_BF16 dot-product instructions where the CPU has them (P is then
 rounded to bf16 for P.V, as on GPUs; ``LLMKERN_ATTN_BF16_DOT=0`` turns this off). Decode over a
@@ -18,18 +27,22 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from .._args import float_arg, int_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 from ._splitkv import split_workspace
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 
-def _i32(t: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
+def _i32(t: Optional[torch.Tensor], name: str, optional: bool = False) -> Optional[torch.Tensor]:
     """Index tensors cross as int32 (as flash-attn); int64 is converted, other dtypes rejected."""
-    if t is None:
+    if t is None and optional:
         return None
     require_tensor(t, name)
     if t.dtype == torch.int64:
+        if not torch.compiler.is_compiling():  # values >= 2**31 would wrap: reject them
+            t = t.contiguous()
+            lib_for(t).check_fits_int32(dl(t, name), name)
         return t.to(torch.int32)
     if t.dtype != torch.int32:
         raise TypeError(f"{name}: expected an int32 or int64 tensor, got {t.dtype}")
@@ -37,15 +50,17 @@ def _i32(t: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
 
 
 def _scale(softmax_scale, q: torch.Tensor) -> float:
-    return float(q.shape[-1]) ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if softmax_scale is None:  # head_dim 0 is left to the kernel's head_dim check
+        return float(q.shape[-1]) ** -0.5 if q.dim() and q.shape[-1] > 0 else 1.0
+    return float_arg(softmax_scale, "softmax_scale")
 
 
 def _window(window_size) -> Tuple[int, int]:
     try:
         left, right = window_size
-        return int(left), int(right)
     except (TypeError, ValueError):
         raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
+    return int_arg(left, "window_size[0]"), int_arg(right, "window_size[1]")
 
 
 # ---- flash_attn_varlen_func ------------------------------------------------------------------
@@ -104,7 +119,7 @@ def flash_attn_varlen_func(
     prefill, prefix-cache hits). GQA/MQA when Hkv divides Hq. ``softmax_scale`` defaults to
     ``D ** -0.5``. Returns ``out`` or ``(out, lse)`` with lse float32 ``[Hq, total_q]``.
     ``alibi_slopes``: float32 ``[Hq]`` or ``[b, Hq]``."""
-    require_tensor(q, "q")
+    require_tensor(q, "q", 3, "[total_q, num_heads, head_dim]")
     require_tensor(k, "k")
     require_tensor(v, "v")
     for t, name in ((alibi_slopes, "alibi_slopes"), (out, "out")):
@@ -113,8 +128,9 @@ def flash_attn_varlen_func(
     left, right = _window(window_size)
     o, lse = _varlen(
         q, k, v, _i32(cu_seqlens_q, "cu_seqlens_q"), _i32(cu_seqlens_k, "cu_seqlens_k"),
-        int(max_seqlen_q), int(max_seqlen_k), _scale(softmax_scale, q), bool(causal), left, right,
-        float(softcap), alibi_slopes, _i32(block_table, "block_table"), out, bool(return_softmax_lse),
+        int_arg(max_seqlen_q, "max_seqlen_q"), int_arg(max_seqlen_k, "max_seqlen_k"),
+        _scale(softmax_scale, q), bool(causal), left, right, float_arg(softcap, "softcap"), alibi_slopes,
+        _i32(block_table, "block_table", optional=True), out, bool(return_softmax_lse),
     )
     if out is not None:
         o = out
@@ -206,16 +222,16 @@ def flash_attn_with_kvcache(
         else:
             full = k_cache.shape[1] if k_cache.dim() >= 2 else 0
         cache_seqlens = torch.full((batch,), full, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    if not isinstance(num_splits, int):
-        raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
+    elif not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((batch,), int_arg(cache_seqlens, "cache_seqlens", -(2**31), 2**31 - 1),
+                                   dtype=torch.int32, device=q.device)
+    num_splits = int_arg(num_splits, "num_splits")
     left, right = _window(window_size)
     if q.dim() == 4 and q.shape[0] > 1 and q.shape[1] > 1 and q.stride(0) != q.shape[1] * q.stride(1):
         q = q.contiguous()  # the kernel views [b, s] as one row dim
     o, lse = _kvcache(
-        q, k_cache, v_cache, k, v, _i32(cache_seqlens, "cache_seqlens"), _i32(block_table, "block_table"),
-        _scale(softmax_scale, q), bool(causal), left, right, float(softcap), alibi_slopes,
+        q, k_cache, v_cache, k, v, _i32(cache_seqlens, "cache_seqlens"), _i32(block_table, "block_table", True),
+        _scale(softmax_scale, q), bool(causal), left, right, float_arg(softcap, "softcap"), alibi_slopes,
         num_splits, out, bool(return_softmax_lse),
     )
     if out is not None:

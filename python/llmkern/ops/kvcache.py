@@ -29,11 +29,16 @@ def reshape_and_cache_flash(
 
     As in vLLM, ``num_tokens = slot_mapping.size(0)`` and key/value may hold more rows (padding).
     key/value may be strided views (e.g. slices of a fused qkv output) as long as head_dim is
-    contiguous. Only ``kv_cache_dtype="auto"`` (cache dtype = key dtype) is supported."""
-    require_tensor(key, "key")
+    contiguous. Only ``kv_cache_dtype="auto"`` (cache dtype = key dtype) is supported. The caches
+    must not share memory with each other or with the inputs (K and V halves of one buffer are fine)."""
+    for t, name in ((key, "key"), (value, "value"), (key_cache, "key_cache"), (value_cache, "value_cache"),
+                    (slot_mapping, "slot_mapping")):
+        require_tensor(t, name)
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"kv_cache_dtype: expected a str, got {type(kv_cache_dtype).__name__}")
     lib_for(key).reshape_and_cache_flash(
         dl(key), dl(value), dl(key_cache), dl(value_cache), dl(slot_mapping),
-        kv_cache_dtype, dl(k_scale), dl(v_scale), stream_of(key),
+        kv_cache_dtype, dl(k_scale, "k_scale"), dl(v_scale, "v_scale"), stream_of(key),
     )
 
 
@@ -62,7 +67,12 @@ def _layer_ptrs(key_caches: List[torch.Tensor], value_caches: List[torch.Tensor]
 def copy_blocks(key_caches: List[torch.Tensor], value_caches: List[torch.Tensor], block_mapping: torch.Tensor) -> None:
     """Copy whole blocks within each layer's caches: for every row ``(src, dst)`` of
     ``block_mapping [num_pairs, 2]``, ``cache[dst] = cache[src]`` for all layers, K and V.
-    On CUDA one launch covers all layers and pairs."""
+    On CUDA one launch covers all layers and pairs.
+
+    Pairs are independent and run in parallel, so a destination block may appear only once and
+    may not also be a source (a chain a->b, b->c would depend on the order): such mappings raise
+    ``ValueError`` (on CUDA checked under ``LLMKERN_DEBUG_CHECKS=1``, as other index values);
+    copy in two calls instead."""
     if not isinstance(key_caches, (list, tuple)) or not isinstance(value_caches, (list, tuple)):
         raise TypeError("key_caches / value_caches: expected lists of per-layer cache tensors")
     require_tensor(block_mapping, "block_mapping")
@@ -88,9 +98,11 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
     """Copy blocks between two caches: ``dst[d] = src[s]`` for each ``(s, d)`` row of
     ``block_mapping`` (a CPU tensor, as in vLLM). Any direction: CPU<->CPU, and with CUDA
     GPU<->GPU, GPU->CPU and CPU->GPU, queued asynchronously on the current stream (use pinned CPU
-    memory for truly asynchronous host transfers)."""
+    memory for truly asynchronous host transfers). Pairs run in mapping order; ``src`` and ``dst``
+    must not share memory (copy_blocks copies within one cache)."""
     require_tensor(src, "src")
     require_tensor(dst, "dst")
+    require_tensor(block_mapping, "block_mapping")
     dev = src if src.is_cuda else dst
     lib_for(dev).swap_blocks(dl(src), dl(dst), dl(block_mapping), stream_of(dev))
 

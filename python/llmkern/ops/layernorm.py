@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .._args import float_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 
 __all__ = ["rms_norm", "fused_add_rms_norm", "silu_and_mul"]
@@ -30,25 +31,31 @@ def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
 
 @kernel_op("rms_norm", mutates_args=("out",))
 def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
-    """``out = input * rsqrt(mean(input^2, -1) + epsilon) * weight``; out may be input."""
+    """``out = input * rsqrt(mean(input^2, -1) + epsilon) * weight``; out may be input (in place) but
+    must not partially overlap it or overlap weight."""
     x = _rows(input, "input")
-    lib_for(x).rms_norm(dl(_rows(out, "out")), dl(x), dl(weight), float(epsilon), stream_of(x))
+    o = _rows(out, "out")
+    require_tensor(weight, "weight")
+    lib_for(x).rms_norm(dl(o), dl(x), dl(weight), float_arg(epsilon, "epsilon"), stream_of(x))
 
 
 @kernel_op("fused_add_rms_norm", mutates_args=("input", "residual"))
 def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
     """In place, as a decoder layer's residual stream needs it: ``residual += input``, then
-    ``input = rms_norm(residual) * weight``."""
+    ``input = rms_norm(residual) * weight``. input, residual and weight must not share memory."""
     x = _rows(input, "input")
-    lib_for(x).fused_add_rms_norm(dl(x), dl(_rows(residual, "residual")), dl(weight), float(epsilon), stream_of(x))
+    r = _rows(residual, "residual")
+    require_tensor(weight, "weight")
+    lib_for(x).fused_add_rms_norm(dl(x), dl(r), dl(weight), float_arg(epsilon, "epsilon"), stream_of(x))
 
 
 @kernel_op("silu_and_mul", mutates_args=("out",))
 def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
     """``out = silu(input[..., :d]) * input[..., d:]`` with ``d = input.shape[-1] // 2`` (the gated
-    MLP of Llama after one fused gate/up matmul)."""
+    MLP of Llama after one fused gate/up matmul). out must not overlap input."""
     x = _rows(input, "input")
-    lib_for(x).silu_and_mul(dl(_rows(out, "out")), dl(x), stream_of(x))
+    o = _rows(out, "out")
+    lib_for(x).silu_and_mul(dl(o), dl(x), stream_of(x))
 
 
 @rms_norm.op.register_fake

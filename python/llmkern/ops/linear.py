@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .._args import int_arg, optional_tensor
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 
 __all__ = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows"]
@@ -31,6 +32,7 @@ def linear_small_m(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     fp32 / fp16 / bf16 with fp32 accumulation; weight rows must be contiguous."""
     require_tensor(x, "x")
     require_tensor(weight, "weight")
+    optional_tensor(bias, "bias")
     if x.is_cuda:
         return F.linear(x, weight, bias)
     if x.dim() != 2:
@@ -71,6 +73,15 @@ def _(weight):
     return weight.new_empty(-(-weight.shape[0] // PANEL), weight.shape[1], PANEL, dtype=torch.float32)
 
 
+def _out_features(weight_packed: torch.Tensor, out_features) -> int:
+    """out_features as an int that the packed panels can hold: checked before anything is allocated."""
+    n = int_arg(out_features, "out_features")
+    if weight_packed.dim() == 3 and n > weight_packed.shape[0] * PANEL:
+        raise ValueError(f"weight_packed: {weight_packed.shape[0]} panels hold at most {weight_packed.shape[0] * PANEL} "
+                         f"output features, got out_features={n}")
+    return n
+
+
 @kernel_op("linear_packed")
 def linear_packed(x: torch.Tensor, weight_packed: torch.Tensor, out_features: int,
                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -78,6 +89,8 @@ def linear_packed(x: torch.Tensor, weight_packed: torch.Tensor, out_features: in
     for ``x [rows, in_features]`` with any number of rows."""
     require_tensor(x, "x")
     require_tensor(weight_packed, "weight_packed")
+    optional_tensor(bias, "bias")
+    out_features = _out_features(weight_packed, out_features)
     if x.dim() != 2:
         raise ValueError(f"x: expected a 2-D tensor [rows, in_features], got shape {tuple(x.shape)}")
     out = torch.empty(x.shape[0], max(out_features, 0), dtype=x.dtype, device=x.device)
@@ -96,6 +109,7 @@ def packed_weight_rows(weight_packed: torch.Tensor, out_features: int, indices: 
     ``[T, in_features]`` (the embedding lookup of a tied LM head kept only in packed form)."""
     require_tensor(weight_packed, "weight_packed")
     require_tensor(indices, "indices")
+    out_features = _out_features(weight_packed, out_features)
     if weight_packed.dim() != 3:
         raise ValueError(f"weight_packed: expected [ceil(out_features / 16), in_features, 16], got shape "
                          f"{tuple(weight_packed.shape)}")

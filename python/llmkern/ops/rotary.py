@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from .._args import int_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 
 __all__ = ["rotary_embedding"]
@@ -31,12 +32,14 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
                      cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     """Rotates the first ``rot_dim`` features of every head of ``query [T, heads * head_size]``
     (and ``key``, if given) by the angles of ``positions [T]``. ``is_neox``: pairs (i, i + rot_dim/2),
-    Llama's rotate-half; otherwise (2i, 2i + 1), GPT-J's."""
+    Llama's rotate-half; otherwise (2i, 2i + 1), GPT-J's. ``key`` must be a separate tensor from
+    ``query`` (views of one fused qkv that share no element are fine); an overlap raises ValueError."""
     require_tensor(positions, "positions")
     q = _heads(query, "query")
     k = None if key is None else _heads(key, "key")
-    lib_for(q).rotary_embedding(dl(positions.reshape(-1)), dl(q), dl(k), int(head_size), dl(cos_sin_cache),
-                                bool(is_neox), stream_of(q))
+    require_tensor(cos_sin_cache, "cos_sin_cache")
+    lib_for(q).rotary_embedding(dl(positions.reshape(-1)), dl(q), dl(k), int_arg(head_size, "head_size"),
+                                dl(cos_sin_cache), bool(is_neox), stream_of(q))
 
 
 @rotary_embedding.op.register_fake

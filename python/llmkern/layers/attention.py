@@ -11,7 +11,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..engine import kernels as K
+from ..ops.attention import flash_attn_varlen_func, flash_attn_with_kvcache
+from ..ops.kvcache import reshape_and_cache_flash
 
 
 @dataclass
@@ -38,20 +39,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, meta: AttnMetadata, scale: float,
                     window: Tuple[int, int], out: torch.Tensor) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] (head_dim contiguous); writes and returns out [T, H, D]."""
-    K.reshape_and_cache_flash(k, v, k_cache, v_cache, meta.slot_mapping)
+    reshape_and_cache_flash(k, v, k_cache, v_cache, meta.slot_mapping)
     nd = meta.num_decode
     if nd:
-        K.flash_attn_with_kvcache(
+        flash_attn_with_kvcache(
             _as_batch(q[:nd]), k_cache, v_cache, cache_seqlens=meta.decode_seqlens,
             block_table=meta.decode_block_table, softmax_scale=scale, causal=True,
             window_size=window, out=_as_batch(out[:nd]))
     if meta.num_prefill_tokens:
         if meta.prefill_block_table is None:
-            K.flash_attn_varlen_func(
+            flash_attn_varlen_func(
                 q[nd:], k[nd:], v[nd:], meta.prefill_cu_q, meta.prefill_cu_q, meta.prefill_max_q,
                 meta.prefill_max_q, softmax_scale=scale, causal=True, window_size=window, out=out[nd:])
         else:
-            K.flash_attn_varlen_func(
+            flash_attn_varlen_func(
                 q[nd:], k_cache, v_cache, meta.prefill_cu_q, meta.prefill_cu_k, meta.prefill_max_q,
                 meta.prefill_max_k, softmax_scale=scale, causal=True, window_size=window,
                 block_table=meta.prefill_block_table, out=out[nd:])

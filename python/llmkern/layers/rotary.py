@@ -1,11 +1,14 @@
-"""Rotary position embeddings: inverse frequencies (default, linear, llama3 scaling) and the
-cos/sin cache that llmkern's rotary_embedding kernel reads (shared by all layers)."""
+"""Rotary position embeddings: inverse frequencies (default, linear, llama3 scaling), the cos/sin
+cache that llmkern's rotary_embedding kernel reads, and the layer applying it (one cache shared by
+all decoder layers)."""
 from __future__ import annotations
 
 import math
 from typing import Optional
 
 import torch
+
+from ..ops.rotary import rotary_embedding
 
 
 def inv_freq(head_dim: int, theta: float, scaling: Optional[dict]) -> torch.Tensor:
@@ -38,3 +41,15 @@ def cos_sin_cache(head_dim: int, theta: float, scaling: Optional[dict], max_pos:
     pos = torch.arange(max_pos, dtype=torch.float32)
     freqs = pos[:, None] * f[None, :]
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype).to(device)
+
+
+class RotaryEmbedding:
+    """NeoX-style rotation of the query and key rows in place, over the whole head."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: Optional[dict], max_pos: int,
+                 dtype: torch.dtype, device):
+        self.head_dim = head_dim
+        self.cos_sin = cos_sin_cache(head_dim, theta, scaling, max_pos, dtype, device)
+
+    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+        rotary_embedding(positions, q, k, self.head_dim, self.cos_sin, True)
