@@ -249,3 +249,16 @@ def test_thread_count_follows_affinity_and_quota():
     assert out.stdout.strip() == "1"
     with pytest.raises(AssertionError, match="LLMKERN_CPUS"):
         run_python("import llmkern", LLMKERN_CPUS="x")
+
+
+def test_logits_to_float_in_serial_chunks():
+    """compute_logits converts bf16 logits to fp32 in chunks below torch's parallel grain (no
+    torch OpenMP region beside the kernels' pool); values as .float() gives them."""
+    from llmkern.layers.embed_head import _SERIAL_CHUNK, _to_float
+
+    for shape in [(3, 49152), (1, 5), (2, _SERIAL_CHUNK + 1)]:
+        x = torch.randn(shape).to(torch.bfloat16)
+        y = _to_float(x)
+        assert y.dtype == torch.float32 and y.shape == x.shape and torch.equal(y, x.float())
+    z = torch.randn(4, 7)
+    assert _to_float(z) is z
