@@ -7,13 +7,17 @@
 #      the cuda-only tests, e.g. CUDA-graph capture),
 #   3. compute-sanitizer memcheck and racecheck on bench/sanitize_kernels.py (every kernel once),
 #   4. GPU benchmarks side by side with torch (bench/bench_*.py --device cuda),
+#   5. static SASS figures of the hd128 prefill and decode kernels (bench/sass_stats.py, sm_90a),
 # writing device_check.log, stages.tsv, one JSON per benchmark and summary.json into OUT_DIR.
 #
 #   bash bench/device_check.sh [OUT_DIR]          (default: bench/results/)
 #
 # Every stage has its own time limit, cut further to what is left of the overall budget
-# (LLMK_CHECK_BUDGET_S, default 465 s); a failing or timed-out stage is recorded and the next
-# one runs; the summary is always written. Without a GPU the GPU stages are skipped (dry run);
+# (LLMK_CHECK_BUDGET_S, default 465 s) less the time held back for the stages that must still
+# run (RESERVE: the tests and sanitizers leave BENCH_RESERVE_S, default 150 s, to the GPU
+# benchmarks, which switch to quick shapes when time is short); a failing or timed-out stage is
+# recorded and the next one runs; the summary is always written and says how many CUDA tests
+# ran, passed and failed. Without a GPU the GPU stages are skipped (dry run);
 # LLMK_CHECK_DEVICE=cpu runs the benchmark drivers on the CPU to exercise the plumbing.
 set -u
 
@@ -25,7 +29,7 @@ LOG=$OUT/device_check.log
 STAGES=$OUT/stages.tsv
 : >"$LOG"
 : >"$STAGES"
-rm -f "$OUT"/bench_*.json "$OUT"/pytest_cuda.xml "$OUT"/memcheck.log "$OUT"/racecheck.log "$OUT"/summary.json
+rm -f "$OUT"/bench_*.json "$OUT"/sass_stats.json "$OUT"/pytest_cuda.xml "$OUT"/memcheck.log "$OUT"/racecheck.log "$OUT"/summary.json
 T0=$(date +%s)
 DEADLINE=$((T0 + ${LLMK_CHECK_BUDGET_S:-465}))
 PY=${PYTHON:-python}
@@ -39,11 +43,14 @@ export PATH
 log() { echo "[$(date +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
 
 # stage NAME CAP_S CMD...: runs CMD under `timeout`, limited to CAP_S and to the budget left
-# (20 s kept for the summary); output goes to $STAGE_OUT (default: the main log).
+# (20 s kept for the summary, $RESERVE s for later stages); output goes to $STAGE_OUT (default:
+# the main log).
+RESERVE=0
+BENCH_RESERVE=${BENCH_RESERVE_S:-150}
 stage() {
   local name=$1 cap=$2
   shift 2
-  local left=$((DEADLINE - $(date +%s) - 20))
+  local left=$((DEADLINE - $(date +%s) - 20 - RESERVE))
   if ((left < 10)); then
     log "SKIP  $name: time budget spent"
     printf '%s\tskipped\t0\tbudget\n' "$name" >>"$STAGES"
@@ -102,6 +109,10 @@ for tool in ("memcheck", "racecheck"):
         s[tool] = m[-1] if m else "no summary line (see log)"
     except OSError:
         s[tool] = "not run"
+try:
+    s["sass"] = json.load(open(os.path.join(out, "sass_stats.json")))
+except Exception:
+    s["sass"] = None
 s["benchmarks"] = {}
 for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
     try:
@@ -130,8 +141,14 @@ print("==== device check summary ====")
 print(f"arch {s['arch']}, {s['duration_s']} s")
 for st in s["stages"]:
     print(f"  {st['stage']:28} {st['status']:8} {st['seconds']:4d}s")
-print("  tests:", s["tests"] if isinstance(s["tests"], str) else
-      {k: v for k, v in s["tests"].items() if k != "failed_ids"})
+t = s["tests"]
+if isinstance(t, str):
+    print("  CUDA tests:", t)
+else:
+    print(f"  CUDA tests: {t['tests'] - t['skipped']} ran, {t['passed']} passed, {t['failures']} failed, "
+          f"{t['errors']} errors (collection included), {t['skipped']} skipped")
+    for fid in t["failed_ids"][:20]:
+        print("    failed:", fid)
 print("  memcheck:", s["memcheck"], "| racecheck:", s["racecheck"])
 for k, v in tg.items():
     print(f"  target {k}: {v if v is None else round(v, 3)}")
@@ -185,6 +202,8 @@ BUILT=0
 grep -q $'^build\tok' "$STAGES" && BUILT=1
 
 # ---- 2. cuda tests ----------------------------------------------------------------------------
+# From here on the benchmarks' share of the budget is held back.
+((HAVE_GPU && BUILT)) && RESERVE=$BENCH_RESERVE
 if ((HAVE_GPU && BUILT)); then
   stage "pytest -m cuda" 150 "$PY" -m pytest tests -m cuda -q -rfEs -p no:cacheprovider \
     --junitxml="$OUT/pytest_cuda.xml"
@@ -223,20 +242,29 @@ recs = mod.run(quick=quick == "1", device=device)
 print_records(recs)
 json.dump([r.as_dict() for r in recs], open(path, "w"), indent=1)
 EOF
+# spec = module:cap:reserve (seconds held back for the modules after it).
 if ((HAVE_GPU && BUILT)) || [[ ${LLMK_CHECK_DEVICE:-cuda} == cpu ]]; then
-  for spec in bench_attention_gpu:170 bench_attention:60 bench_cache_ops:45 bench_sampling:60; do
+  for spec in bench_attention_gpu:170:75 bench_attention:60:45 bench_cache_ops:45:25 bench_sampling:60:0; do
     mod=${spec%%:*}
+    cap=${spec#*:} && cap=${cap%%:*}
+    RESERVE=${spec##*:}
     if [[ ! -f bench/$mod.py ]]; then
       skip "$mod" "no bench/$mod.py in this tree"
     elif [[ $mod == bench_attention_gpu && ${LLMK_CHECK_DEVICE:-cuda} != cuda ]]; then
       skip "$mod" "GPU-only benchmark"
     else
       quick=$(((DEADLINE - $(date +%s)) < 240 ? 1 : 0))  # quick shapes when under 4 minutes are left
-      stage "$mod" "${spec##*:}" "$PY" -c "$DRIVER" "$mod" "$OUT/bench_${mod#bench_}.json" \
+      stage "$mod" "$cap" "$PY" -c "$DRIVER" "$mod" "$OUT/bench_${mod#bench_}.json" \
         "${LLMK_CHECK_DEVICE:-cuda}" "$quick"
     fi
   done
 else
   skip "benchmarks" "no GPU or no build"
 fi
+
+# ---- 5. static SASS figures (no GPU needed: compiles for sm_90a; last, with what time is left;
+# the hd128 prefill and the decode kernels only, the rest with `python bench/sass_stats.py`) ----
+RESERVE=0
+STAGE_OUT=$OUT/sass_stats.log stage "sass_stats" 240 "$PY" bench/sass_stats.py --jobs "$(nproc)" \
+  --only prefill_hd128,decode --json "$OUT/sass_stats.json"
 exit 0

@@ -457,6 +457,24 @@ def _busy_note(res: dict) -> str:
             "noisy; ratios suffer less (llmkern and its peer ran in the same conditions) but are noisy too.")
 
 
+def sass_lines(sass: Optional[dict]) -> list:
+    """The static SASS table of bench/sass_stats.py (res["sass"]), when the run has one."""
+    if not sass or not sass.get("kernels"):
+        return []
+    rows = []
+    for k in sorted(sass["kernels"], key=lambda k: (k["unit"], k["kernel"])):
+        occ = k.get("occupancy") or {}
+        rows.append([f"`{k['kernel']}`", str(k.get("hmma_main_loop") or "-"),
+                     f"{k['per_hmma']:.2f}" if k.get("per_hmma") is not None else "-", str(k.get("regs", "?")),
+                     f"{k.get('spill_stores', 0)}/{k.get('spill_loads', 0)}",
+                     str(k.get("smem_static", 0) + k.get("smem_dynamic", 0)), str(occ.get("ctas_per_sm", "?"))])
+    return (["", f"## CUDA kernels: static SASS figures ({sass.get('arch', '?')})", "",
+             "From `bench/sass_stats.py` (no GPU needed): the main loop is the innermost loop with the most tensor-core "
+             "instructions; *other / HMMA* counts its remaining instructions per HMMA, each once.", ""]
+            + _table(rows, ["kernel", "HMMA in main loop", "other / HMMA", "registers", "spills (B st/ld)",
+                            "shared memory (B)", "CTAs / SM"]))
+
+
 def markdown(res: dict, records: list, plots: list, plot_notes: list) -> str:
     mode = "quick" if res.get("quick") else "full"
     lines = ["# llmkern benchmark report", "",
@@ -483,6 +501,7 @@ def markdown(res: dict, records: list, plots: list, plot_notes: list) -> str:
         lines += [f"### {title}", "", f"![{title}]({fn})", ""]
     for n in plot_notes:
         lines.append(f"- {n}")
+    lines += sass_lines(res.get("sass"))
     mods = res.get("modules") or []
     if mods:
         lines += ["", "## Modules", ""]
@@ -531,7 +550,7 @@ def load(path: str) -> dict:
         res = {"suite": "device check", "command": "bash bench/device_check.sh", "started": data.get("started", "?"),
                "device": "cuda" if gpu else "cpu", "quick": None, "limits": {}, "records": [], "modules": [],
                "machine": {"gpus": gpu, "versions": {k: env[k] for k in ("python", "torch", "torch_cuda") if env.get(k)}},
-               "elapsed_s": data.get("duration_s")}
+               "elapsed_s": data.get("duration_s"), "sass": data.get("sass")}
         for name, recs in data["benchmarks"].items():
             ok = isinstance(recs, list)
             res["records"] += recs if ok else []

@@ -75,6 +75,8 @@ VARLEN_CASES = [
     (4, 4, 72, False, (-1, -1), 0.0, "heads"),
     (6, 2, 128, True, (-1, -1), 5.0, "batch"),
     (2, 1, 8, False, (3, 3), 0.0, None),
+    # a wide window: masked tiles, unmasked ones, then the window's left edge masked again
+    (2, 1, 64, True, (200, -1), 0.0, None),
 ]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+
 from llmkern.engine.block_pool import BlockPool, HostPool
 from llmkern.engine.config import EngineConfig
 from llmkern.engine.kv_cache_manager import KVCacheManager, alloc_caches, build_kv_cache

@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+
 from llmkern import LLM, SamplingParams
 from runtime_helpers import tiny_hf_model
 

@@ -7,6 +7,9 @@ import random
 
 import pytest
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+pytest.importorskip("transformers", reason="the runtime needs transformers (the GPU check machine has only torch)")
 from llmkern import LLM, SamplingParams
 from runtime_helpers import hf_greedy, tiny_hf_model
 

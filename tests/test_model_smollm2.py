@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
 from llmkern.models.loader import default_model_path, read_gguf, save_hf_dir
 
 try:

@@ -14,11 +14,14 @@
 #include "common/macros.h"
 #include "common/simt.h"
 
-// `LLMK_ATTN_UNROLL` for nvcc; nothing for the host compiler of the SIMT build (which would warn).
+// `LLMK_ATTN_UNROLL` / `LLMK_ATTN_NO_UNROLL` for nvcc; nothing for the host compiler of the SIMT
+// build (which would warn).
 #if defined(__CUDACC__)
 #define LLMK_ATTN_UNROLL _Pragma("unroll")
+#define LLMK_ATTN_NO_UNROLL _Pragma("unroll 1")
 #else
 #define LLMK_ATTN_UNROLL
+#define LLMK_ATTN_NO_UNROLL
 #endif
 
 namespace llmk {
@@ -95,6 +98,7 @@ struct KernelArgs {
   int pack = 1;        // query heads folded into the row dimension (1, or group: GQA packing)
   int num_splits = 1;  // > 1: write partials to the split workspace for the combine kernel
   int m_blocks = 1;    // row tiles per (sequence, head pack)
+  int batch0 = 0;      // sequence of blockIdx.{y,z} == 0 (grids cover 65,535 sequences at most)
   FastDiv page;        // division by block_size (paged K/V)
 };
 
@@ -168,19 +172,31 @@ LLMK_DEVICE MaskRule mask_rule(const AttnParams& p, const SeqInfo& s) {
 }
 
 // Scores in the log2 domain of the online softmax (exp(x) = exp2(x * log2e)):
-//   x = attn_softcap(scale * q.k, softcap) * log2e  (+ attn_alibi with a log2e-scaled slope).
+//   x = attn_softcap(scale * q.k, softcap) * log2e  (+ attn_alibi with a log2e-scaled slope),
+// with the softcap's division hoisted: cap * tanh(scale * qk / cap) = post * tanh(pre * qk).
 struct ScoreXform {
-  float scale = 1.f, cap = 0.f;
+  float scale_log2 = kLog2e, cap = 0.f, pre = 0.f, post = 0.f;
   LLMK_DEVICE float apply(float qk) const {
-    return cap > 0.f ? attn_softcap(qk * scale, cap) * kLog2e : qk * (scale * kLog2e);
+    return cap > 0.f ? tanhf(qk * pre) * post : qk * scale_log2;
   }
 };
 
 LLMK_DEVICE ScoreXform score_xform(const AttnParams& p) {
   ScoreXform x;
-  x.scale = p.softmax_scale;
+  x.scale_log2 = p.softmax_scale * kLog2e;
   x.cap = p.softcap;
+  if (p.softcap > 0.f) {
+    x.pre = p.softmax_scale / p.softcap;
+    x.post = p.softcap * kLog2e;
+  }
   return x;
+}
+
+// Without softcap and ALiBi (and with scale > 0) a kernel may keep the raw q.k scores, take their
+// maximum (a positive scale does not change which is largest) and apply scale * log2e in the
+// FMA of the exponent: exp2(qk * scale_log2 - m).
+LLMK_HD bool scores_fold(const AttnParams& p) {
+  return !(p.softcap > 0.f) && p.alibi_slopes == nullptr && p.softmax_scale > 0.f;
 }
 
 // ALiBi slope of query head h times log2e (0 when off): attn_alibi(slope_log2, ...) is then the

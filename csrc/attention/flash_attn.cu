@@ -100,6 +100,8 @@ void flash_attn_check(const AttnParams& p) {
   LLMK_CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, ValueError,
              "k: num_kv_heads (", p.num_kv_heads, ") must divide num_heads (", p.num_heads, ")");
   LLMK_CHECK(!p.block_table || p.block_size >= 1, ValueError, "k_cache: block_size must be >= 1");
+  LLMK_CHECK(p.num_heads <= kMaxGridYZ, NotImplementedError,
+             "q: the CUDA attention kernels support at most 65535 heads (grid y), got ", p.num_heads);
   const size_t es = dtype_size(p.dtype);
   attn::check_rows_aligned("q", p.q, es, {p.q_row_stride, p.q_head_stride});
   attn::check_rows_aligned("out", p.out, es, {p.o_row_stride, p.o_head_stride});

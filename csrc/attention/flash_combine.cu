@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) flash_combine_kernel(const
   __shared__ float s_w[kCombineWarps][kMaxSplits];
   const AttnParams& p = a.p;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int b = blockIdx.y;
+  const int b = a.batch0 + int(blockIdx.y);
   const SeqInfo s = seq_info(p, b);
   const int pair = int(blockIdx.x) * kCombineWarps + warp;
   const int i = pair / p.num_heads, h = pair % p.num_heads;
@@ -50,12 +50,16 @@ __global__ void __launch_bounds__(kCombineWarps * 32) flash_combine_kernel(const
 }
 
 template <typename T>
-void launch_combine(const KernelArgs& a, int64_t stream) {
+void launch_combine(const KernelArgs& args, int64_t stream) {
+  KernelArgs a = args;
   const AttnParams& p = a.p;
   const int64_t pairs = int64_t(p.max_seqlen_q) * p.num_heads;
-  const dim3 grid(unsigned((pairs + kCombineWarps - 1) / kCombineWarps), unsigned(p.batch));
   auto flash_combine = &flash_combine_kernel<T>;
-  LLMK_LAUNCH(flash_combine, grid, kCombineWarps * 32, 0, stream)(a);
+  for_each_grid_chunk(p.batch, [&](int64_t first, unsigned count) {
+    a.batch0 = int(first);
+    const dim3 grid(unsigned((pairs + kCombineWarps - 1) / kCombineWarps), count);
+    LLMK_LAUNCH(flash_combine, grid, kCombineWarps * 32, 0, stream)(a);
+  });
 }
 
 template void launch_combine<float>(const KernelArgs& a, int64_t stream);

@@ -22,6 +22,11 @@ namespace attn {
 
 constexpr int kTableCap = 1024;     // block-table entries staged in shared memory
 
+// Row stride (floats) of the warps' partial outputs in the merge buffer: 8 floats of padding make
+// a row start 32 bytes further along the banks than the previous one, so the float2 stores of a
+// half-warp (4 rows x 4 lanes x 8 bytes) hit 32 different banks.
+constexpr int merge_stride(int d) { return d + 8; }
+
 // Row facts shared by the warps: each row's query index in its sequence and its ALiBi slope.
 struct RowFacts {
   int qi[kDecodeRows];
@@ -135,8 +140,9 @@ LLMK_ATTN_UNROLL
     }
   }
 
-  // Unnormalised O into sO [16][kD] (float) and (max, sum) per row into sML [16][2].
+  // Unnormalised O into sO [16][merge_stride(kD)] (float) and (max, sum) per row into sML [16][2].
   LLMK_DEVICE void dump(float* sO, float* sML, int lane) {
+    constexpr int kOS = merge_stride(kD);
     const int g = lane >> 2, t4 = lane & 3;
 LLMK_ATTN_UNROLL
     for (int hh = 0; hh < 2; ++hh) {
@@ -145,10 +151,8 @@ LLMK_ATTN_UNROLL
       lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
       const int r = g + 8 * hh;
 LLMK_ATTN_UNROLL
-      for (int nt = 0; nt < kDT; ++nt) {
-        sO[r * kD + nt * 8 + t4 * 2] = o[nt][hh * 2];
-        sO[r * kD + nt * 8 + t4 * 2 + 1] = o[nt][hh * 2 + 1];
-      }
+      for (int nt = 0; nt < kDT; ++nt)
+        *reinterpret_cast<float2*>(sO + r * kOS + nt * 8 + t4 * 2) = make_float2(o[nt][hh * 2], o[nt][hh * 2 + 1]);
       if (t4 == 0) {
         sML[r * 2] = m[hh];
         sML[r * 2 + 1] = lsum;
@@ -260,7 +264,7 @@ LLMK_ATTN_UNROLL
 LLMK_ATTN_UNROLL
       for (int c = 0; c < kOC; ++c) {
         const int ch = lane + 32 * c;
-        if (ch < kChunks) *reinterpret_cast<float4*>(sO + r * kD + ch * 4) = o[r][c];
+        if (ch < kChunks) *reinterpret_cast<float4*>(sO + r * merge_stride(kD) + ch * 4) = o[r][c];
       }
       if (lane == 0) {
         sML[r * 2] = m[r];
@@ -269,6 +273,17 @@ LLMK_ATTN_UNROLL
     }
   }
 };
+
+// Four consecutive outputs in one store (8 bytes for fp16/bf16, 16 for fp32).
+template <typename T>
+LLMK_DEVICE void store4(T* dst, float4 v) {
+  const uint2 u = make_uint2(Elem<T>::pack(v.x, v.y), Elem<T>::pack(v.z, v.w));
+  *reinterpret_cast<uint2*>(dst) = u;
+}
+template <>
+LLMK_DEVICE void store4<float>(float* dst, float4 v) {
+  *reinterpret_cast<float4*>(dst) = v;
+}
 
 // ---- the kernel skeleton ---------------------------------------------------------------------
 template <typename Tile, int kStages>
@@ -279,7 +294,7 @@ struct DecodeCfg {
   static constexpr int kWarpStage = 2 * kTileBytes;                   // K + V
   static constexpr int kSmemQ = kDecodeRows * kRowBytes;
   static constexpr int kSmemStages = kDecodeWarps * kStages * kWarpStage;
-  static constexpr int kSmemMerge = kDecodeWarps * kDecodeRows * (Tile::kRowBytes / Tile::kElem) * 4 +
+  static constexpr int kSmemMerge = kDecodeWarps * kDecodeRows * merge_stride(Tile::kRowBytes / Tile::kElem) * 4 +
                                     kDecodeWarps * kDecodeRows * 2 * 4;
   static constexpr int kSmemBig = kSmemStages > kSmemMerge ? kSmemStages : kSmemMerge;
   static constexpr int kSmemP = Tile::kNeedP ? kDecodeWarps * kDecodeRows * Tile::kWarpN * 4 : 0;
@@ -306,7 +321,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x % a.num_splits;
   const int rt = int(blockIdx.x) / a.num_splits;
-  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int kvh = blockIdx.y, b = a.batch0 + int(blockIdx.z);
   const SeqInfo s = seq_info(p, b);
   const int rows_total = s.seqlen_q * a.group;
   const int row0 = rt * kDecodeRows;
@@ -412,12 +427,16 @@ LLMK_ATTN_UNROLL
   __syncthreads();  // every warp is done with its stages: reuse them for the merge
 
   // ---- merge the warps' states ----
+  constexpr int kOS = merge_stride(kD);
   float* sO = reinterpret_cast<float*>(sBig);
-  float* sML = sO + kDecodeWarps * kDecodeRows * kD;
-  tile.dump(sO + warp * kDecodeRows * kD, sML + warp * kDecodeRows * 2, lane);
+  float* sML = sO + kDecodeWarps * kDecodeRows * kOS;
+  tile.dump(sO + warp * kDecodeRows * kOS, sML + warp * kDecodeRows * 2, lane);
   __syncthreads();
 
-  constexpr int kPerRow = Cfg::kThreads / kDecodeRows;  // 8 threads per row
+  // 8 threads per row, each 4 consecutive columns of every 32: a quarter-warp reads 128
+  // contiguous bytes of one row (float4, no bank conflict) and writes 4 outputs at once.
+  constexpr int kPerRow = Cfg::kThreads / kDecodeRows;
+  static_assert(kPerRow == 8 && kD % 32 == 0, "merge layout");
   const int r = tid / kPerRow, part = tid % kPerRow;
   if (r >= rows) return;
   float mw[kDecodeWarps], M = -INFINITY;
@@ -435,25 +454,32 @@ LLMK_ATTN_UNROLL
   const float inv = L > 0.f ? 1.f / L : 0.f;
   const int R = row0 + r, i = R / a.group, h = head0 + R % a.group;
   const float lse = lse_of(M, L, a.num_splits > 1 ? -INFINITY : INFINITY);
-  constexpr int kCols = kD / kPerRow;
-  const int c0 = part * kCols;
+  auto merged = [&](int c) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+LLMK_ATTN_UNROLL
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(sO + (w * kDecodeRows + r) * kOS + c);
+      acc.x += mw[w] * x.x;
+      acc.y += mw[w] * x.y;
+      acc.z += mw[w] * x.z;
+      acc.w += mw[w] * x.w;
+    }
+    return make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  };
   if (a.num_splits > 1) {
     const int64_t split_rows = total_q_rows(p);
     float* dst = split_out_row(p, split_rows, split, s.q_row0 + i, h);
-    for (int c = c0; c < c0 + kCols && c < D; ++c) {
-      float acc = 0.f;
 LLMK_ATTN_UNROLL
-      for (int w = 0; w < kDecodeWarps; ++w) acc += mw[w] * sO[(w * kDecodeRows + r) * kD + c];
-      dst[c] = acc * inv;
-    }
+    for (int c = part * 4; c < kD; c += 32)
+      if (c < D) *reinterpret_cast<float4*>(dst + c) = merged(c);  // D % 8 == 0: 4 columns fit
     if (part == 0) *split_lse_at(p, split_rows, split, s.q_row0 + i, h) = lse;
   } else {
     T* dst = static_cast<T*>(p.out) + (s.q_row0 + i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
-    for (int c = c0; c < c0 + kCols && c < D; ++c) {
-      float acc = 0.f;
 LLMK_ATTN_UNROLL
-      for (int w = 0; w < kDecodeWarps; ++w) acc += mw[w] * sO[(w * kDecodeRows + r) * kD + c];
-      dst[c] = Elem<T>::from_float(acc * inv);
+    for (int c = part * 4; c < kD; c += 32) {
+      if (c >= D) continue;
+      const float4 v = merged(c);
+      store4(dst + c, v);
     }
     if (part == 0 && p.lse) *lse_at(p, b, h, i) = lse;
   }

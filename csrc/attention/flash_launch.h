@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attention/attn_device.cuh"
+#include "common/grid.h"
 
 namespace llmk {
 namespace gpu {

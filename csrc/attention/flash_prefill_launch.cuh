@@ -26,10 +26,17 @@ void launch_prefill(KernelArgs a, int64_t stream) {
   static_assert(Cfg::kBlockM == prefill_block_m(kD), "prefill_block_m out of date");
   const AttnParams& p = a.p;
   a.m_blocks = (p.max_seqlen_q * a.pack + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_heads / a.pack), unsigned(p.batch));
-  auto flash_prefill = &flash_prefill_kernel<T, Cfg>;
+  const bool fold = scores_fold(p);
+  auto flash_prefill = p.block_table ? (fold ? &flash_prefill_kernel<T, Cfg, true, true>
+                                             : &flash_prefill_kernel<T, Cfg, true, false>)
+                                     : (fold ? &flash_prefill_kernel<T, Cfg, false, true>
+                                             : &flash_prefill_kernel<T, Cfg, false, false>);
   allow_dynamic_smem(flash_prefill, Cfg::kSmem);
-  LLMK_LAUNCH(flash_prefill, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+  for_each_grid_chunk(p.batch, [&](int64_t first, unsigned count) {
+    a.batch0 = int(first);
+    const dim3 grid(unsigned(a.m_blocks * a.num_splits), unsigned(p.num_heads / a.pack), count);
+    LLMK_LAUNCH(flash_prefill, grid, Cfg::kThreads, Cfg::kSmem, stream)(a);
+  });
 }
 
 }  // namespace attn

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/device_memory.h"
+#include "common/grid.h"
 #include "common/simt.h"
 #include "kvcache/cache_ops.h"
 
@@ -39,9 +40,9 @@ __global__ void reshape_and_cache_kernel(RowCopy key, RowCopy value, RowCopy kc,
 
 template <typename U>
 __global__ void copy_blocks_kernel(const int64_t* layer_ptrs, const void* mapping, bool mapping64,
-                                   int64_t block_stride, int64_t block_units) {
+                                   int64_t block_stride, int64_t block_units, int64_t pair0) {
   char* base = reinterpret_cast<char*>(layer_ptrs[blockIdx.x]);  // K0, V0, K1, V1, ...
-  const int64_t p = blockIdx.y;
+  const int64_t p = pair0 + blockIdx.y;
   const int64_t src = mapping64 ? static_cast<const int64_t*>(mapping)[2 * p]
                                 : static_cast<const int32_t*>(mapping)[2 * p];
   const int64_t dst = mapping64 ? static_cast<const int64_t*>(mapping)[2 * p + 1]
@@ -104,8 +105,6 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
   bool vec = block_bytes % 16 == 0 && block_stride % 16 == 0;
   for (size_t l = 0; l < key_caches.size() && vec; ++l)
     vec = aligned16(key_caches[l].data) && aligned16(value_caches[l].data);
-  const dim3 grid(static_cast<unsigned>(2 * key_caches.size()),
-                  static_cast<unsigned>(block_mapping.size(0)));
   const bool m64 = block_mapping.dtype == DType::I64;
   // CUDA caches come with a device table of base pointers (checked by the front). Host-memory
   // caches (the SIMT emulator) can use a table on the host.
@@ -118,16 +117,20 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
     }
     table = host_table.data();
   }
-  if (vec) {
-    LLMK_LAUNCH(copy_blocks_kernel<uint4>, grid, 256, 0, stream)(
-        table, block_mapping.data, m64, block_stride, block_bytes / 16);
-  } else if (es == 4) {
-    LLMK_LAUNCH(copy_blocks_kernel<uint32_t>, grid, 256, 0, stream)(
-        table, block_mapping.data, m64, block_stride, block_bytes / 4);
-  } else {
-    LLMK_LAUNCH(copy_blocks_kernel<uint16_t>, grid, 256, 0, stream)(
-        table, block_mapping.data, m64, block_stride, block_bytes / 2);
-  }
+  // Pairs go on grid y (at most 65,535 per launch).
+  for_each_grid_chunk(block_mapping.size(0), [&](int64_t first, unsigned count) {
+    const dim3 grid(static_cast<unsigned>(2 * key_caches.size()), count);
+    if (vec) {
+      LLMK_LAUNCH(copy_blocks_kernel<uint4>, grid, 256, 0, stream)(
+          table, block_mapping.data, m64, block_stride, block_bytes / 16, first);
+    } else if (es == 4) {
+      LLMK_LAUNCH(copy_blocks_kernel<uint32_t>, grid, 256, 0, stream)(
+          table, block_mapping.data, m64, block_stride, block_bytes / 4, first);
+    } else {
+      LLMK_LAUNCH(copy_blocks_kernel<uint16_t>, grid, 256, 0, stream)(
+          table, block_mapping.data, m64, block_stride, block_bytes / 2, first);
+    }
+  });
   check_launch("copy_blocks");
 }
 
