@@ -3,7 +3,7 @@
 
 namespace llmk {
 void bind_attention(pybind11::module_& m) {
-  m.def("flash_attn_varlen_fwd", &flash_attn_varlen_fwd);
-  m.def("flash_attn_kvcache_fwd", &flash_attn_kvcache_fwd);
+  m.def("flash_attn_varlen_fwd", &flash_attn_varlen_fwd, release_gil());
+  m.def("flash_attn_kvcache_fwd", &flash_attn_kvcache_fwd, release_gil());
 }
 }  // namespace llmk

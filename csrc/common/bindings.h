@@ -6,6 +6,11 @@
 #include "common/dlpack_caster.h"
 
 namespace llmk {
+// Every kernel binding releases the GIL once its arguments are converted (pybind11 runs the
+// call guard around the call only), so other Python threads (a server's event loop) keep running
+// while a kernel does. Kernels never touch Python objects.
+using release_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
+
 void bind_kvcache(pybind11::module_& m);
 void bind_attention(pybind11::module_& m);
 void bind_sampling(pybind11::module_& m);

@@ -1,5 +1,6 @@
-// Element access of the CUDA kernels that take float / half / bfloat16 rows (the device twin of
-// elem_cpu.h): load to fp32, store from fp32 (round to nearest even), and the dtype dispatch.
+// Element access of the CUDA kernels that take float / half / bfloat16 rows (the device twin of the
+// element types of common/vec_cpu.h): load to fp32, store from fp32 (round to nearest even), and
+// the dtype dispatch.
 #pragma once
 #include "common/simt.h"
 #include "common/tensor.h"

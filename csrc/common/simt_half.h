@@ -6,62 +6,16 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/half_bits.h"
+
 namespace llmk {
 namespace simt {
 
-inline uint16_t f32_to_f16_bits(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return 0x7fffu;                       // NaN (CUDA's canonical NaN)
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-  if (ax >= 0x38800000u) {                                    // normal half (>= 2^-14)
-    ax += 0xfffu + ((ax >> 13) & 1u);                         // round to nearest even at bit 13
-    return static_cast<uint16_t>(sign | ((ax - 0x38000000u) >> 13));
-  }
-  // Subnormal half (or zero): count units of 2^-24. Adding 2^23 makes the float unit 1, so the
-  // FPU's round-to-nearest-even does the rounding; the result may carry into the smallest normal.
-  float af;
-  std::memcpy(&af, &ax, 4);
-  const float t = af * 16777216.0f + 8388608.0f;
-  uint32_t tb;
-  std::memcpy(&tb, &t, 4);
-  return static_cast<uint16_t>(sign | (tb - 0x4b000000u));
-}
-
-inline float f16_bits_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  uint32_t bits;
-  if (e == 0x1f) {
-    bits = sign | 0x7f800000u | (m << 13);
-  } else if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    std::memcpy(&bits, &v, 4);
-    bits |= sign;
-  } else {
-    bits = sign | ((e + 112u) << 23) | (m << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16_bits(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;  // NaN (CUDA's canonical NaN)
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
-
-inline float bf16_bits_to_f32(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+// The shared bit conversions (half_bits.h), with CUDA's canonical NaN.
+inline uint16_t f32_to_f16_bits(float f) { return f != f ? 0x7fffu : ::llmk::f32_to_f16_bits(f); }
+inline float f16_bits_to_f32(uint16_t h) { return ::llmk::f16_bits_to_f32(h); }
+inline uint16_t f32_to_bf16_bits(float f) { return f != f ? 0x7fffu : ::llmk::f32_to_bf16_bits(f); }
+inline float bf16_bits_to_f32(uint16_t b) { return ::llmk::bf16_bits_to_f32(b); }
 
 }  // namespace simt
 }  // namespace llmk

@@ -16,14 +16,14 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "attention/attn_vec_cpu.h"
+#include "common/vec_cpu.h"
 #include "common/parallel.h"
 
 LLMK_NS_BEGIN
 namespace gemm {
 
-using attn::vf;
-using attn::VL;
+using vec::vf;
+using vec::VL;
 
 constexpr int PW = 16;         // panel width (output features), fixed so packing is ISA-independent
 constexpr int VPP = PW / VL;   // vectors per panel
@@ -72,9 +72,9 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) {
-      acc[0][i][v] = init ? (bias ? attn::loadu(bias + v * VL) : attn::splat(0.f)) : attn::loadu(c + i * ldc + v * VL);
+      acc[0][i][v] = init ? (bias ? vec::loadu(bias + v * VL) : vec::splat(0.f)) : vec::loadu(c + i * ldc + v * VL);
 #pragma GCC unroll 4
-      for (int s = 1; s < S; ++s) acc[s][i][v] = attn::splat(0.f);
+      for (int s = 1; s < S; ++s) acc[s][i][v] = vec::splat(0.f);
     }
   const float* wv[V];
 #pragma GCC unroll 8
@@ -85,10 +85,10 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __
       for (int j = 0; j < P; ++j) __builtin_prefetch(pf + j * pstride + k * PW, 0, 2);
     vf b[V];
 #pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) b[v] = attn::loadu(wv[v] + k * PW);
+    for (int v = 0; v < V; ++v) b[v] = vec::loadu(wv[v] + k * PW);
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
-      const vf a = attn::splat(xb[k * xs + i]);
+      const vf a = vec::splat(xb[k * xs + i]);
 #pragma GCC unroll 8
       for (int v = 0; v < V; ++v) acc[s][i][v] = fmadd(a, b[v], acc[s][i][v]);
     }
@@ -104,7 +104,7 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __
     for (int v = 0; v < V; ++v) {
 #pragma GCC unroll 4
       for (int s = 1; s < S; ++s) acc[0][i][v] += acc[s][i][v];
-      attn::storeu(c + i * ldc + v * VL, acc[0][i][v]);
+      vec::storeu(c + i * ldc + v * VL, acc[0][i][v]);
     }
 }
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "common/checks.h"
-#include "common/elem_cpu.h"
+#include "common/vec_cpu.h"
 #include "common/parallel.h"
 #include "linear/gemm_cpu.h"
 #include "linear/linear.h"
@@ -19,18 +19,18 @@ constexpr int kMaxM = 16;
 // One weight row at a time, read front to back: a single sequential stream per thread is what
 // the hardware prefetchers follow best (interleaving four rows ran ~30% below the read bandwidth).
 // The row stays in L1 while it is dotted with every row of x, four rows of x at a time.
-template <typename T>
+template <DType DT, typename T = vec::elem_t<DT>>
 void gemv_rows(const T* x, int64_t ldx, int64_t M, const T* w, int64_t ldw, int64_t K,
                const T* bias, T* out, int64_t N, int64_t n0, int64_t n1) {
   float xf[kMaxM][512];
   const bool stage = K <= 512;  // x converted to fp32 once per task when it fits on the stack
   if (stage)
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) xf[m][k] = load<T>(x[m * ldx + k]);
+      for (int64_t k = 0; k < K; ++k) xf[m][k] = vec::to_f32<DT>(x[m * ldx + k]);
   auto xrow = [&](int64_t m) { return x + m * ldx; };  // unstaged rows
   for (int64_t n = n0; n < n1; ++n) {
     const T* wr = w + n * ldw;
-    const float b = bias ? load<T>(bias[n]) : 0.f;
+    const float b = bias ? vec::to_f32<DT>(bias[n]) : 0.f;
     int64_t m = 0;
     // four rows of x per pass over the weight row: four independent FMA chains
     for (; m + 4 <= M; m += 4) {
@@ -39,7 +39,7 @@ void gemv_rows(const T* x, int64_t ldx, int64_t M, const T* w, int64_t ldw, int6
         const float *x0 = xf[m], *x1 = xf[m + 1], *x2 = xf[m + 2], *x3 = xf[m + 3];
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
         for (int64_t k = 0; k < K; ++k) {
-          const float wv = load<T>(wr[k]);
+          const float wv = vec::to_f32<DT>(wr[k]);
           s0 += x0[k] * wv;
           s1 += x1[k] * wv;
           s2 += x2[k] * wv;
@@ -49,35 +49,35 @@ void gemv_rows(const T* x, int64_t ldx, int64_t M, const T* w, int64_t ldw, int6
         const T *x0 = xrow(m), *x1 = xrow(m + 1), *x2 = xrow(m + 2), *x3 = xrow(m + 3);
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
         for (int64_t k = 0; k < K; ++k) {
-          const float wv = load<T>(wr[k]);
-          s0 += load<T>(x0[k]) * wv;
-          s1 += load<T>(x1[k]) * wv;
-          s2 += load<T>(x2[k]) * wv;
-          s3 += load<T>(x3[k]) * wv;
+          const float wv = vec::to_f32<DT>(wr[k]);
+          s0 += vec::to_f32<DT>(x0[k]) * wv;
+          s1 += vec::to_f32<DT>(x1[k]) * wv;
+          s2 += vec::to_f32<DT>(x2[k]) * wv;
+          s3 += vec::to_f32<DT>(x3[k]) * wv;
         }
       }
-      out[m * N + n] = store<T>(s0 + b);
-      out[(m + 1) * N + n] = store<T>(s1 + b);
-      out[(m + 2) * N + n] = store<T>(s2 + b);
-      out[(m + 3) * N + n] = store<T>(s3 + b);
+      out[m * N + n] = vec::from_f32<DT>(s0 + b);
+      out[(m + 1) * N + n] = vec::from_f32<DT>(s1 + b);
+      out[(m + 2) * N + n] = vec::from_f32<DT>(s2 + b);
+      out[(m + 3) * N + n] = vec::from_f32<DT>(s3 + b);
     }
     for (; m < M; ++m) {
       float s = 0.f;
       if (stage) {
         const float* xm = xf[m];
 #pragma omp simd reduction(+ : s)
-        for (int64_t k = 0; k < K; ++k) s += xm[k] * load<T>(wr[k]);
+        for (int64_t k = 0; k < K; ++k) s += xm[k] * vec::to_f32<DT>(wr[k]);
       } else {
         const T* xm = xrow(m);
 #pragma omp simd reduction(+ : s)
-        for (int64_t k = 0; k < K; ++k) s += load<T>(xm[k]) * load<T>(wr[k]);
+        for (int64_t k = 0; k < K; ++k) s += vec::to_f32<DT>(xm[k]) * vec::to_f32<DT>(wr[k]);
       }
-      out[m * N + n] = store<T>(s + b);
+      out[m * N + n] = vec::from_f32<DT>(s + b);
     }
   }
 }
 
-template <typename T>
+template <DType DT, typename T = vec::elem_t<DT>>
 void run(const TensorView& x, const TensorView& weight, const TensorView* bias, const TensorView& out) {
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
   const T* xp = x.ptr<const T>();
@@ -86,7 +86,7 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
   T* op = out.ptr<T>();
   // >= 64 weight rows per task keeps the pool's wake-up cost small.
   parallel_for(N, 64, [&](int64_t r0, int64_t r1) {
-    gemv_rows<T>(xp, x.stride(0), M, wp, weight.stride(0), K, bp, op, N, r0, r1);
+    gemv_rows<DT>(xp, x.stride(0), M, wp, weight.stride(0), K, bp, op, N, r0, r1);
   });
 }
 
@@ -94,7 +94,7 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
 
 void linear_small_m(const TensorView& x, const TensorView& weight, const TensorView* bias,
                     const TensorView& out, int64_t /*stream*/) {
-  dispatch_elem(x.dtype, [&](auto* tag) { run<std::remove_pointer_t<decltype(tag)>>(x, weight, bias, out); });
+  vec::dispatch_elem(x.dtype, [&](auto tag) { run<decltype(tag)::value>(x, weight, bias, out); });
 }
 
 void linear_packed(const TensorView& x, const TensorView& weight_packed, int64_t out_features,

@@ -1,7 +1,7 @@
 // CPU rotary embedding: threads split the tokens; each token's cos/sin row is read once for all
 // of its query and key heads.
 #include "common/checks.h"
-#include "common/elem_cpu.h"
+#include "common/vec_cpu.h"
 #include "common/parallel.h"
 #include "rotary/rotary.h"
 #include "rotary/rotary_math.h"
@@ -10,7 +10,7 @@ LLMK_NS_BEGIN
 
 namespace {
 
-template <typename T, bool Neox>
+template <DType DT, bool Neox, typename T = vec::elem_t<DT>>
 void rotate_heads(T* row, int heads, int head_size, const T* cos, const T* sin, int half) {
   for (int h = 0; h < heads; ++h) {
     T* x = row + int64_t(h) * head_size;
@@ -18,15 +18,15 @@ void rotate_heads(T* row, int heads, int head_size, const T* cos, const T* sin, 
     for (int i = 0; i < half; ++i) {
       int a, b;
       rope_pair(i, 2 * half, Neox, a, b);
-      float u = load<T>(x[a]), v = load<T>(x[b]);
-      rope_rotate(u, v, load<T>(cos[i]), load<T>(sin[i]));
-      x[a] = store<T>(u);
-      x[b] = store<T>(v);
+      float u = vec::to_f32<DT>(x[a]), v = vec::to_f32<DT>(x[b]);
+      rope_rotate(u, v, vec::to_f32<DT>(cos[i]), vec::to_f32<DT>(sin[i]));
+      x[a] = vec::from_f32<DT>(u);
+      x[b] = vec::from_f32<DT>(v);
     }
   }
 }
 
-template <typename T, bool Neox>
+template <DType DT, bool Neox, typename T = vec::elem_t<DT>>
 void run(const TensorView& positions, const TensorView& query, const TensorView* key, int head_size,
          const TensorView& cache) {
   const int64_t T_ = positions.numel();
@@ -39,8 +39,8 @@ void run(const TensorView& positions, const TensorView& query, const TensorView*
   parallel_for(T_, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const T* c = cs + ::llmk::index_at(positions, t) * cache.stride(0);
-      rotate_heads<T, Neox>(q + t * query.stride(0), qh, head_size, c, c + half, half);
-      if (k) rotate_heads<T, Neox>(k + t * key->stride(0), kh, head_size, c, c + half, half);
+      rotate_heads<DT, Neox>(q + t * query.stride(0), qh, head_size, c, c + half, half);
+      if (k) rotate_heads<DT, Neox>(k + t * key->stride(0), kh, head_size, c, c + half, half);
     }
   });
 }
@@ -49,10 +49,10 @@ void run(const TensorView& positions, const TensorView& query, const TensorView*
 
 void rotary_embedding(const TensorView& positions, const TensorView& query, const TensorView* key, int head_size,
                       const TensorView& cos_sin_cache, bool is_neox, int64_t /*stream*/) {
-  dispatch_elem(query.dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    if (is_neox) run<T, true>(positions, query, key, head_size, cos_sin_cache);
-    else run<T, false>(positions, query, key, head_size, cos_sin_cache);
+  vec::dispatch_elem(query.dtype, [&](auto tag) {
+    constexpr DType DT = decltype(tag)::value;
+    if (is_neox) run<DT, true>(positions, query, key, head_size, cos_sin_cache);
+    else run<DT, false>(positions, query, key, head_size, cos_sin_cache);
   });
 }
 

@@ -3,9 +3,10 @@
 
 namespace llmk {
 void bind_sampling(pybind11::module_& m) {
-  m.def("sample", &sample);
-  m.def("renorm", &renorm);
-  m.def("chain_speculative_sampling", &chain_speculative_sampling);
-  m.def("apply_penalties", &apply_penalties);
+  m.def("sample", &sample, release_gil());
+  m.def("renorm", &renorm, release_gil());
+  m.def("softmax", &softmax, release_gil());
+  m.def("chain_speculative_sampling", &chain_speculative_sampling, release_gil());
+  m.def("apply_penalties", &apply_penalties, release_gil());
 }
 }  // namespace llmk

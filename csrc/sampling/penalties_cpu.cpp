@@ -21,7 +21,7 @@ struct Scratch {
   }
 };
 
-template <typename T>
+template <DType DT, typename T = elem_t<DT>>
 void penalise_row(const PenaltyArgs& a, int64_t b, Scratch& s) {
   const int64_t V = a.logits.size(1);
   T* x = reinterpret_cast<T*>(a.logits.bytes() + b * a.logits.stride(0) * static_cast<int64_t>(a.logits.elem_size()));
@@ -45,13 +45,13 @@ void penalise_row(const PenaltyArgs& a, int64_t b, Scratch& s) {
       const int64_t c = a.output_counts ? index_of(*a.output_counts, b * V + j) : s.cnt[j];
       const bool in_prompt = pm ? pm[j] : (s.seen[j] & 1);
       if (c == 0 && !in_prompt) continue;
-      from_f(apply_penalty(to_f(x[j]), true, c, rep, freq, pres), &x[j]);
+      x[j] = vec::from_f32<DT>(apply_penalty(vec::to_f32<DT>(x[j]), true, c, rep, freq, pres));
     }
   } else {
     auto touch = [&](int64_t id) {
       if (s.seen[id] & 2) return;
       s.seen[id] |= 2;
-      from_f(apply_penalty(to_f(x[id]), true, s.cnt[id], rep, freq, pres), &x[id]);
+      x[id] = vec::from_f32<DT>(apply_penalty(vec::to_f32<DT>(x[id]), true, s.cnt[id], rep, freq, pres));
     };
     ids_of(a.output_ids, touch);
     ids_of(a.prompt_ids, touch);
@@ -69,11 +69,7 @@ void apply_penalties(const PenaltyArgs& a) {
     static thread_local Scratch s;
     s.ensure(V);
     for (int64_t b = lo; b < hi; ++b) {
-      switch (a.logits.dtype) {
-        case DType::F32: penalise_row<float>(a, b, s); break;
-        case DType::F16: penalise_row<F16>(a, b, s); break;
-        default: penalise_row<BF16>(a, b, s); break;
-      }
+      dispatch_elem(a.logits.dtype, [&](auto tag) { penalise_row<decltype(tag)::value>(a, b, s); });
     }
   });
 }

@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "common/exp_cpu.h"
+#include "common/vec_cpu.h"
 #include "common/parallel.h"
 #include "common/tensor.h"
 #include "sampling/sampling.h"
+#include "sampling/row_algo.h"
 #include "sampling/sampling_math.h"
 
 LLMK_NS_BEGIN
@@ -36,54 +38,10 @@ struct Team {
   }
 };
 
-// ---- element conversion ------------------------------------------------------------------------
+// ---- element access: common/vec_cpu.h's convention (Elem<DT>, to_f32<DT>, dispatch_elem) -------
 
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (man << 13));  // inf / NaN
-  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
-  // zero / subnormal: man * 2^-24
-  const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
-  return sign ? -v : v;
-}
-inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-inline uint16_t float_to_half(float f) {
-  const uint32_t u = float_bits(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (a < 0x38800000u) {                                              // subnormal / zero
-    const float v = bits_float(a) * 16777216.0f;                      // scale by 2^24
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v)));
-  }
-  uint32_t r = a - 0x38000000u;  // rebias exponent
-  r += 0xfffu + ((r >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (r >> 13));
-}
-
-struct F16 { uint16_t v; };
-struct BF16 { uint16_t v; };
-inline float to_f(float x) { return x; }
-inline float to_f(F16 x) { return half_to_float(x.v); }
-inline float to_f(BF16 x) { return bf16_to_float(x.v); }
-inline void from_f(float v, float* d) { *d = v; }
-inline void from_f(float v, F16* d) { d->v = float_to_half(v); }
-inline void from_f(float v, BF16* d) { d->v = float_to_bf16(v); }
-
-template <typename F>
-inline void dispatch_float(DType dt, F&& f) {
-  if (dt == DType::F32) f(static_cast<float*>(nullptr));
-  else if (dt == DType::F16) f(static_cast<F16*>(nullptr));
-  else f(static_cast<BF16*>(nullptr));
-}
+using vec::dispatch_elem;
+using vec::elem_t;
 
 // ---- the working set of a row ---------------------------------------------------------------------
 
@@ -129,13 +87,6 @@ inline Shared& thread_shared(int64_t V) {
   return s;
 }
 
-// Statistics of one pivot over a span.
-struct PivotStats {
-  double mass = 0.0;   // sum of w > v
-  int64_t cnt = 0;     // #{w > v}
-  float min_gt = kInf; // min{w > v}
-};
-
 // ---- block loops (the vectorised inner work) -----------------------------------------------------
 
 // These helpers pass 64-byte vectors by value; they are inline and private to one SIMD build, so
@@ -153,13 +104,13 @@ inline vf vload(const float* p) {
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
-template <typename T>
-inline vf vload_conv(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
+template <DType DT>
+inline vf vload_conv(const elem_t<DT>* p) {
+  if constexpr (DT == DType::F32) {
     return vload(p);
   } else {
     float tmp[kL];
-    for (int l = 0; l < kL; ++l) tmp[l] = to_f(p[l]);
+    for (int l = 0; l < kL; ++l) tmp[l] = vec::to_f32<DT>(p[l]);
     return vload(tmp);
   }
 }
@@ -230,28 +181,29 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
   }
 }
 
-// Load-pass partials of block b: mass, count and minimum of the positive weights of w[lo, hi),
-// stored as pivot 0 of the shared per-block buffers.
-inline void store_positive_stats(Shared& s, const float* w, int64_t lo, int64_t hi, int64_t b) {
-  const float zero = 0.0f;
+// Load-pass partials of block b: mass, count and minimum of the weights of w[lo, hi) above dom_lo
+// (positive weights: dom_lo = 0), stored as pivot 0 of the shared per-block buffers.
+inline void store_stats_above(Shared& s, const float* w, int64_t lo, int64_t hi, int64_t b, float dom_lo) {
   float mass, mn;
   int32_t cnt;
-  block_stats<1>(w, lo, hi, &zero, &mass, &cnt, &mn);
+  block_stats<1>(w, lo, hi, &dom_lo, &mass, &cnt, &mn);
   s.bmass[b] = mass;
   s.bcnt[b] = cnt;
   s.bmin[b] = mn;
 }
-
+inline void store_positive_stats(Shared& s, const float* w, int64_t lo, int64_t hi, int64_t b) {
+  store_stats_above(s, w, lo, hi, b, 0.0f);
+}
 // Maximum (NaN ignored) and the first index reaching it, over x[lo, hi) converted to fp32.
-template <typename T>
-inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {
+template <DType DT>
+inline void block_max_arg(const elem_t<DT>* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {
   vf lm = vsplat(-kInf);
   vi li = vi{} - 1;
   vi iota;
   for (int l = 0; l < kL; ++l) iota[l] = l;
   int64_t j = lo;
   for (; j + kL <= hi; j += kL) {
-    const vf v = vload_conv(x + j);
+    const vf v = vload_conv<DT>(x + j);
     const vi gt = v > lm;  // strict: the first index of a lane's maximum is kept
     lm = vsel(gt, v, lm);
     li = vseli(gt, iota + static_cast<int32_t>(j), li);
@@ -264,7 +216,7 @@ inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t
       a = li[l];
     }
   for (; j < hi; ++j) {
-    const float v = to_f(x[j]);
+    const float v = vec::to_f32<DT>(x[j]);
     if (v > best || (a < 0 && v == best)) {
       best = v;
       a = j;
@@ -275,18 +227,18 @@ inline void block_max_arg(const T* x, int64_t lo, int64_t hi, float& mx, int32_t
 }
 
 // w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi).
-template <typename T>
-inline void block_exp(const T* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
+template <DType DT>
+inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
   for (int64_t j = lo; j < hi; ++j) {
-    const float v = to_f(x[j]);
+    const float v = vec::to_f32<DT>(x[j]);
     const float e = exp_nonpos((v - m) * inv_t);
     w[j] = v == v ? e : 0.0f;
   }
 }
 
-template <typename T>
-inline void block_convert(const T* x, int64_t lo, int64_t hi, float* w) {
-  for (int64_t j = lo; j < hi; ++j) w[j] = to_f(x[j]);
+template <DType DT>
+inline void block_convert(const elem_t<DT>* x, int64_t lo, int64_t hi, float* w) {
+  for (int64_t j = lo; j < hi; ++j) w[j] = vec::to_f32<DT>(x[j]);
 }
 
 // Sum of w > low over a 16-element chunk.
@@ -352,7 +304,7 @@ class Row {
   // Block partials locate the block; 16-element chunks then elements locate the position.
   // Floating-point running sums computed in different orders disagree by rounding, so a scan may
   // run past the end without crossing: it then returns the last element above low that it saw.
-  int64_t select(float low, double target) const {
+  int64_t select_pos(float low, double target) const {
     const int64_t nb = span.nblocks();
     double acc = 0.0;
     int64_t b = -1, last_b = -1;
@@ -404,6 +356,77 @@ class Row {
     return last;
   }
 
+  // ---- the row interface of row_algo.h ----
+
+  void set_low(int p) { keep_low(p); }
+  Pick select(float low, double target) const {
+    const int64_t pos = select_pos(low, target);
+    return pos < 0 ? Pick{-1, 0.0f} : Pick{span.token(pos), span.w[pos]};
+  }
+  // The working set shrinks to {w > low} once that is at most an eighth of it.
+  void narrowed(float low, int64_t cnt_low, double& mass_low) {
+    if (!(span.n > kBlock && cnt_low * 8 <= span.n)) return;
+    compact(low);
+    mass_low = refresh_low(low).mass;
+  }
+  // A candidate from {w > lo} of the working set (with bracket compaction: from (lo, hi]).
+  float bracket_draw(const Search& S, float u) const {
+    const int64_t pos = select_pos(S.lo, static_cast<double>(u) * (S.mass_lo - S.off_mass));
+    return pos >= 0 ? span.w[pos] : NAN;
+  }
+  // compact: the working set may shrink to the bracket (lo, hi] (what lies above hi is then
+  // carried as an offset); otherwise to {w > lo}.
+  void search_narrowed(Search& S, bool compact_bracket) {
+    if (!(span.n > kBlock)) return;
+    if (compact_bracket && (S.cnt_lo - S.cnt_hi) * 8 <= span.n) {
+      compact(S.lo, S.hi);
+      S.off_mass = S.mass_hi;
+      S.off_cnt = S.cnt_hi;
+    } else if (!compact_bracket && (S.cnt_lo - S.off_cnt) * 8 <= span.n) {
+      compact(S.lo);
+    } else {
+      return;
+    }
+    refresh_low(S.lo);  // partials of lo over the new span, for select()
+  }
+  // Exact fallback of a search that reached kPassCap (not reachable while the bracket halves every
+  // pass; it exists so that a capped search still ends with the exact set): sorts the weights
+  // inside (lo, hi) and walks them upwards with exact counts and masses.
+  template <class Acc>
+  void search_fallback(Search& S, const Acc& accepts) {
+    std::vector<float> v;
+    for (int64_t j = 0; j < span.n; ++j)
+      if (span.w[j] > S.lo && span.w[j] < S.hi) v.push_back(span.w[j]);
+    std::sort(v.begin(), v.end());
+    double mass = S.mass_lo;
+    int64_t cnt = S.cnt_lo;
+    for (size_t i = 0; i < v.size();) {
+      size_t e = i;
+      for (; e < v.size() && v[e] == v[i]; ++e) {
+        mass -= v[e];
+        --cnt;
+      }
+      PivotStats st;
+      st.mass = mass;
+      st.cnt = cnt;
+      st.min_gt = e < v.size() ? v[e] : S.hi;
+      if (accepts(st)) break;  // v[i] is kept: the kept set is {w > lo}
+      S.lo = v[i];
+      i = e;
+    }
+    const PivotStats s1 = refresh_low(S.lo);
+    S.mass_lo = s1.mass + S.off_mass;
+    S.cnt_lo = s1.cnt + S.off_cnt;
+    S.next_lo = s1.min_gt;
+  }
+  // The top-k set by an exact pivot search (its statistics come with it).
+  Threshold topk_set(int64_t k, const Search& dom, const RowRng* rng, uint32_t draw_base, bool compact_bracket,
+                     bool) {
+    Search S = dom;
+    exact_search(*this, S, TopKAcc{k}, rng, draw_base, compact_bracket);
+    return {S.lo, S.mass_lo, S.cnt_lo};
+  }
+
   // Replaces the span by its elements above `low` (and, when upto is finite, at most `upto`),
   // using the per-block counts of `low` kept by keep_low() when upto is infinite.
   void compact(float low, float upto = kInf) {
@@ -452,6 +475,13 @@ class Row {
   std::vector<int64_t> off_;
 
  public:
+  // Statistics of `low` over the span, kept as the selection partials.
+  PivotStats refresh_low(float low) {
+    PivotStats s1;
+    stats<1>(&low, &s1);
+    keep_low(0);
+    return s1;
+  }
   // Set the partials of `low` directly (load pass results).
   std::vector<double>& low_mass_blocks() { return low_mass_; }
   std::vector<int32_t>& low_cnt_blocks() { return low_cnt_; }

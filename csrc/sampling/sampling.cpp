@@ -94,4 +94,21 @@ void renorm(TensorView x, TensorView out, const std::string& kind, std::optional
   LLMK_RUN(x, renorm_rows, a);
 }
 
+void softmax(TensorView x, TensorView out, std::optional<TensorView> temperature_arr, double temperature_val,
+             int64_t stream) {
+  check_rows(x, "logits");
+  check_shape(out, "out", {x.size(0), x.size(1)}, "[batch_size, vocab_size]");
+  check_dtype(out, "out", DType::F32);
+  check_same_device(x, "logits", out, "out");
+  check_last_dim_contiguous(out, "out");
+  SoftmaxArgs a;
+  a.x = x;
+  a.out = out;
+  a.temperature = row_param(temperature_arr, temperature_val, "temperature", ParamKind::Temperature, x.size(0),
+                            x.size(1), x);
+  a.stream = stream;
+  if (x.size(0) == 0 || x.size(1) == 0) return;
+  LLMK_RUN(x, softmax_rows, a);
+}
+
 }  // namespace llmk

@@ -1,6 +1,6 @@
 // CUDA kernels of the sampling ops: sorting-free rejection sampling with pivots (sample_rows) and
 // exact pivot searches for renormalisation / masking (renorm_rows). One CTA per output row; the
-// passes over a row are in sampling_row.cuh, the rules in sampling_math.h.
+// per-row algorithms are row_algo.h's (shared with the CPU kernels), the passes sampling_row.cuh's.
 #include "common/device_memory.h"
 #include "sampling/sampling.h"
 #include "sampling/sampling_row.cuh"
@@ -27,8 +27,6 @@ struct SampleK {
   bool* valid;
 };
 
-LLMK_DEVICE bool degenerate_mass(double m) { return !(m > 0.0) || m == static_cast<double>(INFINITY); }
-
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads) sample_rows_kernel(SampleK a) {
   __shared__ RowSmem sm;
@@ -40,35 +38,50 @@ __global__ void __launch_bounds__(kMaxThreads) sample_rows_kernel(SampleK a) {
   const RowRng rng = RowRng::make(a.seed.u64(i), a.offset.u64(i), static_cast<uint32_t>(i));
   RowResult res;
   if (a.is_logits) {
-    // pass 1: maximum of the logits; pass 2 on: weights exp((x - max) / T) recomputed per pass
-    const ProbsSrc<T> raw(x, a.V);
-    const RowMax mx = row_load(raw, INFINITY, nullptr, sm);
-    const float temp = static_cast<float>(a.temperature.f(i));
-    if (!(mx.max_w > -INFINITY) || mx.max_w == INFINITY) {
-      res = {mx.argmax, false};  // nothing finite to sample from, or a +inf logit
-    } else if (!(temp > 0.0f)) {
-      res = {mx.argmax, true};  // temperature 0: greedy
-    } else {
-      // 1 / T in double rounds to the correctly rounded fp32 quotient (as on the CPU)
-      const LogitsSrc<T> w(x, a.V, mx.max_w, static_cast<float>(1.0 / static_cast<double>(temp)));
-      Stats st[1];
-      const float zero = 0.0f;
-      row_stats<1, true>(w, &zero, st, sm);
-      const Loaded L{st[0].mass, st[0].cnt, st[0].min_gt, 1.0f, mx.argmax, degenerate_mass(st[0].mass), false};
-      res = sample_loaded(w, L, f, rng, sm);
-    }
+    Loaded L;
+    const LogitsSrc<T> w = load_logits(x, a.V, static_cast<float>(a.temperature.f(i)), L, sm);
+    DeviceRow<LogitsSrc<T>> r{w, sm};
+    res = sample_loaded(r, L, f, rng);
   } else {
     const ProbsSrc<T> w(x, a.V);
-    Stats st[1];
+    PivotStats st[1];
     const RowMax mx = row_load(w, 0.0f, st, sm);
     const Loaded L{st[0].mass, st[0].cnt, st[0].min_gt, mx.max_w, mx.argmax, degenerate_mass(st[0].mass), false};
-    res = sample_loaded(w, L, f, rng, sm);
+    DeviceRow<ProbsSrc<T>> r{w, sm};
+    res = sample_loaded(r, L, f, rng);
   }
   if (threadIdx.x == 0) {
     if (a.out64) static_cast<int64_t*>(a.out)[i] = res.token;
     else static_cast<int32_t*>(a.out)[i] = static_cast<int32_t>(res.token);
     a.valid[i] = res.valid;
   }
+}
+
+struct SoftmaxK {
+  const void* x;
+  int64_t x_stride;
+  float* out;
+  int64_t out_stride;
+  int64_t V;
+  DParam temperature;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(SoftmaxK a) {
+  __shared__ RowSmem sm;
+  const int64_t i = blockIdx.x;
+  float* out = a.out + i * a.out_stride;
+  Loaded L;
+  const LogitsSrc<T> w = load_logits(static_cast<const T*>(a.x) + i * a.x_stride, a.V,
+                                     static_cast<float>(a.temperature.f(i)), L, sm);
+  constexpr int N = LogitsSrc<T>::N;
+  for_each_vec(w, [&](int64_t v, const float (&e)[N]) {
+#pragma unroll
+    for (int q = 0; q < N; ++q) {
+      const int64_t j = v * N + q;
+      if (j < a.V) out[j] = L.degenerate ? 0.0f : L.done ? (j == L.argmax ? 1.0f : 0.0f) : e[q];
+    }
+  });
 }
 
 struct RenormK {
@@ -89,36 +102,21 @@ __global__ void __launch_bounds__(kMaxThreads) renorm_rows_kernel(RenormK a) {
   T* out = static_cast<T*>(a.out) + i * a.out_stride;
   const ProbsSrc<T> src(x, a.V);
   const bool mask = a.kind == static_cast<int>(RenormKind::MaskLogitsTopK);
+  DeviceRow<ProbsSrc<T>> r{src, sm};
+  PivotStats st[1];
+  const RowMax mx = row_load(src, mask ? -INFINITY : 0.0f, st, sm);
+  const int64_t k = a.param.i64(i);
   float lo;
   double inv = 0.0;
-  Stats st[1];
-  const int64_t k = a.param.i64(i);
   if (mask) {
     // exact top-k threshold on the logits themselves (signed; -inf and NaN never counted)
-    row_load(src, -INFINITY, st, sm);
-    lo = (k > 0 && k < st[0].cnt) ? float_below(radix_kth_largest(src, -INFINITY, k, sm)) : -INFINITY;
+    lo = mask_threshold(r, k, st[0].cnt, st[0].min_gt, mx.max_w);
   } else {
-    const RowMax mx = row_load(src, 0.0f, st, sm);
-    const bool degenerate = degenerate_mass(st[0].mass);
-    double kept = st[0].mass;
-    lo = 0.0f;
-    if (!degenerate && a.kind == static_cast<int>(RenormKind::TopK)) {
-      if (k > 0 && k < st[0].cnt) {
-        lo = float_below(radix_kth_largest(src, 0.0f, k, sm));
-        Stats sk[1];
-        row_stats<1, false>(src, &lo, sk, sm);
-        kept = sk[0].mass;
-      }
-    } else if (!degenerate) {
-      TopPAcc acc{static_cast<float>(a.param.f(i)), st[0].mass};
-      if (acc.p < 1.0f) {
-        Search S{0.0f, st[0].min_gt, mx.max_w, st[0].mass, 0.0, st[0].cnt, 0};
-        exact_search(src, S, acc, RowRng::make(0x9e3779b97f4a7c15ull, 0, static_cast<uint32_t>(i)), sm);
-        lo = S.lo;
-        kept = S.mass_lo;
-      }
-    }
-    inv = (degenerate || !(kept > 0.0)) ? 0.0 : 1.0 / kept;
+    const Loaded L{st[0].mass, st[0].cnt, st[0].min_gt, mx.max_w, mx.argmax, degenerate_mass(st[0].mass), false};
+    const RenormPlan plan = renorm_plan(r, L, static_cast<RenormKind>(a.kind), k, static_cast<float>(a.param.f(i)),
+                                        static_cast<uint32_t>(i));
+    lo = plan.lo;
+    inv = plan.inv;
   }
   // write pass: 16-byte loads (kUnroll in flight) and stores when both rows allow them
   constexpr int N = RowLoader<T>::N;
@@ -182,6 +180,19 @@ void sample_rows(const SampleArgs& a) {
     default: LLMK_LAUNCH(sample_rows_kernel<__nv_bfloat16>, grid, threads, 0, a.stream)(k); break;
   }
   check_launch("sample_rows");
+}
+
+void softmax_rows(const SoftmaxArgs& a) {
+  const int64_t V = a.x.size(1);
+  SoftmaxK k{a.x.data, a.x.stride(0), a.out.ptr<float>(), a.out.stride(0), V, dparam(a.temperature)};
+  const unsigned grid = static_cast<unsigned>(a.x.size(0));
+  const int threads = row_threads(V, static_cast<int>(a.x.elem_size()));
+  switch (a.x.dtype) {
+    case DType::F32: LLMK_LAUNCH(softmax_rows_kernel<float>, grid, threads, 0, a.stream)(k); break;
+    case DType::F16: LLMK_LAUNCH(softmax_rows_kernel<__half>, grid, threads, 0, a.stream)(k); break;
+    default: LLMK_LAUNCH(softmax_rows_kernel<__nv_bfloat16>, grid, threads, 0, a.stream)(k); break;
+  }
+  check_launch("softmax");
 }
 
 void renorm_rows(const RenormArgs& a) {

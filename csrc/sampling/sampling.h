@@ -44,6 +44,15 @@ struct RenormArgs {
   int64_t stream = 0;
 };
 
+// softmax(x / temperature) per row into fp32 (temperature 0: one-hot at the argmax; a row with no
+// finite maximum, or a +inf logit: zeros). The weights sampling from logits uses, exactly.
+struct SoftmaxArgs {
+  TensorView x;    // [batch, vocab] fp32/fp16/bf16 logits
+  TensorView out;  // [batch, vocab] fp32
+  RowParam temperature;
+  int64_t stream = 0;
+};
+
 struct SpecArgs {
   const TensorView* draft_probs = nullptr;  // [b, n, V] fp32, or null: one-hot drafts
   TensorView draft_ids;                     // [b, n] int32/int64
@@ -70,6 +79,7 @@ struct PenaltyArgs {
 // Kernel entry points (arguments validated by the fronts).
 LLMK_DECLARE_KERNEL(sample_rows, (const SampleArgs& a))
 LLMK_DECLARE_KERNEL(renorm_rows, (const RenormArgs& a))
+LLMK_DECLARE_KERNEL(softmax_rows, (const SoftmaxArgs& a))
 LLMK_DECLARE_KERNEL(chain_speculative, (const SpecArgs& a))
 LLMK_DECLARE_KERNEL(apply_penalties, (const PenaltyArgs& a))
 
@@ -85,6 +95,8 @@ void sample(TensorView x, bool is_logits, std::optional<TensorView> indices,
             int64_t offset_val, TensorView out, TensorView valid, int64_t stream);
 void renorm(TensorView x, TensorView out, const std::string& kind, std::optional<TensorView> arr,
             double val, int64_t stream);
+void softmax(TensorView x, TensorView out, std::optional<TensorView> temperature_arr, double temperature_val,
+             int64_t stream);
 void chain_speculative_sampling(std::optional<TensorView> draft_probs, TensorView draft_token_ids,
                                 TensorView target_probs, TensorView out, TensorView accepted,
                                 TensorView emitted, std::optional<TensorView> seed_arr, int64_t seed_val,

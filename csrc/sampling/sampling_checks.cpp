@@ -1,5 +1,6 @@
 #include "sampling/sampling_checks.h"
 
+#include <climits>
 #include <cmath>
 
 namespace llmk {
@@ -10,7 +11,7 @@ const char* range_error(ParamKind kind, double v, int64_t vocab) {
   switch (kind) {
     case ParamKind::Temperature: return (v >= 0.0 && std::isfinite(v)) ? nullptr : "a finite value >= 0 (0 = greedy)";
     case ParamKind::TopK: return (v >= 0 && v <= static_cast<double>(vocab)) ? nullptr : "in [0, vocab_size] (0 = no top-k)";
-    case ParamKind::TopP: return (v > 0.0 && v <= 1.0) ? nullptr : "in (0, 1] (1 = no top-p)";
+    case ParamKind::TopP: return (v >= 0.0 && v <= 1.0) ? nullptr : "in [0, 1] (1 = no top-p, 0 = the most likely tokens)";
     case ParamKind::MinP: return (v >= 0.0 && v <= 1.0) ? nullptr : "in [0, 1] (0 = no min-p)";
     case ParamKind::Repetition: return (v > 0.0 && std::isfinite(v)) ? nullptr : "a finite value > 0 (1 = no penalty)";
     case ParamKind::Penalty: return std::isfinite(v) ? nullptr : "a finite value (0 = no penalty)";
@@ -33,6 +34,8 @@ RowParam row_param(const std::optional<TensorView>& arr, double val, const char*
                    int64_t batch, int64_t vocab, const TensorView& like) {
   RowParam p;
   p.val = val;
+  // With no rows there is no vocabulary to bound top_k by (a [0, 0] input is a valid empty call).
+  if (batch == 0) vocab = INT64_MAX;
   if (!arr) {
     const char* bad = range_error(kind, val, vocab);
     LLMK_CHECK(!bad, ValueError, name, ": expected ", bad, ", got ", val);

@@ -10,6 +10,7 @@
 //   its weight v, computed from count_gt(v) = #{j : w_j > v} and mass_gt(v) = sum{w_j : w_j > v}.
 //   Ties at the boundary are therefore all kept (the kept set may exceed k for top-k).
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "common/macros.h"
@@ -124,99 +125,43 @@ struct RowFilter {
 // (top_k_first). Mass is accumulated in double by every backend, so the test only differs
 // between backends when mass_gt(v) is within rounding of top_p * ref_mass.
 LLMK_HD bool topk_accepts(int64_t k, int64_t count_gt) { return k <= 0 || count_gt < k; }
+// The most likely tokens (nothing strictly above them) are always kept: top_p 0 keeps just those.
 LLMK_HD bool topp_accepts(float top_p, double mass_gt, double ref_mass) {
-  return top_p >= 1.0f || mass_gt < static_cast<double>(top_p) * ref_mass;
-}
-LLMK_HD bool filter_accepts(const RowFilter& f, int64_t count_gt, double mass_gt, double ref_mass) {
-  return topk_accepts(f.k, count_gt) && topp_accepts(f.top_p, mass_gt, ref_mass);
+  return top_p >= 1.0f || mass_gt < static_cast<double>(top_p) * ref_mass || !(mass_gt > 0.0);
 }
 // min-p is a known threshold: no search needed, it sets the initial lower pivot.
 LLMK_HD float min_p_threshold(float min_p, float max_w) { return min_p * max_w; }
 
-// Bracket of rejection sampling / threshold search. Invariants:
-//   every token with w <= low is rejected (candidates are drawn from {w > low});
-//   high is a weight that the filter accepts (the kept set contains every w >= high).
-// Each round draws a candidate c from {w > low} with probability proportional to w and tests two
-// pivots in one pass over the row: v0 = w_c and v1 = key_midpoint(v0, high). Then
-//   v0 accepted            -> c is the sample (conditioned on the kept set, it is distributed
-//                              proportionally to w, since the kept set is inside {w > low});
-//   v0 rejected, v1 accepted -> low = v0, high = v1;
-//   both rejected          -> low = v1.
-// Every rejection removes the candidate's weight class and halves the key range (low, high]
-// (in key space), so a row needs at most ~33 rounds; typical rows need 1-4.
-struct PivotBracket {
-  float low;        // exclusive lower bound of the candidate set
-  float high;       // a weight known to be accepted
-  double mass_low;  // mass_gt(low): the mass the next candidate is drawn from
-  int64_t count_low;
-
-  // Outcome of testing pivots (v0 accepted?, v1 accepted?) with their statistics.
-  // Returns true when the candidate is accepted.
-  LLMK_HD bool update(float v0, bool acc0, double mass0, int64_t cnt0, float v1, bool acc1,
-                      double mass1, int64_t cnt1) {
-    if (acc0) return true;
-    if (acc1) {
-      low = v0;
-      mass_low = mass0;
-      count_low = cnt0;
-      if (v1 < high) high = v1;
-    } else {
-      low = v1;
-      mass_low = mass1;
-      count_low = cnt1;
-    }
-    return false;
-  }
-};
-
-// Second pivot of a round: between the candidate's weight and the known-accepted weight.
-LLMK_HD float round_pivot(float v0, float high) { return v0 < high ? key_midpoint(v0, high) : v0; }
-
-// Exact threshold search (renormalisation, masking, top_k_first's top-k set): the kept set is
-// {w >= tau}. State: lo is rejected (or the domain's lower end), next_lo = min{w : w > lo} is the
-// smallest element above lo, hi is accepted. Each pass tests next_lo and key_midpoint(next_lo, hi);
-// the search ends when next_lo is accepted (then tau = next_lo and the kept set is {w > lo}).
-struct ThresholdSearch {
-  float lo, next_lo, hi;
-  double mass_lo;
-  int64_t count_lo;
-  bool done;
-
-  LLMK_HD float pivot0() const { return next_lo; }
-  LLMK_HD float pivot1() const { return next_lo < hi ? key_midpoint(next_lo, hi) : next_lo; }
-  // acc/mass/count/min_gt: statistics of pivot0 and pivot1 from one pass.
-  LLMK_HD void update(bool acc0, double mass0, int64_t cnt0, float min0, bool acc1, double mass1,
-                      int64_t cnt1, float min1) {
-    const float p0 = pivot0(), p1 = pivot1();
-    if (acc0) {
-      done = true;  // the smallest element above lo is kept: tau = next_lo
-      return;
-    }
-    if (acc1) {
-      lo = p0;
-      next_lo = min0;
-      mass_lo = mass0;
-      count_lo = cnt0;
-      if (p1 < hi) hi = p1;
-    } else {
-      lo = p1;
-      next_lo = min1;
-      mass_lo = mass1;
-      count_lo = cnt1;
-    }
-    // next_lo >= hi: every element above lo is accepted.
-    if (!(next_lo < hi)) done = true;
-  }
-};
+// Rejection sampling keeps a bracket (low, high]: every token with w <= low is rejected
+// (candidates are drawn from {w > low}) and high is a weight the filter accepts. Each round draws a
+// candidate c from {w > low} with probability proportional to w and tests pivots between w_c and
+// high in one pass over the row: if w_c is accepted, c is the sample (conditioned on the kept set,
+// it is distributed proportionally to w, since the kept set is inside {w > low}); otherwise low
+// rises to the largest rejected pivot and high falls to the smallest accepted one. Every rejection
+// removes the candidate's weight class and halves the key range (low, high] (in key space), so a
+// row needs at most ~33 rounds; typical rows need 1-4. The exact threshold searches use the same
+// bracket with the smallest element above low as a pivot. (row_algo.h implements both.)
+//
+// Second pivot of a round: the geometric mean of the candidate's weight and the known-accepted
+// weight. It halves the bracket's log-range (so, like a key midpoint, it bounds the rounds: floats
+// are spaced about evenly in log), and it is scale-free: rows that differ by a constant factor
+// (logits' exp weights and their softmax, say) get the same pivots up to rounding, hence the same
+// decisions and draws. Computed in double (no underflow, correctly rounded on every backend).
+LLMK_HD float round_pivot(float v0, float high) {
+  if (!(v0 < high) || !(v0 > 0.0f)) return v0;
+  const float g = static_cast<float>(sqrt(static_cast<double>(v0) * static_cast<double>(high)));
+  return (g > v0 && g < high) ? g : v0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Renormalisation and masking rules.
 // ---------------------------------------------------------------------------------------------
 
 // A renormalised filter keeps {w > lo} (lo >= 0: the largest rejected pivot) and rescales it to
-// sum to one; everything else (and every non-positive or NaN entry) becomes 0.
+// sum to one; everything else (and every non-positive or NaN entry) becomes 0. inv_mass 0 (a row
+// without positive finite mass) makes the whole row 0, +inf entries included.
 LLMK_HD float renorm_value(float w, float lo, double inv_mass) {
-  return w > lo ? static_cast<float>(w * inv_mass) : 0.0f;
+  return (w > lo && inv_mass > 0.0) ? static_cast<float>(w * inv_mass) : 0.0f;
 }
 
 // ---------------------------------------------------------------------------------------------

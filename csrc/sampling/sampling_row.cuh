@@ -3,9 +3,9 @@
 // (mass, count and smallest element strictly above each) or locates an inverse-CDF position
 // (block scan per chunk, stopping at the chunk that crosses the target). Every decision is taken
 // from block-wide results that all threads read in the same order, so control flow is uniform
-// across the CTA. The pivot rules (which pivots, how the bracket narrows) mirror the CPU kernels
-// (sampling_cpu.cpp) step by step, with the math itself from sampling_math.h, so both backends
-// draw the same tokens for the same seed whenever their floating-point sums agree.
+// across the CTA. The per-row algorithms (which pivots, how the bracket narrows) are row_algo.h's,
+// shared with the CPU kernels, over the passes of DeviceRow below, so both backends draw the same
+// tokens for the same seed whenever their floating-point sums agree.
 // No global scratch: weights are recomputed from the input on every pass (for logits,
 // exp((x - max) / T)), which keeps the kernels allocation-free and graph-capturable.
 #pragma once
@@ -14,6 +14,7 @@
 
 #include "common/simt.h"
 #include "common/simt_block.h"
+#include "sampling/row_algo.h"
 #include "sampling/sampling_math.h"
 
 namespace llmk {
@@ -71,13 +72,14 @@ struct ProbsSrc {
   LLMK_DEVICE void load(int64_t v, float (&w)[N]) const { ld.load(v, w); }
 };
 
-// Weights of a row of logits: exp((x - max) * inv_t), NaN -> 0; flushed to 0 below e^-87 like the
-// CPU kernels, so both backends see the same set of positive weights.
+// Weights of a row of logits: exp((x - max) * inv_t) * inv_s, NaN -> 0; flushed to 0 below e^-87
+// like the CPU kernels, so both backends see the same set of positive weights. inv_s = 1 / sum
+// normalises them to the softmax (softmax_rows writes exactly these values).
 template <typename T>
 struct LogitsSrc {
   static constexpr int N = RowLoader<T>::N;
   RowLoader<T> ld;
-  float m, inv_t;
+  float m, inv_t, inv_s = 1.0f;
   LLMK_DEVICE LogitsSrc(const T* r, int64_t V, float mx, float it) : ld(r, V), m(mx), inv_t(it) {}
   LLMK_DEVICE int64_t nvec() const { return ld.nvec(); }
   LLMK_DEVICE void load(int64_t v, float (&w)[N]) const {
@@ -85,7 +87,7 @@ struct LogitsSrc {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const float t = (w[i] - m) * inv_t;
-      w[i] = (w[i] == w[i] && t >= -87.0f) ? __expf(t) : 0.0f;
+      w[i] = (w[i] == w[i] && t >= -87.0f) ? __expf(t) * inv_s : 0.0f;
     }
   }
 };
@@ -150,12 +152,6 @@ LLMK_DEVICE void for_each_vec(const Src& src, F&& f) {
 
 // ---- block-wide results ------------------------------------------------------------------------------
 
-struct Stats {
-  double mass;     // sum of weights > pivot
-  int64_t cnt;     // number of weights > pivot
-  float min_gt;    // smallest weight > pivot (+inf if none)
-};
-
 // Shared memory of one row (static size, one per CTA).
 struct RowSmem {
   float mass[kMaxPivots][32];
@@ -179,7 +175,7 @@ LLMK_DEVICE unsigned long long pack_mc(float m, int c) {
 // Block reduction of P pivots' per-thread partials. Warp totals are combined in warp order in
 // double by every thread, so all threads hold identical results.
 template <int P, bool WantMin>
-LLMK_DEVICE void reduce_stats(float (&m)[P], int (&c)[P], float (&mn)[P], Stats* out, RowSmem& sm) {
+LLMK_DEVICE void reduce_stats(float (&m)[P], int (&c)[P], float (&mn)[P], PivotStats* out, RowSmem& sm) {
   const int lane = simt::lane_id(), warp = simt::warp_id(), nw = static_cast<int>(blockDim.x) >> 5;
 #pragma unroll
   for (int p = 0; p < P; ++p) {
@@ -203,7 +199,7 @@ LLMK_DEVICE void reduce_stats(float (&m)[P], int (&c)[P], float (&mn)[P], Stats*
   __syncthreads();
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    Stats s{0.0, 0, INFINITY};
+    PivotStats s;
     for (int w = 0; w < nw; ++w) {
       s.mass += static_cast<double>(sm.mass[p][w]);
       s.cnt += sm.cnt[p][w];
@@ -215,7 +211,7 @@ LLMK_DEVICE void reduce_stats(float (&m)[P], int (&c)[P], float (&mn)[P], Stats*
 
 // Statistics of P pivots over the whole row.
 template <int P, bool WantMin, typename Src>
-LLMK_DEVICE void row_stats(const Src& src, const float* piv, Stats* out, RowSmem& sm) {
+LLMK_DEVICE void row_stats(const Src& src, const float* piv, PivotStats* out, RowSmem& sm) {
   constexpr int N = Src::N;
   float m[P], mn[P];
   int c[P];
@@ -254,7 +250,7 @@ LLMK_DEVICE unsigned long long pack_max(float v, int64_t j) {
 }
 
 template <typename Src>
-LLMK_DEVICE RowMax row_load(const Src& src, float p0, Stats* st, RowSmem& sm) {
+LLMK_DEVICE RowMax row_load(const Src& src, float p0, PivotStats* st, RowSmem& sm) {
   constexpr int N = Src::N;
   float m[1] = {0.0f}, mn[1] = {INFINITY};
   int c[1] = {0};
@@ -284,11 +280,6 @@ LLMK_DEVICE RowMax row_load(const Src& src, float p0, Stats* st, RowSmem& sm) {
 // whose running mass exceeds target. Chunks of blockDim * N elements are scanned in order; the
 // chunk that crosses the target is searched thread by thread. When rounding keeps the running sum
 // from crossing, the last weight in range is returned (pos = -1: nothing in range).
-struct Pick {
-  int64_t pos;
-  float w;
-};
-
 template <typename Src>
 LLMK_DEVICE Pick row_select(const Src& src, float low, float hi, double target, RowSmem& sm) {
   constexpr int N = Src::N;
@@ -348,73 +339,12 @@ LLMK_DEVICE Pick row_select(const Src& src, float low, float hi, double target, 
     }
   }
   const long long last = simt::block_allreduce(static_cast<long long>(my_last), sm.lred, simt::MaxOp(), -1ll);
-  if (last < 0) return {-1, 0.0f};
+  if (last < 0) return Pick{-1, 0.0f};
   if (my_last == last) sm.sel_w = my_last_w;
   __syncthreads();
   const Pick res{last, sm.sel_w};
   __syncthreads();
   return res;
-}
-
-// ---- pivot searches (the CPU kernels' rules, see sampling_cpu.cpp) ------------------------------------
-
-template <int P>
-LLMK_DEVICE void sort_pivots(float* p) {
-#pragma unroll
-  for (int i = 1; i < P; ++i)
-    for (int j = i; j > 0 && p[j] < p[j - 1]; --j) {
-      const float t = p[j];
-      p[j] = p[j - 1];
-      p[j - 1] = t;
-    }
-}
-
-template <int P, typename Acc>
-LLMK_DEVICE int first_accepted(const Stats* st, Acc& accepts) {
-  for (int p = 0; p < P; ++p)
-    if (accepts(st[p])) return p;
-  return P;
-}
-
-// Exact search of the kept set {w > lo} of a monotone mass filter (top-p). State as in
-// ThresholdSearch: lo rejected, next_lo = smallest weight above lo, hi accepted, mass_hi = mass
-// above hi. Four pivots per pass: next_lo, a candidate drawn by mass from the bracket (lo, hi]
-// (a mass quantile of the bracket), and the key and arithmetic midpoints of [next_lo, hi]. The key
-// midpoint halves the bracket's key range every pass, so a row needs at most ~33 passes; typical
-// rows need about ten. Only the final set matters, so the pivot path is free to differ from the
-// CPU kernels'.
-struct Search {
-  float lo, next_lo, hi;
-  double mass_lo, mass_hi;
-  int64_t cnt_lo, cnt_hi;
-};
-
-template <typename Src, typename Acc>
-LLMK_DEVICE void exact_search(const Src& src, Search& S, Acc& accepts, const RowRng& rng, RowSmem& sm) {
-  for (uint32_t pass = 0; pass < 80; ++pass) {
-    if (!(S.next_lo < S.hi)) return;  // every element above lo is accepted
-    const float a = S.next_lo;
-    const Pick pk = row_select(src, S.lo, S.hi, static_cast<double>(rng.uniform(pass)) * (S.mass_lo - S.mass_hi), sm);
-    const float c = pk.pos >= 0 ? fminf(fmaxf(pk.w, a), S.hi) : a;
-    float amid = a + (S.hi - a) * 0.5f;
-    if (!finite_f(amid) || !(amid >= a) || !(amid <= S.hi)) amid = a;
-    float piv[kMaxPivots] = {a, c, key_midpoint(a, S.hi), amid};
-    sort_pivots<kMaxPivots>(piv);
-    Stats st[kMaxPivots];
-    row_stats<kMaxPivots, true>(src, piv, st, sm);
-    const int fa = first_accepted<kMaxPivots>(st, accepts);
-    if (fa == 0) return;  // the smallest element above lo is kept
-    const int j = fa - 1;
-    S.lo = piv[j];
-    S.next_lo = st[j].min_gt;
-    S.mass_lo = st[j].mass;
-    S.cnt_lo = st[j].cnt;
-    if (fa < kMaxPivots && piv[fa] < S.hi) {
-      S.hi = piv[fa];
-      S.mass_hi = st[fa].mass;
-      S.cnt_hi = st[fa].cnt;
-    }
-  }
 }
 
 // The k-th largest weight among those above dom_lo (1 <= k <= their count), by radix selection on
@@ -472,89 +402,61 @@ LLMK_DEVICE float radix_kth_largest(const Src& src, float dom_lo, int64_t k, Row
   return key_to_float(prefix);
 }
 
-struct TopPAcc {
-  float p;
-  double ref;
-  LLMK_DEVICE bool operator()(const Stats& s) const { return topp_accepts(p, s.mass, ref); }
-};
-struct JointAcc {
-  int64_t k;
-  float p;
-  double ref;
-  LLMK_DEVICE bool operator()(const Stats& s) const { return topk_accepts(k, s.cnt) && topp_accepts(p, s.mass, ref); }
-};
-
-// A row after its load pass (the CPU kernels' Loaded).
-struct Loaded {
-  double mass;
-  int64_t cnt;
-  float min_pos;
-  float max_w;
-  int64_t argmax;
-  bool degenerate;
-  bool done;  // greedy
-};
-
-struct RowResult {
-  int64_t token;
-  bool valid;
-};
-
-// Draws one token of a loaded row under filter f (rejection sampling with pivots).
-template <typename Src>
-LLMK_DEVICE RowResult sample_loaded(const Src& src, const Loaded& L, const RowFilter& f, const RowRng& rng,
-                                    RowSmem& sm) {
-  if (L.done) return {L.argmax, true};
-  if (L.degenerate) return {L.argmax, false};
-  uint32_t draw = 0;
-  float low = 0.0f, high = L.max_w;
-  double mass_low = L.mass, ref = L.mass;
-  bool need_k = f.k > 0 && f.k < L.cnt;
-  const bool need_p = f.has_p();
-  if (f.has_min_p()) {
-    const float tau = min_p_threshold(f.min_p, L.max_w);
-    if (tau > 0.0f) {
-      low = float_below(tau);
-      Stats st[1];
-      row_stats<1, false>(src, &low, st, sm);
-      mass_low = st[0].mass;
-    }
+// A row of logits loaded as its softmax: the maximum, then the sum of exp((x - max) / T), then
+// the statistics of the normalised weights (the same floats softmax_rows writes). Returns the
+// weight source; L carries the load results (degenerate / greedy rows need no weights).
+template <typename T>
+LLMK_DEVICE LogitsSrc<T> load_logits(const T* x, int64_t V, float temp, Loaded& L, RowSmem& sm) {
+  const RowMax mx = row_load(ProbsSrc<T>(x, V), INFINITY, nullptr, sm);
+  L.argmax = mx.argmax;
+  // 1 / T in double rounds to the correctly rounded fp32 quotient (as on the CPU)
+  LogitsSrc<T> w(x, V, mx.max_w, static_cast<float>(1.0 / static_cast<double>(temp)));
+  if (logits_row_decided(mx.max_w, temp, L)) return w;
+  PivotStats st[1];
+  const float zero = 0.0f;
+  row_stats<1, false>(w, &zero, st, sm);
+  if (degenerate_mass(st[0].mass)) {
+    L.degenerate = true;
+    return w;
   }
-  if (need_k && (f.k_first || !need_p)) {
-    // The top-k set is found exactly first (top_k_first: the top-p mass is relative to it), by
-    // radix selection here; the set, and so the sample, is the one the CPU kernels find.
-    low = float_below(radix_kth_largest(src, 0.0f, f.k, sm));
-    Stats st[1];
-    row_stats<1, false>(src, &low, st, sm);
-    mass_low = st[0].mass;
-    ref = st[0].mass;
-    need_k = false;
-  }
-  if (!need_k && !need_p) {
-    const Pick pk = row_select(src, low, INFINITY, static_cast<double>(rng.uniform(draw)) * mass_low, sm);
-    if (pk.pos < 0) return {L.argmax, false};
-    return {pk.pos, true};
-  }
-  JointAcc accepts{need_k ? f.k : 0, need_p ? f.top_p : 1.0f, ref};
-  Pick pk{-1, 0.0f};
-  for (int round = 0; round < 64; ++round) {
-    pk = row_select(src, low, INFINITY, static_cast<double>(rng.uniform(draw++)) * mass_low, sm);
-    if (pk.pos < 0) return {L.argmax, false};
-    const float v0 = pk.w;
-    if (!(v0 < high)) return {pk.pos, true};  // at or above a known-accepted weight
-    // candidate, key midpoint (bounds the rounds), arithmetic midpoint (fast for peaked rows)
-    float piv[3] = {v0, round_pivot(v0, high), v0 + (high - v0) * 0.5f};
-    sort_pivots<3>(piv);
-    Stats st[3];
-    row_stats<3, false>(src, piv, st, sm);
-    const int fa = first_accepted<3>(st, accepts);
-    if (fa == 0) return {pk.pos, true};
-    low = piv[fa - 1];
-    mass_low = st[fa - 1].mass;
-    if (fa < 3) high = fminf(high, piv[fa]);
-  }
-  return {pk.pos, true};  // not reached: the key range halves every round
+  w.inv_s = static_cast<float>(1.0 / st[0].mass);
+  const RowMax mw = row_load(w, 0.0f, st, sm);  // the probability path's load pass, on the same floats
+  L = Loaded{st[0].mass, st[0].cnt, st[0].min_gt, mw.max_w, mx.argmax, degenerate_mass(st[0].mass), false};
+  return w;
 }
+
+// ---- the row interface of row_algo.h ----------------------------------------------------------------
+
+// One CTA's passes over a row whose weights come from Src (recomputed from the input every pass).
+template <typename Src>
+struct DeviceRow {
+  const Src& src;
+  RowSmem& sm;
+
+  template <int P, bool WantMin>
+  LLMK_DEVICE void stats(const float* piv, PivotStats* out) {
+    row_stats<P, WantMin>(src, piv, out, sm);
+  }
+  LLMK_DEVICE void set_low(int) {}
+  LLMK_DEVICE Pick select(float low, double target) { return row_select(src, low, INFINITY, target, sm); }
+  LLMK_DEVICE void narrowed(float, int64_t, double&) {}
+  // A candidate drawn by mass from the bracket (lo, hi] (a mass quantile of the bracket).
+  LLMK_DEVICE float bracket_draw(const Search& S, float u) {
+    const Pick pk = row_select(src, S.lo, S.hi, static_cast<double>(u) * (S.mass_lo - S.mass_hi), sm);
+    return pk.token >= 0 ? pk.w : NAN;
+  }
+  LLMK_DEVICE void search_narrowed(Search&, bool) {}
+  template <class Acc>
+  LLMK_DEVICE void search_fallback(Search&, const Acc&) {}  // not reached: the bracket halves every pass
+  // The top-k set by radix selection: the set, and so the sample, is the one the CPU kernels find.
+  LLMK_DEVICE Threshold topk_set(int64_t k, const Search& dom, const RowRng*, uint32_t, bool, bool want_mass) {
+    const float low = float_below(radix_kth_largest(src, dom.lo, k, sm));
+    if (!want_mass) return {low, 0.0, 0};
+    PivotStats st[1];
+    row_stats<1, false>(src, &low, st, sm);
+    return {low, st[0].mass, st[0].cnt};
+  }
+};
 
 }  // namespace samp
 }  // namespace gpu

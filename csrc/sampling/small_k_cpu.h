@@ -91,8 +91,8 @@ inline float shrink_candidates(CandBuf& b, int64_t k, float margin, float lo) {
 // The pass: collects every element with key > lo into `cand`, raising lo to (k-th largest key
 // minus margin) whenever the list fills. Returns false when the list cannot stay short (a margin
 // so wide that most of the row is within it): the caller then takes the general path.
-template <typename T>
-bool collect_candidates(const T* x, int64_t V, int64_t k, float margin, float init_lo, CandBuf& b,
+template <DType DT>
+bool collect_candidates(const elem_t<DT>* x, int64_t V, int64_t k, float margin, float init_lo, CandBuf& b,
                         float& row_max) {
   std::vector<Cand>& c = b.c;
   c.clear();
@@ -114,8 +114,8 @@ bool collect_candidates(const T* x, int64_t V, int64_t k, float margin, float in
   constexpr int64_t kStep = 4 * kL;
   int64_t j = 0;
   for (; j + kStep <= V; j += kStep) {
-    const vf v0 = vload_conv(x + j), v1 = vload_conv(x + j + kL);
-    const vf v2 = vload_conv(x + j + 2 * kL), v3 = vload_conv(x + j + 3 * kL);
+    const vf v0 = vload_conv<DT>(x + j), v1 = vload_conv<DT>(x + j + kL);
+    const vf v2 = vload_conv<DT>(x + j + 2 * kL), v3 = vload_conv<DT>(x + j + 3 * kL);
     const vf a = vmax(vmax(v0, v1), vmax(v2, v3));
     m = vmax(m, a);
     if (!gt_mask(a, lo)) continue;
@@ -128,7 +128,7 @@ bool collect_candidates(const T* x, int64_t V, int64_t k, float margin, float in
   float mx = -kInf;
   for (int l = 0; l < kL; ++l) mx = m[l] > mx ? m[l] : mx;
   for (; j < V; ++j) {
-    const float v = to_f(x[j]);
+    const float v = vec::to_f32<DT>(x[j]);
     mx = v > mx ? v : mx;
     if (v > lo) c.push_back(Cand{v, static_cast<int32_t>(j), 0.0f});
   }
@@ -150,9 +150,47 @@ inline int64_t select_in(const std::vector<Cand>& c, float low, double target) {
   return last;
 }
 
+// The candidates of the top-k set as a row of row_algo.h (weights in vocabulary order): passes are
+// plain loops over the few candidates, sums in double in vocabulary order.
+struct CandRow {
+  const std::vector<Cand>& c;
+
+  template <int P, bool WantMin>
+  void stats(const float* piv, PivotStats* out) const {
+    for (int p = 0; p < P; ++p) {
+      PivotStats st;
+      for (const Cand& e : c)
+        if (e.w > piv[p]) {
+          st.mass += e.w;
+          ++st.cnt;
+          st.min_gt = std::min(st.min_gt, e.w);
+        }
+      out[p] = st;
+    }
+  }
+  void set_low(int) const {}
+  Pick select(float low, double target) const {
+    const int64_t i = select_in(c, low, target);
+    return i < 0 ? Pick{-1, 0.0f} : Pick{c[i].id, c[i].w};
+  }
+  void narrowed(float, int64_t, double&) const {}
+  float bracket_draw(const Search& S, float u) const {
+    const Pick pk = select(S.lo, static_cast<double>(u) * (S.mass_lo - S.mass_hi));
+    return pk.token >= 0 ? pk.w : NAN;
+  }
+  void search_narrowed(Search&, bool) const {}
+  template <class Acc>
+  void search_fallback(Search&, const Acc&) const {}  // not reached: the bracket halves every pass
+  Threshold topk_set(int64_t k, const Search& dom, const RowRng* rng, uint32_t base, bool, bool) {
+    Search S = dom;
+    exact_search(*this, S, TopKAcc{k}, rng, base, false);
+    return {S.lo, S.mass_lo, S.cnt_lo};
+  }
+};
+
 // The exact top-k set K (ties kept), then the draw of the general path restricted to K: it keeps
 // K first and then only ever looks at weights inside K (every pivot is at least the drawn
-// candidate's weight), so replaying its rounds on K gives the same token for the same stream.
+// candidate's weight), so running row_algo.h's draw on K gives the same token for the same stream.
 // Candidates have their weights set; max_w is the row's largest weight. -1: no positive weight.
 inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, const RowRng& rng) {
   std::vector<Cand>& c = b.c;
@@ -163,48 +201,35 @@ inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, con
     c.erase(std::remove_if(c.begin(), c.end(), [kth](const Cand& e) { return e.w < kth; }), c.end());
   }
   std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.id < y.id; });
-  double mass_low = 0.0;
-  for (const Cand& e : c) mass_low += e.w;
-  const double ref = mass_low;
-  if (!(top_p < 1.0f)) return c[select_in(c, 0.0f, static_cast<double>(rng.uniform(0)) * mass_low)].id;
-  float low = 0.0f, high = max_w;
-  int64_t pos = 0;
-  for (uint32_t round = 0; round < 64; ++round) {  // rejection rounds of sample_loaded
-    pos = select_in(c, low, static_cast<double>(rng.uniform(round)) * mass_low);
-    if (pos < 0) return -1;  // not reached (a rejected pivot has mass above it): general path
-    const float v0 = c[pos].w;
-    if (!(v0 < high)) break;
-    float piv[3] = {v0, round_pivot(v0, high), v0 + (high - v0) * 0.5f};
-    std::sort(piv, piv + 3);
-    double mass[3] = {0.0, 0.0, 0.0};
-    for (const Cand& e : c)
-      for (int p = 0; p < 3; ++p) mass[p] += e.w > piv[p] ? e.w : 0.0f;
-    int fa = 0;
-    while (fa < 3 && !topp_accepts(top_p, mass[fa], ref)) ++fa;
-    if (fa == 0) break;
-    low = piv[fa - 1];
-    mass_low = mass[fa - 1];
-    if (fa < 3) high = std::min(high, piv[fa]);
+  Loaded L;
+  for (const Cand& e : c) {
+    L.mass += e.w;
+    L.min_pos = std::min(L.min_pos, e.w);
   }
-  return c[pos].id;
+  L.cnt = static_cast<int64_t>(c.size());
+  L.max_w = max_w;
+  CandRow row{c};
+  const RowResult res = sample_loaded(row, L, RowFilter{0, top_p, 0.0f, true}, rng);
+  return res.valid ? res.token : -1;
 }
 
 // One row of top-k (+ top-p, top_k_first) sampling from logits (temperature > 0) or
 // probabilities. Returns false when the row needs the general path (non-finite maximum, a list
 // that cannot stay short, no positive weight, infinite mass).
-template <typename T>
-bool sample_small_k(const T* x, int64_t V, bool is_logits, float temperature, int64_t k, float top_p,
+template <DType DT>
+bool sample_small_k(const elem_t<DT>* x, int64_t V, bool is_logits, float temperature, int64_t k, float top_p,
                     const RowRng& rng, int64_t& token) {
   CandBuf& b = thread_cands();
   float mx;
   const float margin = is_logits ? temperature * (1.0f / 1024.0f) : 0.0f;
   const float init_lo = is_logits ? -kInf : 0.0f;
-  if (!collect_candidates(x, V, k, margin, init_lo, b, mx)) return false;
+  if (!collect_candidates<DT>(x, V, k, margin, init_lo, b, mx)) return false;
   if (!std::isfinite(mx)) return false;
   if (static_cast<int64_t>(b.c.size()) > 2 * k) shrink_candidates(b, k, margin, init_lo);
   const float inv_t = 1.0f / temperature;
   for (Cand& e : b.c) {
-    // the same weight as the general path (load_logits / load_probs)
+    // the general path's weight up to its normalisation (load_logits / load_probs): draws inside
+    // the top-k set do not depend on the scale (scale-free pivots), up to rounding
     e.w = is_logits ? exp_nonpos((e.key - mx) * inv_t) : e.key;
     if (!std::isfinite(e.w)) return false;
   }

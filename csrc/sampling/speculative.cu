@@ -1,7 +1,6 @@
-// CUDA kernel of chain speculative sampling: one CTA per request. Every thread evaluates the
-// acceptance tests of the draft chain (a few Philox draws), then the CTA draws the final token from
-// normalised relu(p - q) at the first rejection, or from the last target row when every draft was
-// accepted (the rules and draw numbers of sampling_math.h, as in speculative_cpu.cpp).
+// CUDA kernel of chain speculative sampling: one CTA per request. The per-request algorithm is
+// row_algo.h's spec_row (shared with the CPU kernel): every thread evaluates the acceptance tests
+// (a few Philox draws), then the CTA draws the final token with the residual passes below.
 #include "common/device_memory.h"
 #include "sampling/sampling.h"
 #include "sampling/sampling_row.cuh"
@@ -14,7 +13,7 @@ namespace {
 
 using namespace samp;
 
-// Weights p (mode 0), relu(p - q) (mode 1) or p with q one-hot at `tok` (mode 2).
+// Weights p (mode 0), relu(p - q) (mode 1) or p with q one-hot at `tok` (mode 2): ResidualMode.
 struct ResidualSrc {
   static constexpr int N = RowLoader<float>::N;
   RowLoader<float> p, q;
@@ -58,57 +57,45 @@ LLMK_DEVICE void add_count(void* c, bool is64, int64_t b, int64_t v) {
   else static_cast<int32_t*>(c)[b] += static_cast<int32_t>(v);
 }
 
-// Draws from the residual (falls back to p when the residual has no mass; token 0 when neither has).
-LLMK_DEVICE int64_t draw_residual(const float* p, const float* q, int mode, int64_t tok, int64_t V, float u,
-                                  RowSmem& sm) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    const bool plain = attempt == 1 || mode == 0;
-    const ResidualSrc src{RowLoader<float>(p, V), RowLoader<float>(q ? q : p, V), plain ? 0 : mode, tok};
-    Stats st[1];
-    const float zero = 0.0f;
-    row_stats<1, false>(src, &zero, st, sm);
-    const double total = st[0].mass;
-    if (total > 0.0 && total != static_cast<double>(INFINITY)) {
-      const Pick pk = row_select(src, 0.0f, INFINITY, static_cast<double>(u) * total, sm);
-      if (pk.pos >= 0) return pk.pos;
-    }
-    if (plain) break;
+// Request b as row_algo.h's speculative row.
+struct DeviceSpecRow {
+  const SpecK& a;
+  int64_t b;
+  RowSmem& sm;
+
+  LLMK_DEVICE int64_t id(int64_t i) const { return read_index(a.ids, a.ids64 != 0, b * a.n + i); }
+  LLMK_DEVICE bool in_vocab(int64_t d) const { return d >= 0 && d < a.V; }  // checked by the front
+  LLMK_DEVICE float q(int64_t i, int64_t d) const {
+    return a.draft && in_vocab(d) ? a.draft[b * a.ds0 + i * a.ds1 + d] : 1.0f;
   }
-  return 0;
-}
+  LLMK_DEVICE float p(int64_t i, int64_t d) const { return in_vocab(d) ? a.target[b * a.ts0 + i * a.ts1 + d] : 0.0f; }
+  LLMK_DEVICE ResidualSrc source(int64_t m, ResidualMode mode) const {
+    const float* pr = a.target + b * a.ts0 + m * a.ts1;
+    const float* qr = a.draft ? a.draft + b * a.ds0 + m * a.ds1 : pr;
+    return ResidualSrc{RowLoader<float>(pr, a.V), RowLoader<float>(qr, a.V), static_cast<int>(mode),
+                       mode == ResidualMode::OneHot ? id(m) : -1};
+  }
+  LLMK_DEVICE double residual_mass(int64_t m, ResidualMode mode) {
+    PivotStats st[1];
+    const float zero = 0.0f;
+    row_stats<1, false>(source(m, mode), &zero, st, sm);
+    return st[0].mass;
+  }
+  LLMK_DEVICE int64_t residual_select(int64_t m, ResidualMode mode, double target) {
+    return row_select(source(m, mode), 0.0f, INFINITY, target, sm).token;
+  }
+};
 
 __global__ void __launch_bounds__(kMaxThreads) chain_speculative_kernel(SpecK a) {
   __shared__ RowSmem sm;
-  const int64_t b = blockIdx.x, n = a.n;
+  const int64_t b = blockIdx.x;
   const RowRng rng = RowRng::make(a.seed.u64(b), a.offset.u64(b), static_cast<uint32_t>(b));
-  int64_t indep = 0, first_reject = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t d = read_index(a.ids, a.ids64 != 0, b * n + i);
-    const bool in_vocab = d >= 0 && d < a.V;  // checked by the front on the host / in debug mode
-    const float q = a.draft && in_vocab ? a.draft[b * a.ds0 + i * a.ds1 + d] : 1.0f;
-    const float p = in_vocab ? a.target[b * a.ts0 + i * a.ts1 + d] : 0.0f;
-    const bool ok = spec_accepts(rng.uniform(static_cast<uint32_t>(i)), q, p);
-    indep += ok ? 1 : 0;
-    if (!ok && first_reject < 0) first_reject = i;
-  }
-  const int64_t m = first_reject < 0 ? n : first_reject;  // emitted draft tokens
-  const float u = rng.uniform(spec_final_draw(n));
-  int64_t last;
-  if (first_reject < 0) {
-    last = draw_residual(a.target + b * a.ts0 + n * a.ts1, nullptr, 0, -1, a.V, u, sm);
-  } else if (a.draft) {
-    last = draw_residual(a.target + b * a.ts0 + m * a.ts1, a.draft + b * a.ds0 + m * a.ds1, 1, -1, a.V, u, sm);
-  } else {
-    const int64_t d = read_index(a.ids, a.ids64 != 0, b * n + m);
-    last = draw_residual(a.target + b * a.ts0 + m * a.ts1, nullptr, 2, d, a.V, u, sm);
-  }
+  DeviceSpecRow sr{a, b, sm};
+  const SpecResult res = spec_row(sr, a.n, a.draft != nullptr, rng);
   if (threadIdx.x == 0) {
-    int32_t* o = a.out + b * (n + 1);
-    for (int64_t i = 0; i < m; ++i) o[i] = static_cast<int32_t>(read_index(a.ids, a.ids64 != 0, b * n + i));
-    o[m] = static_cast<int32_t>(last);
-    for (int64_t i = m + 1; i <= n; ++i) o[i] = -1;
-    add_count(a.accepted, a.acc64 != 0, b, indep);
-    add_count(a.emitted, a.emi64 != 0, b, m);
+    spec_write(sr, a.out + b * (a.n + 1), a.n, res);
+    add_count(a.accepted, a.acc64 != 0, b, res.accepted);
+    add_count(a.emitted, a.emi64 != 0, b, res.emitted);
   }
 }
 

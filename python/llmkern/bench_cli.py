@@ -1,6 +1,7 @@
 """`llmkern bench`: run the benchmark suite and write the report.
 
     llmkern bench [kernels|e2e|all] [--quick] [--out DIR] [--device cpu|cuda] [--only NAMES]
+    llmkern bench throughput [--quick] [--no-peers]       # end-to-end offline throughput vs HF
     llmkern bench report RESULTS.json [--out DIR]     # re-render a saved run
     python -m llmkern.bench_cli ...                    # the same, without the console script
 
@@ -64,8 +65,10 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Re-render a saved run: llmkern bench report RESULTS.json [--out DIR]. "
                "The end-to-end throughput benchmark alone: llmkern bench throughput --help. "
                "The same benchmarks under pytest-benchmark: pytest bench/ --benchmark-json=FILE.")
-    ap.add_argument("which", nargs="?", default="all", choices=("kernels", "e2e", "all"),
-                    help="kernels (attention, cache ops, sampling), e2e (runtime vs HF transformers) or all")
+    ap.add_argument("which", nargs="?", default="all", choices=("kernels", "e2e", "all", "throughput", "report"),
+                    help="kernels (attention, cache ops, sampling), e2e (runtime vs HF transformers), all "
+                         "(default); throughput: the end-to-end offline throughput run alone "
+                         "(llmkern bench throughput --help); report: re-render a saved run")
     ap.add_argument("--quick", action="store_true", help="small shapes and short timings (a few minutes in all)")
     ap.add_argument("--out", default=None, help="output folder (default: bench/results/<time> in a checkout, "
                                                 "./llmkern-bench/<time> otherwise)")
@@ -112,6 +115,10 @@ def main(argv: Optional[list] = None) -> int:
         argv = argv[1:]
     if argv[:1] == ["report"]:
         return _report_main(argv[1:])
+    if argv[:1] == ["throughput"]:
+        from .cli import main as cli_main
+
+        return cli_main(["bench"] + argv)
     a = _parser().parse_args(argv)
     try:
         suite, report = _load()

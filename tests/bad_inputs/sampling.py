@@ -6,7 +6,7 @@ OPS = [
     "sampling_from_probs", "sampling_from_logits", "top_k_sampling_from_probs", "top_p_sampling_from_probs",
     "min_p_sampling_from_probs", "top_k_top_p_sampling_from_logits", "top_k_top_p_sampling_from_probs",
     "top_k_mask_logits", "top_p_renorm_probs", "top_k_renorm_probs", "chain_speculative_sampling",
-    "apply_penalties",
+    "apply_penalties", "softmax",
 ]
 
 _P = lambda: torch.softmax(torch.randn(3, 50), -1)  # noqa: E731
@@ -39,11 +39,11 @@ CASES = [
     ("probs-nan-check", lambda: lk.sampling_from_probs(_nan(), check_nan=True), ValueError, "probs"),
     ("logits-inf-check", lambda: lk.sampling_from_logits(_inf_logits(), check_nan=True), ValueError, "logits"),
     ("logits-rank", lambda: lk.top_k_top_p_sampling_from_logits(torch.randn(2, 3, 4), 2, 0.5), ValueError, "logits"),
-    ("top-p-zero", lambda: lk.top_p_sampling_from_probs(_P(), 0.0), ValueError, "top_p"),
+    ("top-p-negative", lambda: lk.top_p_sampling_from_probs(_P(), -0.1), ValueError, "top_p"),
     ("top-p-above-one", lambda: lk.top_p_sampling_from_probs(_P(), 1.5), ValueError, "top_p"),
-    ("top-p-tensor-entry", lambda: lk.top_p_sampling_from_probs(_P(), torch.tensor([0.5, 0.0, 0.9])), ValueError, "top_p"),
+    ("top-p-tensor-entry", lambda: lk.top_p_sampling_from_probs(_P(), torch.tensor([0.5, 1.5, 0.9])), ValueError, "top_p"),
     ("top-p-tensor-len", lambda: lk.top_p_sampling_from_probs(_P(), torch.tensor([0.5, 0.9])), ValueError, "top_p"),
-    ("top-p-int-tensor", lambda: lk.top_p_sampling_from_probs(_P(), torch.tensor([1, 1, 1])), TypeError, "top_p"),
+    ("top-p-bool-tensor", lambda: lk.top_p_sampling_from_probs(_P(), torch.tensor([True, True, True])), TypeError, "top_p"),
     ("top-p-str", lambda: lk.top_p_sampling_from_probs(_P(), "0.5"), TypeError, "top_p"),
     ("top-k-negative", lambda: lk.top_k_sampling_from_probs(_P(), -1), ValueError, "top_k"),
     ("top-k-above-vocab", lambda: lk.top_k_sampling_from_probs(_P(), 51), ValueError, "top_k"),
@@ -63,7 +63,7 @@ CASES = [
     ("offset-tensor-dtype", lambda: lk.sampling_from_probs(_P(), seed=1, offset=torch.tensor([1.0])), TypeError, "offset"),
     ("seed-tensor-len", lambda: lk.sampling_from_probs(_P(), seed=torch.tensor([1, 2]), offset=0), ValueError, "seed"),
     ("renorm-top-k", lambda: lk.top_k_renorm_probs(_P(), 51), ValueError, "top_k"),
-    ("renorm-top-p", lambda: lk.top_p_renorm_probs(_P(), 0.0), ValueError, "top_p"),
+    ("renorm-top-p", lambda: lk.top_p_renorm_probs(_P(), 1.01), ValueError, "top_p"),
     ("renorm-rank", lambda: lk.top_p_renorm_probs(torch.rand(2, 3, 4), 0.5), ValueError, "probs"),
     ("mask-top-k", lambda: lk.top_k_mask_logits(_L(), -2), ValueError, "top_k"),
     ("mask-dtype", lambda: lk.top_k_mask_logits(torch.ones(2, 4, dtype=torch.int64), 1), TypeError, "logits"),
@@ -83,4 +83,9 @@ CASES = [
     ("pen-prompt-mask-dtype", lambda: lk.apply_penalties(_L(), prompt_mask=torch.zeros(3, 50)), TypeError, "prompt_mask"),
     ("pen-presence-len", lambda: lk.apply_penalties(_L(), None, 1.0, 0.0, torch.tensor([0.1, 0.2])), ValueError, "presence_penalties"),
     ("pen-int-logits", lambda: lk.apply_penalties(torch.zeros(3, 50, dtype=torch.long)), TypeError, "logits"),
+    ("softmax-int-logits", lambda: lk.softmax(torch.zeros(3, 50, dtype=torch.long)), TypeError, "logits"),
+    ("softmax-rank", lambda: lk.softmax(torch.randn(2, 3, 4)), ValueError, "logits"),
+    ("softmax-temperature-negative", lambda: lk.softmax(_L(), -0.5), ValueError, "temperature"),
+    ("softmax-temperature-len", lambda: lk.softmax(_L(), torch.tensor([1.0, 2.0])), ValueError, "temperature"),
+    ("softmax-temperature-str", lambda: lk.softmax(_L(), "hot"), TypeError, "temperature"),
 ]

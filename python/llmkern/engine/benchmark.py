@@ -135,7 +135,7 @@ def throughput(quick: bool = False, device: str = "cpu", num_requests: Optional[
     recs: List[dict] = []
     hf = _HF() if peers else None
     llm = _llm(device=device)
-    params = llm.engine.model_config.num_params
+    params = llm.engine.model_config.num_params()
     flops = matmul_flops()
 
     if "offline" in workloads:

@@ -9,9 +9,24 @@ a hit therefore holds exactly the KV of the same token prefix."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT_REG = 0  # parent of the first block of every sequence
+
+
+def block_hash(parent: int, tokens: Sequence[int]) -> int:
+    """The chained hash of one full block: its tokens and the hash of the block before it (0 for
+    the first). Python's hash of int tuples does not depend on PYTHONHASHSEED, so the value is the
+    same in every process."""
+    return hash((parent, tuple(tokens)))
+
+
+def chain_block_hashes(token_ids: Sequence[int], block_size: int, start: Sequence[int] = ()) -> List[int]:
+    """Hashes of every full block of token_ids, continuing the already hashed leading blocks `start`."""
+    out = list(start)
+    for i in range(len(out), len(token_ids) // block_size):
+        out.append(block_hash(out[i - 1] if i else 0, token_ids[i * block_size:(i + 1) * block_size]))
+    return out
 
 
 class Block:
@@ -44,6 +59,9 @@ class BlockPool:
         self.free: "OrderedDict[int, None]" = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: Dict[int, Block] = {}   # block hash -> registered block
         self._next_reg = ROOT_REG
+        # Called (kind, block hash) with kind "stored" when a block enters the prefix index and
+        # "removed" when it leaves it: the one place where a replica's KV state is published.
+        self.on_event: Optional[Callable[[str, int], None]] = None
 
     @property
     def num_free(self) -> int:
@@ -112,10 +130,14 @@ class BlockPool:
         b.block_hash, b.tokens, b.parent_reg = block_hash, tokens, parent_reg
         b.reg = reg or self.new_reg()
         self.cached[block_hash] = b
+        if self.on_event is not None:
+            self.on_event("stored", block_hash)
         return b.reg
 
     def _uncache(self, b: Block) -> None:
         del self.cached[b.block_hash]
+        if self.on_event is not None:
+            self.on_event("removed", b.block_hash)
         b.block_hash, b.tokens, b.reg, b.parent_reg = None, None, 0, 0
 
     def evict_all_cached(self) -> None:

@@ -1,6 +1,7 @@
 """EngineConfig: scheduler, KV-cache and device settings, validated up front."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -14,6 +15,12 @@ class EngineConfig:
     max_model_len: Optional[int] = None     # default: the model's context length
     # scheduling
     scheduler: str = "continuous"           # "continuous" | "static" (admit a batch, run it to the end)
+    #   | "dynamic" (static, but a batch starts only once max_num_seqs wait or the oldest has
+    #   waited max_wait_ms)
+    schedule: str = "arrival"               # admission order: "arrival" (FCFS) | "throughput" (offline:
+                                            # shared prefixes grouped and computed once, biggest first)
+    policy: str = "fcfs"                    # "fcfs" | "priority" (lower Request.priority first)
+    max_wait_ms: float = 0.0                # dynamic: how long the oldest request may wait for a full batch
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048      # token budget per step
     enable_chunked_prefill: bool = True
@@ -33,16 +40,29 @@ class EngineConfig:
     # speculative decoding: None (off), a dict {"method": "ngram" | "draft" | "early_exit", ...}
     # or "METHOD[:K][,key=value...]" (see spec_config.SpecConfig)
     speculative: Optional[object] = None
+    # model parallelism (llmkern.distributed): T x P ranks, each its own process; the engine's
+    # process is rank 0 and spawns the others (or joins ranks started by torchrun, see README)
+    tensor_parallel_size: int = 1           # Megatron-style shards of every layer
+    pipeline_parallel_size: int = 1         # contiguous stages of layers
+    distributed_timeout_s: float = 60.0     # a collective not complete by then is an error
 
     def __post_init__(self):
         def bad(name, expected):
             raise ValueError(f"{name}: expected {expected}, got {getattr(self, name)!r}")
 
-        if self.scheduler not in ("continuous", "static"):
-            bad("scheduler", "'continuous' or 'static'")
+        if self.schedule not in ("arrival", "throughput"):
+            bad("schedule", "'arrival' or 'throughput'")
+        if self.scheduler not in ("continuous", "static", "dynamic"):
+            bad("scheduler", "'continuous', 'static' or 'dynamic'")
+        if self.policy not in ("fcfs", "priority"):
+            bad("policy", "'fcfs' or 'priority'")
+        if not isinstance(self.max_wait_ms, (int, float)) or isinstance(self.max_wait_ms, bool) or \
+                not 0 <= self.max_wait_ms < float("inf"):
+            bad("max_wait_ms", "a finite number of milliseconds >= 0")
         if self.preemption_mode not in ("recompute", "swap"):
             bad("preemption_mode", "'recompute' or 'swap'")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
+                     "pipeline_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(name, "an integer >= 1")
@@ -51,10 +71,16 @@ class EngineConfig:
             if v is not None and (not isinstance(v, int) or v < (1 if name == "max_model_len" else 0)):
                 bad(name, "a non-negative integer or None")
         for name in ("cpu_offload_gb", "swap_space_gb"):
-            if getattr(self, name) < 0:
+            v = getattr(self, name)
+            if not _is_num(v) or v < 0:
                 bad(name, "a size in GiB >= 0")
-        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
+        if self.kv_cache_memory_gb is not None and (not _is_num(self.kv_cache_memory_gb)
+                                                    or self.kv_cache_memory_gb <= 0):
             bad("kv_cache_memory_gb", "a size in GiB > 0")
+        if not (isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0):
+            bad("distributed_timeout_s", "a number of seconds > 0")
+        self._check_device()
+        self._check_memory()
         if not 0 < self.gpu_memory_utilization <= 1:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype is not None and self.dtype not in _DTYPES:
@@ -63,6 +89,38 @@ class EngineConfig:
             from .spec_config import SpecConfig
 
             self.speculative = SpecConfig.parse(self.speculative)
+
+    def _check_device(self) -> None:
+        if self.device is None:
+            return
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {self.device!r}") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device: {self.device!r} is not supported (expected 'cpu', 'cuda' or 'cuda:N')")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device: {self.device!r} was asked for, but no CUDA device is available "
+                                 f"(torch.cuda.is_available() is False); use device 'cpu'")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ValueError(f"device: {self.device!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
+
+    def _check_memory(self) -> None:
+        """Sizes in GiB asked for explicitly must fit the machine (the engine checks again, exactly,
+        once the model is loaded and the block count is known)."""
+        from .memory import check_fits
+
+        if self.kv_cache_memory_gb is not None:
+            check_fits(self.kv_cache_memory_gb * _GiB, self.torch_device, "kv_cache_memory_gb")
+        host = self.cpu_offload_gb + (self.swap_space_gb if self.preemption_mode == "swap" else 0.0)
+        if host:
+            check_fits(host * _GiB, "cpu", "cpu_offload_gb" if self.cpu_offload_gb else "swap_space_gb")
+
+    @property
+    def world_size(self) -> int:
+        """Model-parallel ranks (processes) the engine runs on."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def torch_device(self) -> torch.device:
@@ -80,6 +138,13 @@ class EngineConfig:
         names = {f.name for f in fields(cls)}
         mine = {k: v for k, v in kwargs.items() if k in names}
         return cls(**mine), {k: v for k, v in kwargs.items() if k not in names}
+
+
+_GiB = 1 << 30
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,

@@ -1,5 +1,6 @@
 """Incremental detokenization: new text per generated token without re-decoding the whole output,
-holding back bytes of an incomplete UTF-8 character."""
+holding back bytes of an incomplete UTF-8 character; and how much streamed text to hold back while it
+could still turn out to be the start of a stop string."""
 from __future__ import annotations
 
 from typing import List
@@ -21,3 +22,16 @@ class IncrementalDetokenizer:
             self.read_offset = len(output_ids)
             return full[len(prefix):]
         return ""
+
+
+def stop_holdback(text: str, stops: List[str]) -> int:
+    """Number of characters at the end of `text` that could still begin one of `stops` (the longest
+    suffix of text that is a proper prefix of a stop string). Streaming sends them only once the next
+    tokens show they are not a stop, so a stop spanning two tokens never leaks into the stream."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

@@ -11,11 +11,12 @@ import torch
 
 from ..models.loader import load_model
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, stop_holdback
 from .kv_cache_manager import build_kv_cache
-from .metrics import RunMetrics
+from .metrics import EngineStats, RunMetrics, inter_token_latencies
 from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner
+from .parallel_runner import ParallelRunner
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -23,6 +24,8 @@ from .scheduler import Scheduler
 from .sequence import Request, Sequence, SeqStatus
 
 PromptType = Union[str, List[int], dict, List[dict]]
+_EXPECTED = {"prompt": "a string", "prompt_token_ids": "a list of token ids",
+             "messages": "a non-empty list of {'role', 'content'} messages"}
 
 
 class Engine:
@@ -30,12 +33,23 @@ class Engine:
                  tokenizer=None, model_obj=None):
         self.config = config = config or EngineConfig()
         device = config.torch_device
-        if model_obj is not None:
+        self.executor = None
+        if config.world_size > 1:  # the model split over T x P ranks; this process is rank 0
+            self._check_parallel(config, model_obj)
+            from ..distributed.executor import ParallelExecutor
+
+            self.executor = ParallelExecutor(model, config, load_format)
+            self.config = config = self.executor.config  # KV block counts resolved for every rank
+            self.model, self.tokenizer = self.executor.model, tokenizer or self.executor.tokenizer
+            device = self.executor.device
+            mc = self.executor.model_config  # the whole model's (self.model holds rank 0's shard)
+        elif model_obj is not None:
             self.model, self.tokenizer = model_obj, tokenizer
+            mc = self.model.config
         else:
             self.model, tok = load_model(model, config.torch_dtype, device, load_format, seed=config.seed)
             self.tokenizer = tokenizer or tok
-        mc = self.model.config
+            mc = self.model.config
         self.model_config = mc
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.eos_token_ids = list(mc.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else []))
@@ -51,20 +65,38 @@ class Engine:
 
             self.spec = SpecDecoder(config.speculative, self.model, device, dtype, self.max_model_len, self.sampler)
             kv_layers += self.spec.kv_layers()
-        self.kv = build_kv_cache(config, kv_layers, dtype, device)
+        self.kv = self.executor.kv if self.executor is not None else build_kv_cache(config, kv_layers, dtype, device)
         if self.spec is not None:
             self.spec.bind_caches(self.kv.caches, config.block_size)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         graphs = None
-        if device.type == "cuda" and not config.enforce_eager and self.spec is None:
+        if device.type == "cuda" and not config.enforce_eager and self.spec is None and self.executor is None:
             graphs = DecodeGraphs(self.model, self.kv.caches, config.block_size, config.max_num_seqs,
                                   self.max_model_len)
-        self.runner = ModelRunner(self.model, self.kv.caches, config.block_size, graphs)
+        if self.executor is not None:
+            self.runner = ParallelRunner(self.executor, config.block_size)
+        else:
+            self.runner = ModelRunner(self.model, self.kv.caches, config.block_size, graphs)
         self.requests: Dict[str, Request] = {}
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
         self._stream: Dict[str, bool] = {}
         self.metrics = RunMetrics()
+
+    @staticmethod
+    def _check_parallel(config: EngineConfig, model_obj) -> None:
+        if model_obj is not None:
+            raise ValueError("model_obj: a prebuilt model cannot be split over ranks; pass the model path "
+                             "with tensor_parallel_size/pipeline_parallel_size")
+        spec = config.speculative
+        if spec is not None and spec.method != "ngram":
+            raise NotImplementedError(f"speculative: method {spec.method!r} with tensor/pipeline parallelism is not "
+                                      f"supported (ngram is)")
+
+    def shutdown(self) -> None:
+        """Release the worker processes of a model-parallel engine (no-op otherwise); idempotent."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
     # -- intake ---------------------------------------------------------------------------------
     def tokenize(self, prompt: PromptType) -> (Optional[str], List[int]):
@@ -74,7 +106,11 @@ class Engine:
             keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in prompt]
             if len(keys) != 1:
                 raise ValueError("prompt: a dict prompt needs exactly one of 'prompt', 'prompt_token_ids', 'messages'")
-            prompt = prompt[keys[0]]
+            key, prompt = keys[0], prompt[keys[0]]
+            want = {"prompt": str, "prompt_token_ids": (list, tuple), "messages": (list, tuple)}[key]
+            if not isinstance(prompt, want) or (key == "messages" and not (
+                    prompt and all(isinstance(m, dict) for m in prompt))):  # never reinterpreted
+                raise TypeError(f"{key}: expected {_EXPECTED[key]}, got {type(prompt).__name__}")
         if isinstance(prompt, str):
             self._need_tokenizer()
             return prompt, self.tokenizer.encode(prompt)
@@ -100,10 +136,17 @@ class Engine:
 
     def add_request(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, stream: bool = False,
-                    arrival_time: Optional[float] = None) -> str:
+                    arrival_time: Optional[float] = None, priority: int = 0,
+                    queue_deadline: Optional[float] = None) -> str:
         """Validate and queue one request; raises ValueError/TypeError (and queues nothing) if it
-        is bad. Returns its id."""
+        is bad. Returns its id. priority: lower runs first under policy "priority";
+        queue_deadline: a time.perf_counter() value after which the request, if it has not
+        started, finishes with finish_reason "timeout" and no output."""
         params = params if params is not None else SamplingParams()
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority: expected an integer, got {priority!r}")
+        if params.logprobs is not None and self.spec is not None:
+            raise ValueError("logprobs: not available with speculative decoding")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)
@@ -121,7 +164,7 @@ class Engine:
             request_id = str(next(self._ids))
         elif request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        req = Request(request_id, text, ids, params, arrival_time)
+        req = Request(request_id, text, ids, params, arrival_time, priority, queue_deadline)
         for i in range(params.n):
             g = None
             if params.seed is not None:
@@ -155,19 +198,41 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work
 
+    def ready_in(self) -> float:
+        """Seconds until step() has work (0: now; > 0: a dynamic batch is forming; inf: idle)."""
+        return self.scheduler.ready_in(time.perf_counter())
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's load and counters (for a server's admission and metrics)."""
+        sch, kv = self.scheduler, self.kv
+        waiting = {s.request.request_id for s in sch.waiting}
+        return EngineStats(
+            num_running=len({s.request.request_id for s in sch.running} - waiting),
+            num_waiting=len(waiting), num_swapped=len(sch.swapped),
+            prefill_tokens_pending=sch.num_prefill_tokens_pending(),
+            kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.pool.num_free,
+            num_preemptions=sch.num_preemptions, prefix_query_tokens=kv.stats.prefix_query_tokens,
+            prefix_hit_tokens=kv.stats.prefix_hit_tokens,
+            prompt_tokens_computed=self.metrics.prompt_tokens_computed,
+            generation_tokens=self.metrics.generated_tokens, prefill_tok_s=self.metrics.prefill_tok_s)
+
     # -- the step -------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> List[RequestOutput]:
         """One scheduling + model step. Returns outputs of the requests that finished in it and,
         for streaming requests, of those that produced tokens."""
         spec = self.spec
+        now = time.perf_counter()
+        expired = self.scheduler.expired(now)
+        for seq in expired:
+            self._finish(seq, "timeout", now)
         if spec is not None:
             spec.before_schedule(self.scheduler.running)
         batch = self.scheduler.schedule()
         if spec is not None:
             spec.before_forward(batch)
         if batch.empty:
-            if self.scheduler.has_work and not self.scheduler.running:
+            if self.scheduler.has_work and not self.scheduler.running and self.ready_in() == 0:
                 raise RuntimeError("engine: no request can be scheduled (KV pool too small for the queue head)")
             return self._collect([])
         t0 = time.perf_counter()
@@ -178,7 +243,13 @@ class Engine:
         verified = {}
         if spec is not None:  # verified chunks leave the batch; their tokens are committed below
             logits, sample_seqs, verified = spec.verify(batch, logits, sample_seqs)
+        lp_rows = [i for i, s in enumerate(sample_seqs) if s.logprobs is not None]
+        # Log-probabilities of the model's distribution (before penalties and temperature, as
+        # vLLM and OpenAI report them); taken before the sampler edits the logits in place.
+        logp = torch.log_softmax(logits[lp_rows].float(), dim=-1) if lp_rows else None
         tokens = self.sampler(logits, sample_seqs) if sample_seqs else []
+        if lp_rows:
+            self._record_logprobs(logp, [sample_seqs[i] for i in lp_rows], [tokens[i] for i in lp_rows])
         now = time.perf_counter()
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
@@ -199,6 +270,16 @@ class Engine:
                     self.kv.cache_blocks(seq)
         self.metrics.on_step(batch, len(sample_seqs), now - t0)
         return self._collect(touched)
+
+    @staticmethod
+    def _record_logprobs(logp: torch.Tensor, seqs: List[Sequence], toks: List[int]) -> None:
+        kmax = max(s.params.logprobs for s in seqs)
+        top_v, top_i = logp.topk(kmax, dim=-1) if kmax else (None, None)
+        chosen = logp[torch.arange(len(toks)), torch.tensor(toks)].tolist()
+        for r, (s, lp) in enumerate(zip(seqs, chosen)):
+            k = s.params.logprobs
+            top = list(zip(top_i[r, :k].tolist(), top_v[r, :k].tolist())) if k else []
+            s.logprobs.append((lp, top))
 
     def _check_stop(self, seq: Sequence, tok: int, now: float) -> None:
         p = seq.params
@@ -242,7 +323,7 @@ class Engine:
     def _request_metrics(self, req: Request) -> RequestMetrics:
         s0 = req.seqs[0]
         firsts = [s.first_token_time for s in req.seqs if s.first_token_time is not None]
-        itl = [b - a for a, b in zip(s0.token_times, s0.token_times[1:])]
+        itl = inter_token_latencies(s0.token_times)
         return RequestMetrics(
             arrival_time=req.arrival_time, first_scheduled_time=req.first_scheduled_time,
             first_token_time=min(firsts) if firsts else None,
@@ -257,10 +338,15 @@ class Engine:
         for s in req.seqs:
             new_ids = s.output_token_ids[s.stream_offset:]
             s.stream_offset = s.num_output_tokens
-            delta = s.output_text[s.text_sent:] if len(s.output_text) > s.text_sent else ""
-            s.text_sent = max(s.text_sent, len(s.output_text))
-            outs.append(CompletionOutput(s.index, s.output_text, s.output_token_ids, s.finish_reason,
-                                         s.stop_reason, delta, new_ids))
+            visible = len(s.output_text)
+            if not s.is_finished and s.params.stop_list and not s.params.include_stop_str_in_output:
+                visible -= stop_holdback(s.output_text, s.params.stop_list)
+            delta = s.output_text[s.text_sent:visible] if visible > s.text_sent else ""
+            s.text_sent = max(s.text_sent, visible)
+            lps = s.logprobs
+            outs.append(CompletionOutput(s.index, s.output_text[:visible], s.output_token_ids, s.finish_reason,
+                                         s.stop_reason, delta, new_ids, lps,
+                                         None if lps is None else lps[len(lps) - len(new_ids):]))
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
                              self._request_metrics(req))
 

@@ -13,12 +13,14 @@ import torch
 from ..models.hugepages import zeros_on_hugepages
 from ..ops.kvcache import swap_blocks
 from .config import EngineConfig
-from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool
+from .memory import check_fits, host_available_bytes
+from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool, block_hash
 from .sequence import Sequence
 
 Caches = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (key_cache, value_cache)
 LayerGroup = Tuple[int, int, int]  # (num_layers, num_kv_heads, head_dim) of one model
 _GiB = 1 << 30
+CPU_KV_DEFAULT_GIB = 2.0  # the CPU KV budget when none is given (per machine: ranks on it split it)
 
 
 def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -34,13 +36,51 @@ def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads
 
 def kv_budget_bytes(config: EngineConfig, device: torch.device) -> float:
     """Memory for the device KV blocks: kv_cache_memory_gb, else on a GPU the part of
-    gpu_memory_utilization not used yet (weights loaded), else 2 GiB."""
+    gpu_memory_utilization not used yet (weights loaded), else CPU_KV_DEFAULT_GIB."""
     if config.kv_cache_memory_gb is not None:
         return config.kv_cache_memory_gb * _GiB
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return max(0.0, total * config.gpu_memory_utilization - (total - free))
-    return 2 * _GiB
+    avail = host_available_bytes()  # the CPU default never takes more than half of what is free
+    default = CPU_KV_DEFAULT_GIB * _GiB
+    return default if avail is None else min(default, avail / 2)
+
+
+def kv_block_counts(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
+                    device: torch.device) -> Tuple[int, int, int]:
+    """(device blocks, CPU offload blocks, swap blocks) for a cache of `layers`: from the block
+    counts in config, else from its memory budgets."""
+    block_bytes = kv_block_bytes(layers, dtype, config.block_size)
+    num_blocks = config.num_gpu_blocks
+    if num_blocks is None:
+        num_blocks = int(kv_budget_bytes(config, device) // block_bytes)
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
+    n_off = config.num_cpu_offload_blocks
+    if n_off is None:
+        n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
+    n_swap = config.num_swap_blocks
+    if n_swap is None:
+        n_swap = int(config.swap_space_gb * _GiB // block_bytes)
+    return num_blocks, n_off, n_swap
+
+
+def kv_block_bytes(layers: List[LayerGroup], dtype: torch.dtype, block_size: int) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return sum(2 * n * h * d for n, h, d in layers) * elem * block_size
+
+
+def check_kv_memory(config: EngineConfig, device: torch.device, n_dev: int, n_host: int, block_bytes: int) -> None:
+    """Before any cache is zero-filled: the device blocks and the host tiers must fit the machine."""
+    what = (f"num_gpu_blocks={n_dev} x block_size={config.block_size}" if config.num_gpu_blocks is not None
+            else "kv_cache_memory_gb") + " (KV cache)"
+    host_what = "cpu_offload_gb / swap_space_gb (host KV blocks)"
+    if device.type == "cpu":
+        check_fits((n_dev + n_host) * block_bytes, device, what if n_host == 0 else f"{what} + {host_what}")
+    else:
+        check_fits(n_dev * block_bytes, device, what)
+        check_fits(n_host * block_bytes, "cpu", host_what)
 
 
 def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
@@ -49,27 +89,16 @@ def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.
     share the block ids): device blocks from num_gpu_blocks or the memory budget, the CPU offload
     tier and the swap space from their block counts or GiB."""
     bs = config.block_size
-    elem = torch.empty((), dtype=dtype).element_size()
-    block_bytes = sum(2 * n * h * d for n, h, d in layers) * elem * bs
-    num_blocks = config.num_gpu_blocks
-    if num_blocks is None:
-        num_blocks = int(kv_budget_bytes(config, device) // block_bytes)
-    if num_blocks < 1:
-        raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
+    num_blocks, n_off, n_swap = kv_block_counts(config, layers, dtype, device)
 
     def alloc(n: int, dev, pin: bool = False) -> Caches:
         return [c for g in layers for c in alloc_caches(n, bs, *g, dtype, dev, pin=pin)]
 
-    n_off = config.num_cpu_offload_blocks
-    if n_off is None:
-        n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
-    offload = alloc(n_off, "cpu", pin=True) if n_off and config.enable_prefix_caching else None
-    swap = None
-    if config.preemption_mode == "swap":
-        n_swap = config.num_swap_blocks
-        if n_swap is None:
-            n_swap = int(config.swap_space_gb * _GiB // block_bytes)
-        swap = alloc(n_swap, "cpu", pin=True) if n_swap else None
+    n_off = n_off if config.enable_prefix_caching else 0
+    n_swap = n_swap if config.preemption_mode == "swap" else 0
+    check_kv_memory(config, device, num_blocks, n_off + n_swap, kv_block_bytes(layers, dtype, bs))
+    offload = alloc(n_off, "cpu", pin=True) if n_off else None
+    swap = alloc(n_swap, "cpu", pin=True) if n_swap else None
     return KVCacheManager(alloc(num_blocks, device), bs, config.enable_prefix_caching, offload, swap)
 
 
@@ -100,20 +129,30 @@ class KVCacheManager:
         self.swap_caches = swap_caches
         self.swap_pool = HostPool(swap_caches[0][0].shape[0]) if swap_caches else None
         self.stats = CacheStats()
+        self.copy_log: Optional[list] = None  # set by a model-parallel engine: block copies to replay
 
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
     # -- copies ---------------------------------------------------------------------------------
-    @staticmethod
-    def _copy(src: Caches, dst: Caches, pairs: List[Tuple[int, int]]) -> None:
+    def tier(self, name: str) -> Caches:
+        """The caches of one tier: "device", "offload" or "swap"."""
+        return {"device": self.caches, "offload": self.offload_caches, "swap": self.swap_caches}[name]
+
+    def copy_blocks_between(self, src: str, dst: str, pairs: List[Tuple[int, int]]) -> None:
+        """Copy (src block, dst block) pairs between two tiers, every layer."""
         if not pairs:
             return
         mapping = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
-        for (sk, sv), (dk, dv) in zip(src, dst):
+        for (sk, sv), (dk, dv) in zip(self.tier(src), self.tier(dst)):
             swap_blocks(sk, dk, mapping)
             swap_blocks(sv, dv, mapping)
+
+    def _copy(self, src: str, dst: str, pairs: List[Tuple[int, int]]) -> None:
+        if pairs and self.copy_log is not None:  # model-parallel ranks replay them on their shards
+            self.copy_log.append((src, dst, list(pairs)))
+        self.copy_blocks_between(src, dst, pairs)
 
     def _allocate(self, n: int) -> List[int]:
         bids, evicted = self.pool.allocate(n)
@@ -130,7 +169,7 @@ class KVCacheManager:
             return
         for e, h in zip(todo, host):
             self.offload.cached[e.block_hash] = HostEntry(h, e.tokens, e.reg, e.parent_reg)
-        self._copy(self.caches, self.offload_caches, [(e.block_id, h) for e, h in zip(todo, host)])
+        self._copy("device", "offload", [(e.block_id, h) for e, h in zip(todo, host)])
         self.stats.blocks_offloaded += len(todo)
 
     # -- per-sequence API -----------------------------------------------------------------------
@@ -147,8 +186,7 @@ class KVCacheManager:
         hashes = seq.block_hashes
         toks = seq.token_ids
         for i in range(len(hashes), upto):
-            parent = hashes[i - 1] if i else 0
-            hashes.append(hash((parent, tuple(toks[i * bs:(i + 1) * bs]))))
+            hashes.append(block_hash(hashes[i - 1] if i else 0, toks[i * bs:(i + 1) * bs]))
 
     def acquire_prefix(self, seq: Sequence) -> int:
         """For a sequence about to start: take the longest cached prefix of full blocks (at least
@@ -193,7 +231,7 @@ class KVCacheManager:
             for i, e in host:  # pin the entries while device blocks are allocated (that may offload)
                 del self.offload.cached[seq.block_hashes[i]]
             dev = self._allocate(len(host))
-            self._copy(self.offload_caches, self.caches, [(e.block_id, d) for (_, e), d in zip(host, dev)])
+            self._copy("offload", "device", [(e.block_id, d) for (_, e), d in zip(host, dev)])
             for (i, e), d in zip(host, dev):
                 displaced = self.offload.cached.pop(seq.block_hashes[i], None)
                 if displaced is not None:  # a colliding entry offloaded meanwhile
@@ -263,13 +301,20 @@ class KVCacheManager:
             self.swap_pool.give_back(seq.swap_blocks)
             seq.swap_blocks = []
 
+    def reset_prefix_cache(self) -> None:
+        """Drop the index of every cached block not in use, on the device and in the host tier."""
+        self.pool.evict_all_cached()
+        if self.offload is not None:
+            self.offload.give_back([e.block_id for e in self.offload.cached.values()])
+            self.offload.cached.clear()
+
     # -- swap preemption ------------------------------------------------------------------------
     def can_swap_out(self, seq: Sequence) -> bool:
         return self.swap_pool is not None and len(seq.block_ids) <= self.swap_pool.num_available
 
     def swap_out(self, seq: Sequence) -> None:
         host = self.swap_pool.take(len(seq.block_ids))
-        self._copy(self.caches, self.swap_caches, list(zip(seq.block_ids, host)))
+        self._copy("device", "swap", list(zip(seq.block_ids, host)))
         self.stats.blocks_swapped_out += len(host)
         self.free(seq)
         seq.swap_blocks = host
@@ -284,7 +329,7 @@ class KVCacheManager:
 
     def swap_in(self, seq: Sequence) -> None:
         dev = self._allocate(len(seq.swap_blocks))
-        self._copy(self.swap_caches, self.caches, list(zip(seq.swap_blocks, dev)))
+        self._copy("swap", "device", list(zip(seq.swap_blocks, dev)))
         self.stats.blocks_swapped_in += len(dev)
         self.swap_pool.give_back(seq.swap_blocks)
         seq.swap_blocks = []

@@ -12,7 +12,8 @@ from typing import List, Optional, Sequence, Union
 
 from .config import EngineConfig
 from .engine import Engine, PromptType
-from .outputs import RequestOutput
+from .outputs import (EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringOutput,
+                      ScoringRequestOutput)
 from .sampling_params import SamplingParams
 
 
@@ -20,7 +21,9 @@ class LLM:
     def __init__(self, model=None, load_format: str = "auto", **kwargs):
         """model: None (embedded default), a HF model directory or a .gguf file (or, with
         load_format="dummy", a config for random weights). Other keywords: EngineConfig fields
-        (max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching, ...)."""
+        (max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching, ...,
+        tensor_parallel_size, pipeline_parallel_size: the model split over that many processes;
+        call shutdown() or use `with LLM(...) as llm:` to stop them before the interpreter exits)."""
         config, rest = EngineConfig.split_kwargs(kwargs)
         if rest:
             raise TypeError(f"LLM: unknown argument(s) {', '.join(sorted(rest))}")
@@ -91,5 +94,66 @@ class LLM:
         chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         return self.generate([list(c) for c in chats], sampling_params, use_tqdm)
 
+    # -- prefill-only tasks ------------------------------------------------------------------------
+    def _token_lists(self, prompts, what: str) -> List[List[int]]:
+        out = []
+        for i, p in enumerate(self._as_list(prompts)):
+            try:
+                out.append(self.engine.tokenize(p)[1])
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"{what}[{i}]: {e}") from None
+        return out
+
+    def embed(self, prompts, pooling: str = "mean", normalize: bool = True) -> List[EmbeddingRequestOutput]:
+        """One embedding per prompt (str, token-id list or {"prompt_token_ids": [...]}), in order:
+        the final hidden states (after the last norm) pooled by "mean" over the tokens, the "last"
+        token or the first ("cls") token, L2-normalised unless normalize=False. Runs prefill only,
+        batched under max_num_batched_tokens; no KV blocks are used."""
+        from .prefill_tasks import embed
+
+        ids = self._token_lists(prompts, "prompts")
+        vecs = embed(self.engine, ids, pooling, normalize)
+        return [EmbeddingRequestOutput(str(i), EmbeddingOutput(v.tolist()), t)
+                for i, (v, t) in enumerate(zip(vecs, ids))]
+
+    def score(self, prompts, continuations) -> List[ScoringRequestOutput]:
+        """Log-likelihood of each continuation given its prompt (pairs in order; strings or token
+        ids). A string continuation is tokenised without special tokens and appended to the prompt's
+        tokens. Unlike vLLM's score (similarity of two texts under a cross-encoder or embedding
+        model), this scores text under the language model: `.outputs.score` is the summed log-prob."""
+        from .prefill_tasks import loglikelihood
+
+        ps = self._token_lists(prompts, "prompts")
+        conts = self._as_list(continuations)
+        if len(conts) != len(ps):
+            raise ValueError(f"continuations: {len(conts)} given for {len(ps)} prompts")
+        cs = []
+        for i, c in enumerate(conts):
+            if isinstance(c, str):
+                self.engine._need_tokenizer()
+                cs.append(self.tokenizer.encode(c, add_special_tokens=False))
+            else:
+                try:
+                    cs.append(self.engine.tokenize(c)[1])
+                except (ValueError, TypeError) as e:
+                    raise type(e)(f"continuations[{i}]: {e}") from None
+        res = loglikelihood(self.engine, ps, cs)
+        return [ScoringRequestOutput(str(i), ScoringOutput(float(sum(lp)), lp, g), p, c)
+                for i, ((lp, g), p, c) in enumerate(zip(res, ps, cs))]
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block not in use (e.g. between benchmark runs)."""
+        self.engine.kv.reset_prefix_cache()
+
     def run_metrics(self) -> dict:
         return self.engine.run_metrics()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes of a model-parallel engine (tensor/pipeline_parallel_size > 1)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

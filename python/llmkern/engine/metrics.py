@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import List, Optional
 
 
@@ -15,6 +16,43 @@ def percentile(xs: List[float], q: float) -> Optional[float]:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+@dataclass
+class EngineStats:
+    """Engine.stats(): load right now and counters since start."""
+    num_running: int              # requests with a sequence running
+    num_waiting: int              # requests with a sequence queued (not started or preempted)
+    num_swapped: int              # sequences preempted to host memory
+    prefill_tokens_pending: int   # prompt tokens still to compute, queued and running
+    kv_blocks_total: int
+    kv_blocks_free: int           # free blocks, cached prefix blocks included (evictable)
+    num_preemptions: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    prompt_tokens_computed: int
+    generation_tokens: int
+    prefill_tok_s: Optional[float]  # recent prefill rate (None before the first prefill)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.kv_blocks_free / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+def inter_token_latencies(token_times: List[float]) -> List[float]:
+    """One latency per output token after the first step's: a step that commits k tokens at once
+    (accepted speculative tokens) spreads its gap over them, gap / k each, so the mean stays the
+    time per output token and speculation never shows as 0 ms latencies."""
+    groups: List[List[float]] = []  # [time, count] per step
+    for t in token_times:
+        if groups and groups[-1][0] == t:
+            groups[-1][1] += 1
+        else:
+            groups.append([t, 1])
+    out: List[float] = []
+    for (t0, _), (t1, k) in zip(groups, groups[1:]):
+        out += [(t1 - t0) / k] * int(k)
+    return out
+
+
 class RunMetrics:
     def __init__(self):
         self.reset()
@@ -25,6 +63,8 @@ class RunMetrics:
         self.steps = 0
         self.model_time = 0.0
         self.prompt_tokens_computed = 0   # prefill rows run (cache hits excluded)
+        self.generated_tokens = 0         # sampled tokens, all requests (finished or not)
+        self.prefill_tok_s: Optional[float] = None  # moving average over prefill steps
         self.prompt_tokens = 0            # prompt tokens of finished requests
         self.output_tokens = 0
         self.requests_finished = 0
@@ -39,7 +79,12 @@ class RunMetrics:
     def on_step(self, batch, num_sampled: int, dt: float) -> None:
         self.steps += 1
         self.model_time += dt
-        self.prompt_tokens_computed += sum(batch.prefill_lens)
+        n = sum(batch.prefill_lens)
+        self.prompt_tokens_computed += n
+        self.generated_tokens += num_sampled
+        if n >= 16 and dt > 0:   # small chunks say more about per-step overhead than the rate
+            r = n / dt
+            self.prefill_tok_s = r if self.prefill_tok_s is None else 0.7 * self.prefill_tok_s + 0.3 * r
         self.last = time.perf_counter()
 
     def on_finish(self, m) -> None:

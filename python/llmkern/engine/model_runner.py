@@ -121,3 +121,17 @@ class ModelRunner:
         if not sample_seqs:
             return None, []
         return self.model.compute_logits(hidden, rows), sample_seqs
+
+    def run_prompts(self, token_lists: List[List[int]]) -> Tuple[torch.Tensor, np.ndarray]:
+        """Prefill-only pass for embedding and scoring: every list is a whole sequence from position
+        0, attended densely on its own fresh K/V; no KV block is allocated or written (slot -1).
+        Returns the final hidden states [sum of lengths, hidden] and the cumulative lengths."""
+        lens = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=len(token_lists))
+        cu = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
+        ids = self._tensor(np.fromiter((t for toks in token_lists for t in toks), dtype=np.int64, count=int(cu[-1])))
+        positions = self._tensor(np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lens))
+        meta = AttnMetadata(slot_mapping=self._tensor(np.full(int(cu[-1]), -1, dtype=np.int64)),
+                            num_prefill_tokens=int(cu[-1]), prefill_cu_q=self._tensor(cu.astype(np.int32)),
+                            prefill_max_q=int(lens.max()) if len(lens) else 0)
+        return self.model.forward(ids, positions, meta, self.caches), cu

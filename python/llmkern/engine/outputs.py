@@ -15,7 +15,8 @@ class RequestMetrics:
     num_output_tokens: int = 0
     num_cached_prompt_tokens: int = 0     # prompt tokens served by the prefix cache
     num_preemptions: int = 0
-    inter_token_latencies: List[float] = field(default_factory=list)  # seconds, first sample
+    # seconds, first sample; a step that commits k tokens (speculation) counts its gap / k for each
+    inter_token_latencies: List[float] = field(default_factory=list)
 
     @property
     def ttft(self) -> Optional[float]:
@@ -40,6 +41,10 @@ class CompletionOutput:
     stop_reason: Union[None, int, str] = None  # the stop string / stop token id that matched
     delta_text: str = ""                  # streaming: text added by this step
     delta_token_ids: List[int] = field(default_factory=list)
+    # With SamplingParams.logprobs: per output token (logprob of the token, [(token id, logprob)] of
+    # the most likely ones); delta_logprobs for the tokens of delta_token_ids.
+    logprobs: Optional[list] = None
+    delta_logprobs: Optional[list] = None
 
     @property
     def finished(self) -> bool:
@@ -68,3 +73,34 @@ class RequestOutput:
     @property
     def finish_reason(self) -> Optional[str]:
         return self.outputs[0].finish_reason if self.outputs else ("error" if self.error else None)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: List[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """LLM.embed's result for one input (vLLM's shape: `.outputs.embedding`)."""
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: List[int]
+    finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    score: float                   # log-likelihood of the continuation: sum of token_logprobs
+    token_logprobs: List[float]    # log p(continuation token | everything before it)
+    is_greedy: bool                # every continuation token is the argmax at its position
+
+
+@dataclass
+class ScoringRequestOutput:
+    """LLM.score's result for one (prompt, continuation) pair (vLLM's shape: `.outputs.score`)."""
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: List[int]
+    continuation_token_ids: List[int]
+    finished: bool = True

@@ -45,7 +45,7 @@ def filtered_probs(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.T
     dev = logits.device
     temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
     x = logits.float() / temps.unsqueeze(1)
-    top_k = [p.top_k if p.top_k > 0 else V for p in params]
+    top_k = [min(p.top_k, V) if p.top_k > 0 else V for p in params]  # clamped to the vocabulary
     if any(k < V for k in top_k):
         x = top_k_mask_logits(x, torch.tensor(top_k, dtype=torch.int32, device=dev))
     probs = torch.softmax(x, dim=-1)

@@ -98,7 +98,7 @@ class Sampler:
         temps = torch.tensor([p.temperature for p in ps], dtype=x.dtype, device=x.device)
         x = x / temps.unsqueeze(1)
         V = x.shape[1]
-        top_k = [p.top_k if p.top_k > 0 else V for p in ps]
+        top_k = [min(p.top_k, V) if p.top_k > 0 else V for p in ps]  # clamped to the vocabulary, as vLLM does
         top_p = [p.top_p for p in ps]
         min_p = [p.min_p for p in ps]
         use_k, use_p = any(k < V for k in top_k), any(q < 1.0 for q in top_p)

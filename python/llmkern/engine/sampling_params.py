@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence, Union
 class SamplingParams:
     n: int = 1                          # independent samples per prompt
     temperature: float = 1.0            # 0 = greedy
-    top_k: int = 0                      # 0 or -1 = off
+    top_k: int = 0                      # 0 or -1 = off; above the vocabulary size: clamped to it
     top_p: float = 1.0                  # (0, 1]
     min_p: float = 0.0                  # [0, 1]
     repetition_penalty: float = 1.0     # > 0; HF-style, over prompt and output tokens
@@ -25,6 +25,7 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: Optional[int] = None
     skip_special_tokens: bool = True
+    logprobs: Optional[int] = None      # None = off; k >= 0: the sampled token's log-probability and the k most likely
     stop_list: List[str] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -79,6 +80,8 @@ class SamplingParams:
             bad("stop_token_ids", "a list of non-negative token ids")
         if self.seed is not None and not is_int(self.seed):
             bad("seed", "an integer or None")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
+            bad("logprobs", "an integer in [0, 20] or None")
 
     @classmethod
     def from_dict(cls, d: dict) -> "SamplingParams":

@@ -7,15 +7,23 @@ Continuous policy, per step under a token budget (max_num_batched_tokens) and a 
      freed and it restarts from its tokens; swap: its blocks move to host memory);
   2. swapped sequences come back when their blocks fit;
   3. waiting sequences are admitted in arrival order, starting after their cached prefix; with
-     chunked prefill the last admitted one may get only part of its prompt.
-Static policy: admit up to max_num_seqs, run that batch to completion, then admit the next."""
+     chunked prefill the last admitted one may get only part of its prompt. With
+     schedule="throughput" (offline work) the queue is ordered and admitted by admission.py's
+     rules instead: prefix groups together, biggest first, shared blocks computed once.
+Static policy: admit up to max_num_seqs, run that batch to completion, then admit the next.
+Dynamic policy: static, but a batch starts only when max_num_seqs sequences wait or the oldest
+has waited max_wait_ms (the batch forms while the previous one runs).
+Queue order (policy "fcfs"): arrival; (policy "priority"): Request.priority, then arrival, and
+the preemption victim is the lowest-priority running sequence instead of the newest one."""
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, List
 
+from . import admission
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
 from .sequence import Sequence, SeqStatus
@@ -46,6 +54,7 @@ class Scheduler:
         self.running: List[Sequence] = []       # admission order (last = lowest priority)
         self.swapped: Deque[Sequence] = deque()
         self.num_preemptions = 0
+        self._unordered = False  # throughput schedule: the waiting queue needs sorting
         self.budget = config.max_num_batched_tokens
         if not config.enable_chunked_prefill:
             # A whole prompt must fit in one step.
@@ -53,7 +62,40 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
+        self._enqueue(seq, front=False)
+        self._unordered = True
+
+    def _enqueue(self, seq: Sequence, front: bool) -> None:
+        if self.config.policy == "priority":
+            keys = [s.priority_key for s in self.waiting]
+            self.waiting.insert(bisect.bisect(keys, seq.priority_key), seq)
+        elif front:
+            self.waiting.appendleft(seq)   # a preempted sequence goes back to the head
+        else:
+            self.waiting.append(seq)
+
+    def ready_in(self, now: float) -> float:
+        """Seconds until schedule() would have work: 0 when it has some now, the time left until
+        a dynamic batch is due while one forms, inf when there is nothing to do."""
+        if self.running or self.swapped:
+            return 0.0
+        if not self.waiting:
+            return float("inf")
+        if self.config.scheduler != "dynamic" or len(self.waiting) >= self.config.max_num_seqs:
+            return 0.0
+        oldest = min(s.request.arrival_time for s in self.waiting)
+        return max(0.0, oldest + self.config.max_wait_ms / 1e3 - now)
+
+    def expired(self, now: float) -> List[Sequence]:
+        """Waiting sequences of requests that never started and whose queue deadline passed."""
+        return [s for s in self.waiting if s.request.queue_deadline is not None
+                and s.request.first_scheduled_time is None and now > s.request.queue_deadline]
+
+    def num_prefill_tokens_pending(self) -> int:
+        """Prompt tokens still to compute (queued and partly prefilled): the work ahead of a new
+        request's first token."""
+        return sum(s.num_tokens - s.num_computed_tokens for s in list(self.waiting) + self.running
+                   if s.num_computed_tokens < s.num_tokens - 1)
 
     @property
     def has_work(self) -> bool:
@@ -68,7 +110,8 @@ class Scheduler:
         budget = self.budget
         scheduled = set()
         chunked = self.config.enable_chunked_prefill
-        if self.config.scheduler == "static" and not self.running and not self.swapped:
+        if (self.config.scheduler != "continuous" and not self.running and not self.swapped
+                and self.ready_in(time.perf_counter()) == 0):
             self._admit_static_batch()
 
         # 1. running: decodes first, then partial prefills.
@@ -133,10 +176,20 @@ class Scheduler:
             return batch  # swapped sequences have priority over new ones
 
         # 3. waiting sequences.
-        if self.config.scheduler == "static":
+        if self.config.scheduler != "continuous":
             return batch
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+        throughput = self.config.schedule == "throughput"
+        if throughput and self._unordered:
+            self.waiting = deque(admission.throughput_order(self.waiting, self.kv.block_size, self.max_model_len))
+            self._unordered = False
+        inflight = (admission.inflight_hashes(self.running, self.kv.block_size)
+                    if throughput and self.kv.enable_prefix_caching else set())
+        i = 0  # throughput: requests waiting for an in-flight prefix are passed over, not blocking
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[i]
+            if inflight and admission.waits_for_inflight(seq, inflight, self.kv.block_size):
+                i += 1
+                continue
             if seq.num_computed_tokens == 0 and not seq.block_ids:
                 self.kv.acquire_prefix(seq)
             n = seq.num_tokens - seq.num_computed_tokens
@@ -148,7 +201,7 @@ class Scheduler:
             if not self.kv.allocate_slots(seq, n):
                 self._release_prefix(seq)
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             if seq.request.first_scheduled_time is None:
@@ -156,6 +209,8 @@ class Scheduler:
             budget -= n
             batch.prefills.append(seq)
             batch.prefill_lens.append(n)
+            if throughput and self.kv.enable_prefix_caching:
+                inflight.update(admission.prompt_hashes(seq, self.kv.block_size)[seq.num_cached_blocks:])
         return batch
 
     def _admit_static_batch(self) -> None:
@@ -177,8 +232,12 @@ class Scheduler:
         seq.num_computed_tokens = 0
 
     def _pick_victim(self, scheduled: set) -> Sequence:
-        # The most recently admitted running sequence; it may be one already scheduled this step
-        # only if nothing else is left (then the step shrinks accordingly).
+        # The most recently admitted (policy "priority": the lowest-priority) running sequence; it
+        # may be one already scheduled this step only if nothing else is left (then the step
+        # shrinks accordingly).
+        if self.config.policy == "priority":
+            rest = [s for s in self.running if s.seq_id not in scheduled]
+            return max(rest or self.running, key=lambda s: s.priority_key)
         for seq in reversed(self.running):
             if seq.seq_id not in scheduled:
                 return seq
@@ -203,7 +262,7 @@ class Scheduler:
             self.kv.free(seq)
             seq.num_computed_tokens = 0
             seq.status = SeqStatus.WAITING
-            self.waiting.appendleft(seq)
+            self._enqueue(seq, front=True)
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished (or aborted) sequence from every queue and free its blocks."""

@@ -26,7 +26,7 @@ class Sequence:
         "block_ids", "num_cached_blocks", "block_hashes", "block_regs", "status", "finish_reason", "stop_reason",
         "generator", "swap_blocks", "detok", "num_preemptions", "first_token_time", "token_times",
         "finish_time", "prompt_cache_hit_tokens", "output_text", "stream_offset", "text_sent",
-        "spec_token_ids",
+        "spec_token_ids", "logprobs",
     )
 
     def __init__(self, seq_id: int, request: "Request", index: int, generator: Optional[torch.Generator]):
@@ -55,6 +55,7 @@ class Sequence:
         self.stream_offset = 0              # output tokens already reported by step()
         self.text_sent = 0                  # characters of output_text already reported
         self.spec_token_ids: List[int] = []  # speculative drafts to verify after the last token
+        self.logprobs: Optional[list] = [] if request.params.logprobs is not None else None  # per output token
 
     @property
     def params(self) -> SamplingParams:
@@ -63,6 +64,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def priority_key(self) -> tuple:
+        """Queue order under the priority policy: priority, then arrival, then sample index."""
+        return (self.request.priority, self.request.arrival_time, self.seq_id)
 
     @property
     def output_token_ids(self) -> List[int]:
@@ -87,8 +93,11 @@ class Request:
     """What the caller submitted: prompt, params, its sequences and timestamps."""
 
     def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
-                 params: SamplingParams, arrival_time: Optional[float] = None):
+                 params: SamplingParams, arrival_time: Optional[float] = None, priority: int = 0,
+                 queue_deadline: Optional[float] = None):
         self.request_id = request_id
+        self.priority = priority               # policy "priority": lower runs first, preempted last
+        self.queue_deadline = queue_deadline   # perf_counter time after which it may not start
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params

@@ -10,9 +10,19 @@ import torch.nn.functional as F
 from .linear import Linear
 
 
-def embed_tokens(ids: torch.Tensor, embed: Optional[torch.Tensor], lm_head: Linear) -> torch.Tensor:
-    """ids [T] -> [T, hidden]; embed None: the rows of the tied head."""
-    return F.embedding(ids, embed) if embed is not None else lm_head.rows(ids)
+def embed_tokens(ids: torch.Tensor, embed: Optional[torch.Tensor], lm_head: Linear, vocab_start: int = 0,
+                 shard_size: Optional[int] = None) -> torch.Tensor:
+    """ids [T] -> [T, hidden]; embed None: the rows of the tied head.
+
+    Vocab-parallel shard (shard_size given): the table holds rows [vocab_start, vocab_start +
+    shard_size); ids outside it give zero rows, so a sum over the shards is the full lookup."""
+    if shard_size is None:
+        return F.embedding(ids, embed) if embed is not None else lm_head.rows(ids)
+    local = ids - vocab_start
+    outside = (local < 0) | (local >= shard_size)
+    local = local.masked_fill(outside, 0)
+    rows = F.embedding(local, embed) if embed is not None else lm_head.rows(local)
+    return rows.masked_fill_(outside.unsqueeze(1), 0)
 
 
 # torch runs an elementwise op over fewer elements than its grain (32768) on the calling thread.

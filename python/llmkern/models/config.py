@@ -2,10 +2,40 @@
 GGUF metadata, for the Llama family (Llama 2/3, Mistral, Qwen2, SmolLM)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+_REQUIRED = object()
+
+
+def _int_field(d: dict, key: str, default=_REQUIRED) -> Optional[int]:
+    """d[key] as an integer >= 1; a missing required key, a non-integer or a value < 1 is a ValueError
+    naming the key (a 0 head count would otherwise surface as a ZeroDivisionError)."""
+    v = d.get(key)
+    if v is None:
+        if default is _REQUIRED:
+            raise ValueError(f"{key}: missing")
+        return default
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"{key}: expected an integer >= 1, got {v!r}")
+    return int(v)
+
+
+def _float_field(d: dict, key: str, default: float) -> float:
+    v = d.get(key, default)
+    v = default if v is None else v
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{key}: expected a number > 0, got {v!r}")
+    return float(v)
+
+
+def _divided(total: int, parts: int, total_key: str, parts_key: str) -> int:
+    if total % parts:
+        raise ValueError(f"{parts_key}: {parts} does not divide {total_key} {total}")
+    return total // parts
 
 
 @dataclass
@@ -51,13 +81,16 @@ class ModelConfig:
     # -- constructors ---------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
+        """From a config.json dict. A missing or bad field is a ValueError naming it."""
+        if not isinstance(cfg, dict):
+            raise ValueError(f"expected a JSON object (the model's config), got {type(cfg).__name__}")
         model_type = cfg.get("model_type", "llama")
         arch = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}.get(model_type, model_type)
         if cfg.get("hidden_act", "silu") != "silu":
             raise NotImplementedError(f"hidden_act: only 'silu' is supported, got {cfg.get('hidden_act')!r}")
-        heads = cfg["num_attention_heads"]
-        hidden = cfg["hidden_size"]
-        head_dim = cfg.get("head_dim") or hidden // heads
+        heads = _int_field(cfg, "num_attention_heads")
+        hidden = _int_field(cfg, "hidden_size")
+        head_dim = _int_field(cfg, "head_dim", None) or _divided(hidden, heads, "hidden_size", "num_attention_heads")
         # transformers >= 5 writes rope_parameters; older versions rope_theta + rope_scaling.
         rope = dict(cfg.get("rope_parameters") or {})
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
@@ -75,11 +108,12 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         return cls(
-            arch=arch, vocab_size=cfg["vocab_size"], hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
-            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=scaling,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            arch=arch, vocab_size=_int_field(cfg, "vocab_size"), hidden_size=hidden,
+            intermediate_size=_int_field(cfg, "intermediate_size"), num_layers=_int_field(cfg, "num_hidden_layers"),
+            num_heads=heads, num_kv_heads=_int_field(cfg, "num_key_value_heads", heads), head_dim=head_dim,
+            rms_norm_eps=_float_field(cfg, "rms_norm_eps", 1e-6),
+            rope_theta=_float_field({"rope_theta": theta}, "rope_theta", 10000.0), rope_scaling=scaling,
+            max_position_embeddings=_int_field(cfg, "max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
             sliding_window=sliding, bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos,
@@ -87,11 +121,14 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, meta: dict, has_output_weight: bool, has_qkv_bias: bool) -> "ModelConfig":
-        arch = meta["general.architecture"]
+        arch = meta.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ValueError(f"general.architecture: missing or not a string ({arch!r})")
         p = arch + "."
-        heads = int(meta[p + "attention.head_count"])
-        hidden = int(meta[p + "embedding_length"])
-        head_dim = int(meta.get(p + "attention.key_length", hidden // heads))
+        heads = _int_field(meta, p + "attention.head_count")
+        hidden = _int_field(meta, p + "embedding_length")
+        head_dim = _int_field(meta, p + "attention.key_length", None) or _divided(
+            hidden, heads, p + "embedding_length", p + "attention.head_count")
         scaling = None
         stype = meta.get(p + "rope.scaling.type")
         if stype == "linear":
@@ -99,14 +136,17 @@ class ModelConfig:
         elif stype not in (None, "none"):
             raise NotImplementedError(f"model: GGUF rope scaling {stype!r} is not supported")
         eos = meta.get("tokenizer.ggml.eos_token_id")
-        vocab = meta.get(p + "vocab_size") or len(meta["tokenizer.ggml.tokens"])
+        vocab = _int_field(meta, p + "vocab_size", None) or len(meta.get("tokenizer.ggml.tokens") or [])
+        if not vocab:
+            raise ValueError(f"{p}vocab_size: missing, and no tokenizer.ggml.tokens to count")
         return cls(
-            arch=arch, vocab_size=int(vocab), hidden_size=hidden,
-            intermediate_size=int(meta[p + "feed_forward_length"]), num_layers=int(meta[p + "block_count"]),
-            num_heads=heads, num_kv_heads=int(meta.get(p + "attention.head_count_kv", heads)),
-            head_dim=head_dim, rms_norm_eps=float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(meta.get(p + "rope.freq_base", 10000.0)), rope_scaling=scaling,
-            max_position_embeddings=int(meta.get(p + "context_length", 2048)),
+            arch=arch, vocab_size=vocab, hidden_size=hidden,
+            intermediate_size=_int_field(meta, p + "feed_forward_length"),
+            num_layers=_int_field(meta, p + "block_count"),
+            num_heads=heads, num_kv_heads=_int_field(meta, p + "attention.head_count_kv", heads),
+            head_dim=head_dim, rms_norm_eps=_float_field(meta, p + "attention.layer_norm_rms_epsilon", 1e-5),
+            rope_theta=_float_field(meta, p + "rope.freq_base", 10000.0), rope_scaling=scaling,
+            max_position_embeddings=_int_field(meta, p + "context_length", 2048),
             tie_word_embeddings=not has_output_weight, qkv_bias=has_qkv_bias,
             sliding_window=None, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[] if eos is None else [int(eos)],

@@ -9,7 +9,7 @@ on huge pages (hugepages.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -50,6 +50,14 @@ class LlamaForCausalLM:
         self.kv_size = c.num_kv_heads * c.head_dim
         self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings,
                                       self.dtype, self.device)
+        # Model parallelism (set by llmkern.distributed on a shard of the model; a single-process
+        # model keeps these defaults): an in-place sum over the tensor-parallel group after the
+        # row-parallel projections and the vocab-parallel embedding, the first vocabulary row
+        # this shard holds, and which ends of the layer stack this pipeline stage owns.
+        self.tp_reduce: Optional[Callable[[torch.Tensor], None]] = None
+        self.vocab_start = 0
+        self.is_first_stage = True
+        self.is_last_stage = True
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -119,17 +127,28 @@ class LlamaForCausalLM:
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata,
-                kv_caches: List[tuple]) -> torch.Tensor:
-        """input_ids/positions [T] -> final hidden states [T, hidden], after the final norm."""
+                kv_caches: List[tuple], intermediate: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """input_ids/positions [T] -> final hidden states [T, hidden], after the final norm.
+
+        A pipeline stage that is not the first takes the previous stage's (hidden, residual) as
+        `intermediate`; one that is not the last returns its own (hidden, residual) instead."""
         c = self.config
         T = input_ids.shape[0]
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         q_size, qk_size = self.q_size, self.q_size + self.kv_size
-        residual = embed_tokens(input_ids, self.embed, self.lm_head)
-        hidden = torch.empty_like(residual)
+        reduce = self.tp_reduce
+        if intermediate is None:
+            residual = embed_tokens(input_ids, self.embed, self.lm_head, self.vocab_start,
+                                    None if reduce is None else c.vocab_size)
+            if reduce is not None:
+                reduce(residual)
+            hidden = torch.empty_like(residual)
+        else:
+            hidden, residual = intermediate
         attn_out = torch.empty((T, H, D), dtype=self.dtype, device=self.device)
         for i, L in enumerate(self.layers):
-            if i == 0:
+            if i == 0 and intermediate is None:
                 L.input_norm(residual, out=hidden)
             else:  # residual += previous MLP output; hidden = norm(residual)
                 L.input_norm.add_(hidden, residual)
@@ -140,8 +159,14 @@ class LlamaForCausalLM:
             paged_attention(q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D), k_cache, v_cache, meta,
                             self.scale, self.window, attn_out)
             hidden = L.o(attn_out.view(T, H * D))
+            if reduce is not None:  # row-parallel o_proj: partial sums over the head shards
+                reduce(hidden)
             L.post_norm.add_(hidden, residual)
             hidden = L.down(silu_and_mul(L.gate_up(hidden)))
+            if reduce is not None:  # row-parallel down_proj
+                reduce(hidden)
+        if not self.is_last_stage:
+            return hidden, residual
         self.norm.add_(hidden, residual)  # one pass: last residual add + final norm
         return hidden
 

@@ -48,22 +48,41 @@ def load_model(model: Optional[Union[str, dict, ModelConfig]] = None, dtype: Opt
     directory/config.json path, a config dict or a ModelConfig (random weights)."""
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or default_dtype(device)
+    cfg, sd, tok = read_checkpoint(model, load_format, seed)
+    return LlamaForCausalLM.from_state_dict(cfg, sd, dtype, device), tok
+
+
+def read_checkpoint(model: Optional[Union[str, dict, ModelConfig]] = None, load_format: str = "auto",
+                    seed: int = 0) -> Tuple[ModelConfig, Dict[str, torch.Tensor], Optional[Tokenizer]]:
+    """(config, HF-named state dict, tokenizer or None) of `model`, as load_model takes it (a
+    model-parallel rank keeps its shard of the state dict)."""
     if load_format not in ("auto", "hf", "gguf", "dummy"):
         raise ValueError(f"load_format: expected one of auto, hf, gguf, dummy, got {load_format!r}")
     if model is None:
         model = default_model_path()
     if load_format == "dummy":
-        return _load_dummy(model, dtype, device, seed)
+        return _read_dummy(model, seed)
     if isinstance(model, (dict, ModelConfig)):
         raise ValueError("model: a config without weights needs load_format='dummy'")
     model = os.fspath(model)
     if not os.path.exists(model):
         raise FileNotFoundError(f"model: path {model!r} does not exist (expected a HF model directory or a .gguf file)")
     if load_format == "gguf" or (load_format == "auto" and model.endswith(".gguf")):
-        cfg, sd, tok = read_gguf(model)
-    else:
-        cfg, sd, tok = _read_hf_dir(model)
-    return LlamaForCausalLM.from_state_dict(cfg, sd, dtype, device), tok
+        return read_gguf(model)
+    return _read_hf_dir(model)
+
+
+def load_tokenizer(model: Optional[str] = None) -> Optional[Tokenizer]:
+    """Only the tokenizer of `model` (as load_model would build it), without the weights: for
+    processes that tokenise but do not run the model, such as a router."""
+    model = os.fspath(model) if model is not None else default_model_path()
+    if not os.path.exists(model):
+        raise FileNotFoundError(f"model: path {model!r} does not exist (expected a HF model directory or a .gguf file)")
+    if model.endswith(".gguf"):
+        import gguf
+
+        return Tokenizer.from_gguf(gguf_metadata(gguf.GGUFReader(model)))
+    return Tokenizer.from_hf_dir(model)
 
 
 # -- HF directory -------------------------------------------------------------------------------
@@ -73,15 +92,49 @@ def _read_hf_dir(path: str):
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isdir(path) or not os.path.exists(cfg_path):
         raise FileNotFoundError(f"model: {path!r} is not a HF model directory (no config.json)")
-    with open(cfg_path) as f:
-        cfg = ModelConfig.from_hf(json.load(f))
+    cfg = read_hf_config(cfg_path)
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"model: no *.safetensors weights in {path!r}")
     sd: Dict[str, torch.Tensor] = {}
     for fn in files:
-        sd.update(load_file(fn))
+        try:
+            sd.update(load_file(fn))
+        except Exception as e:  # safetensors reports a bad header or a short file with its own type
+            raise ValueError(f"model: {fn}: not a readable safetensors file ({e})") from None
     return cfg, sd, Tokenizer.from_hf_dir(path)
+
+
+def read_hf_config(cfg_path: str) -> ModelConfig:
+    """ModelConfig from a config.json; a bad file or field is a ValueError naming both."""
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"model: {cfg_path}: not valid JSON ({e})") from None
+    try:
+        return ModelConfig.from_hf(raw)
+    except ValueError as e:
+        raise ValueError(f"model: {cfg_path}: {e}") from None
+
+
+def _open_gguf(path: str):
+    """(GGUFReader, metadata, ModelConfig); a truncated or corrupt file is a ValueError naming it."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+        meta = gguf_metadata(reader)
+        names = {t.name for t in reader.tensors}
+    except Exception as e:  # the reader fails on short files with IndexError, ValueError, struct errors
+        raise ValueError(f"model: {path}: not a readable GGUF file (truncated or corrupt: "
+                         f"{type(e).__name__}: {e})") from None
+    try:
+        cfg = ModelConfig.from_gguf(meta, has_output_weight="output.weight" in names,
+                                    has_qkv_bias="blk.0.attn_q.bias" in names)
+    except ValueError as e:
+        raise ValueError(f"model: {path}: {e}") from None
+    return reader, meta, cfg
 
 
 # -- GGUF ---------------------------------------------------------------------------------------
@@ -121,15 +174,10 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def read_gguf(path: str):
     """(ModelConfig, HF-named fp32 state dict, Tokenizer) from a GGUF file."""
-    import gguf
     from gguf.quants import dequantize
 
-    reader = gguf.GGUFReader(path)
-    meta = gguf_metadata(reader)
-    names = {t.name for t in reader.tensors}
-    arch = meta.get("general.architecture")
-    cfg = ModelConfig.from_gguf(meta, has_output_weight="output.weight" in names,
-                                has_qkv_bias="blk.0.attn_q.bias" in names)
+    reader, meta, cfg = _open_gguf(path)
+    arch = cfg.arch
     rope_permuted = arch in ("llama", "mistral")  # the converter permutes Q/K for these archs only
     sd: Dict[str, torch.Tensor] = {}
     for t in reader.tensors:
@@ -140,8 +188,12 @@ def read_gguf(path: str):
             if parts[0] != "blk" or parts[2] not in _GGUF_LAYER_NAMES:
                 continue  # e.g. rope_freqs: recomputed from the metadata
             hf = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
-        w = dequantize(t.data, t.tensor_type)
-        w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else -1)
+        try:
+            w = dequantize(t.data, t.tensor_type)
+            w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1
+                                                        else -1)
+        except Exception as e:
+            raise ValueError(f"model: {path}: tensor {t.name!r} cannot be read ({type(e).__name__}: {e})") from None
         if rope_permuted and (t.name.endswith("attn_q.weight") or t.name.endswith("attn_k.weight")):
             w = _unpermute_rope(w, cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads)
         w = np.ascontiguousarray(w)
@@ -189,27 +241,23 @@ def dummy_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> Dict
     return sd
 
 
-def _load_dummy(model, dtype, device, seed):
+def _read_dummy(model, seed):
+    tok = None
     if isinstance(model, ModelConfig):
         cfg = model
     elif isinstance(model, dict):
-        cfg = ModelConfig.from_hf(model)
+        try:
+            cfg = ModelConfig.from_hf(model)
+        except ValueError as e:
+            raise ValueError(f"model: config: {e}") from None
     else:
         model = os.fspath(model)
         if model.endswith(".gguf"):
-            import gguf
-
-            reader = gguf.GGUFReader(model)
-            names = {t.name for t in reader.tensors}
-            meta = gguf_metadata(reader)
-            cfg = ModelConfig.from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names)
-            return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), \
-                Tokenizer.from_gguf(meta)
+            _, meta, cfg = _open_gguf(model)
+            return cfg, dummy_state_dict(cfg, seed), Tokenizer.from_gguf(meta)
         p = os.path.join(model, "config.json") if os.path.isdir(model) else model
         if not os.path.exists(p):
             raise FileNotFoundError(f"model: no config at {p!r} for dummy weights")
-        with open(p) as f:
-            cfg = ModelConfig.from_hf(json.load(f))
+        cfg = read_hf_config(p)
         tok = Tokenizer.from_hf_dir(os.path.dirname(p))
-        return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), tok
-    return LlamaForCausalLM.from_state_dict(cfg, dummy_state_dict(cfg, seed), dtype, device), None
+    return cfg, dummy_state_dict(cfg, seed), tok

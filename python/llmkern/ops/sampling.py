@@ -8,7 +8,8 @@ Common rules of every op in this module:
   Outputs are int32, or ``indices.dtype`` when given.
 - **Per-row parameters** (``top_k``, ``top_p``, ``min_p``, ``temperature``) are a Python number
   (same for every row) or a tensor of shape ``(batch_size,)``. ``top_k`` in ``[0, vocab_size]``
-  (0 = no top-k), ``top_p`` in ``(0, 1]`` (1 = no top-p), ``min_p`` in ``[0, 1]`` (0 = no min-p),
+  (0 = no top-k), ``top_p`` in ``[0, 1]`` (1 = no top-p, 0 = only the most likely token and its
+  ties), ``min_p`` in ``[0, 1]`` (0 = no min-p),
   ``temperature >= 0`` (0 = greedy: the row's argmax, lowest index on ties). Out-of-range values
   raise ``ValueError`` (checked for CPU tensors and scalars).
 - **Filters and ties.** Probabilities need not be normalised: a row is a vector of weights and
@@ -70,6 +71,7 @@ __all__ = [
     "top_k_renorm_probs",
     "chain_speculative_sampling",
     "apply_penalties",
+    "softmax",
 ]
 
 Scalar = Union[torch.Tensor, float]
@@ -91,8 +93,9 @@ def _param(value, name: str, integral: bool = False):
             if t.dtype not in (torch.int32, torch.int64):
                 raise TypeError(f"{name}: expected an int32 or int64 tensor, got {t.dtype}")
         elif t.dtype != torch.float32:
-            if not t.is_floating_point():
-                raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+            # integer thresholds (torch.full((B,), 1) for top_p) are converted, as FlashInfer does
+            if t.dtype == torch.bool or t.is_complex():
+                raise TypeError(f"{name}: expected a real-valued tensor, got {t.dtype}")
             t = t.float()
         return t.contiguous(), 0 if integral else 0.0
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -252,13 +255,17 @@ def sampling_from_logits(
     check_nan: bool = False,
     seed: Seed = None,
     offset: Seed = None,
+    *,
     temperature: Optional[Scalar] = None,
     return_valid: bool = False,
 ):
     """Sample from ``softmax(logits / temperature)`` without materialising the probabilities.
+    The draw is the one :func:`sampling_from_probs` makes from :func:`softmax`'s output with the
+    same seed (the kernel computes those very probabilities).
 
-    ``temperature`` (llmkern extension; default 1) is a number or a ``(batch_size,)`` tensor;
-    0 means greedy for that row (argmax, lowest index on ties)."""
+    llmkern extensions (keyword-only): ``temperature`` (default 1) is a number or a
+    ``(batch_size,)`` tensor, 0 meaning greedy for that row (argmax, lowest index on ties);
+    ``return_valid``."""
     return _sample("sampling_from_logits", logits, True, indices, temperature, 0, 1.0, 0.0, "joint",
                    deterministic, generator, check_nan, seed, offset, return_valid)
 
@@ -330,6 +337,7 @@ def top_k_top_p_sampling_from_logits(
     check_nan: bool = False,
     seed: Seed = None,
     offset: Seed = None,
+    *,
     temperature: Optional[Scalar] = None,
     return_valid: bool = False,
 ):
@@ -337,8 +345,12 @@ def top_k_top_p_sampling_from_logits(
     probabilities are never written out).
 
     ``filter_apply_order="top_k_first"``: top-p applies to the top-k set renormalised;
-    ``"joint"``: a token must pass both filters on the full distribution. ``temperature``
-    (llmkern extension; default 1; 0 = greedy) is a number or a ``(batch_size,)`` tensor."""
+    ``"joint"``: a token must pass both filters on the full distribution. The kernel samples from
+    the probabilities :func:`softmax` computes, so for the same seed it draws the token
+    :func:`top_k_top_p_sampling_from_probs` draws from ``softmax(logits)`` (exactly; on CPU rows
+    taking the one-pass small-k path of ``top_k_first`` up to rare rounding of sums).
+    llmkern extensions (keyword-only): ``temperature`` (default 1; 0 = greedy) is a number or a
+    ``(batch_size,)`` tensor; ``return_valid``."""
     return _sample("top_k_top_p_sampling_from_logits", logits, True, indices, temperature, top_k, top_p, 0.0,
                    filter_apply_order, deterministic, generator, check_nan, seed, offset, return_valid)
 
@@ -361,6 +373,43 @@ def top_k_top_p_sampling_from_probs(
     :func:`top_k_top_p_sampling_from_logits`)."""
     return _sample("top_k_top_p_sampling_from_probs", probs, False, indices, None, top_k, top_p, 0.0,
                    filter_apply_order, deterministic, generator, check_nan, seed, offset, return_valid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax
+# ---------------------------------------------------------------------------------------------
+
+
+@kernel_op("softmax")
+def _softmax(logits: torch.Tensor, temperature_arr: Optional[torch.Tensor], temperature_val: float) -> torch.Tensor:
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    lib_for(logits).softmax(dl(logits), dl(out), dl(temperature_arr), temperature_val, stream_of(logits))
+    return out
+
+
+@_softmax.op.register_fake
+def _(logits, temperature_arr, temperature_val):
+    return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+
+
+def softmax(
+    logits: torch.Tensor,
+    temperature: Optional[Scalar] = None,
+    enable_pdl: Optional[bool] = None,
+) -> torch.Tensor:
+    """``softmax(logits / temperature)`` per row, as float32 ``(batch_size, vocab_size)``
+    (FlashInfer signature). ``temperature``: a number or a ``(batch_size,)`` tensor (default 1);
+    llmkern defines temperature 0 as the one-hot of the row's argmax (lowest index on ties). ``-inf``
+    logits get probability 0; a row with no finite logit, or with a ``+inf`` logit, becomes all
+    zeros (the degenerate rows of the module docstring). These are exactly the probabilities the
+    ``*_from_logits`` samplers draw from. ``enable_pdl`` (a CUDA launch hint) is accepted and
+    ignored."""
+    require_tensor(logits, "logits")
+    t_arr, t_val = _param(1.0 if temperature is None else temperature, "temperature")
+    return _softmax(logits, t_arr, t_val)
+
+
+softmax.op = _softmax.op
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,7 +448,7 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: Scalar, is_deterministic: boo
 top_p_renorm_probs.op = _top_p_renorm.op
 
 
-def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int], is_deterministic: bool = False) -> torch.Tensor:
+def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int], *, is_deterministic: bool = False) -> torch.Tensor:
     """Keep the top-k set (every token tied with the k-th largest included) and renormalise it;
     other entries become 0. ``top_k`` 0 or ``vocab_size`` keeps all."""
     require_tensor(probs, "probs")
@@ -408,6 +457,8 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int], is_
 
 
 top_k_renorm_probs.op = _top_k_renorm.op
+top_p_renorm_prob = top_p_renorm_probs  # FlashInfer's aliases
+top_k_renorm_prob = top_k_renorm_probs
 
 
 def top_k_mask_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int]) -> torch.Tensor:

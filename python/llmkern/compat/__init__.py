@@ -1,0 +1,1 @@
+"""Import-compatible modules: drop-in replacements for other projects' kernel APIs."""

@@ -1,0 +1,26 @@
+"""Model parallelism on torch.distributed: tensor (Megatron-style shards of every layer),
+pipeline (contiguous stages of layers) and both together, on one machine or several.
+
+The engine's process is rank 0: it keeps the scheduler, the KV bookkeeping and the sampler, runs
+its own shard, and sends each step's flat inputs to the other ranks, which only execute steps.
+Ranks are laid out stage-major: rank = stage * T + tp_rank.
+
+Pipeline stages run one batch at a time (a step goes through every stage before the next one
+starts). Keeping P micro-batches in flight needs more than a second scheduler: the step message is
+a broadcast to all ranks, which gloo completes only when every rank has posted its receive, so a
+busy later stage would hold rank 0 back; the message would have to travel with the hidden states
+from stage to stage instead, and the engine would have to split its step into launch and
+completion (sequences in flight kept out of scheduling, aborts of them deferred).
+
+- topology.py  ranks, stages and groups (pure arithmetic)
+- sharding.py  a rank's slice of a HF-named checkpoint, as a smaller Llama
+- control.py   rank 0's messages to the other ranks (setup, steps, stats, stop)
+- comm.py      the collectives the parallel layers and stages use, with byte/time counters
+- launch.py    process-group setup, local worker spawn, env:// (torchrun) join, reaping
+- stage.py     one rank's shard of the model and KV cache, and its part of a step
+- worker.py    a worker process: join, build its stage, run steps until told to stop
+- executor.py  the engine side: start the ranks, ship each step, collect the logits, fail loudly
+"""
+from .topology import Topology
+
+__all__ = ["Topology"]

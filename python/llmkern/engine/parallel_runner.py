@@ -1,0 +1,28 @@
+"""The engine's runner when the model is split over several ranks (llmkern.distributed): inputs are
+prepared on the host exactly as for one process and shipped to every rank; the logits come back
+from the last pipeline stage."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from .model_runner import ModelRunner, StepInputs
+from .scheduler import ScheduledBatch
+from .sequence import Sequence
+
+
+class ParallelRunner:
+    def __init__(self, executor, block_size: int):
+        self.executor = executor
+        self._prep = ModelRunner(executor.model, executor.kv.caches, block_size)
+        self._prep.device = torch.device("cpu")  # host tensors: they are pickled to the other ranks
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        return self._prep.prepare(batch)
+
+    def execute(self, inputs: StepInputs) -> Tuple[Optional[torch.Tensor], List[Sequence]]:
+        logits = self.executor.execute(inputs.input_ids, inputs.positions, inputs.meta, inputs.sample_rows)
+        if not inputs.sample_seqs:
+            return None, []
+        return logits, inputs.sample_seqs

@@ -1,0 +1,5 @@
+"""A KV-cache-aware router in front of `llmkern serve` replicas (needs the serve extra).
+
+kv_index: the router's exact copy of each replica's prefix cache, from the replica's block events;
+policies: cache_aware (default), approx_tree (SGLang's baseline), least_load, round_robin;
+worker / core: health, KV sync, forwarding with retries; app: the HTTP routes; launch: processes."""

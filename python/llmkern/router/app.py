@@ -1,0 +1,131 @@
+"""build_router_app(router): the router's FastAPI app. The same OpenAI routes as a replica
+(POST /v1/completions, /v1/chat/completions, GET /v1/models), GET /health (200 while a worker is
+healthy), GET /metrics (per-worker requests, retries, failures, health, load), and the admin
+routes GET/POST/DELETE /admin/workers to list, add and remove workers at run time."""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..serve.errors import APIError, json_response
+from .core import Router
+from .metrics import render_metrics
+
+log = logging.getLogger("llmkern.router")
+MAX_BODY = 8 << 20
+_FORWARD = ("authorization", "content-type")
+
+
+def build_router_app(router: Router, admin_key: Optional[str] = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await router.start()
+        try:
+            yield
+        finally:
+            await router.stop()
+
+    app = FastAPI(title="llmkern router", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.router = router
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return json_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):
+        msg = "not found" if exc.status_code == 404 else str(exc.detail)
+        return json_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {msg}"))
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc):
+        log.exception("llmkern router: internal error")
+        return json_response(APIError(500, "internal server error", code="internal_error"))
+
+    @app.get("/health")
+    async def health():
+        if not any(w.healthy for w in router.workers.values()):
+            return json_response(APIError(503, "no healthy worker", code="no_workers"))
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(render_metrics(router), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        status, body = await router.get_json("/v1/models", _headers(request))
+        return Response(body, status_code=status, media_type="application/json")
+
+    async def generate(request: Request, path: str, kind: str):
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise APIError(413, f"body: larger than the limit of {MAX_BODY} bytes", param="body",
+                           code="body_too_large")
+        try:
+            body = json.loads(raw or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"body: not valid JSON ({e})", param="body")
+        if not isinstance(body, dict):
+            raise APIError(400, "body: expected a JSON object", param="body")
+        stream = body.get("stream") is True
+        req = router.route_request(body, kind)
+        status, headers, content = await router.forward(path, raw, _headers(request), req, stream)
+        if status == 200 and stream:
+            return StreamingResponse(content, media_type="text/event-stream", headers=headers)
+        return Response(content, status_code=status, headers=headers)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, "/v1/completions", "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, "/v1/chat/completions", "chat")
+
+    def _admin(request: Request) -> None:
+        if admin_key is None:
+            return
+        auth = request.headers.get("x-admin-key", "")
+        if not hmac.compare_digest(auth.encode(), admin_key.encode()):
+            raise APIError(401, "admin: missing or invalid X-Admin-Key header", code="invalid_admin_key")
+
+    @app.get("/admin/workers")
+    async def list_workers(request: Request):
+        _admin(request)
+        return {"policy": router.policy.name, "workers": [w.info() for w in router.workers.values()]}
+
+    @app.post("/admin/workers")
+    async def add_worker(request: Request):
+        _admin(request)
+        try:
+            body = json.loads(await request.body() or b"null")
+            url = body["url"]
+        except (ValueError, TypeError, KeyError):
+            raise APIError(400, "body: expected {\"url\": \"http://host:port\"}", param="url")
+        try:
+            w = await router.add_worker(url)
+        except ValueError as e:
+            raise APIError(400, str(e), param="url")
+        return JSONResponse(w.info(), status_code=201)
+
+    @app.delete("/admin/workers")
+    async def remove_worker(request: Request, url: str = ""):
+        _admin(request)
+        await router.remove_worker(url)
+        return Response(status_code=204)
+
+    return app
+
+
+def _headers(request: Request) -> dict:
+    return {k: v for k, v in request.headers.items() if k.lower() in _FORWARD}

@@ -1,0 +1,209 @@
+"""Router benchmark (`llmkern bench router`, bench/bench_router.py): N replicas behind the router,
+a multi-tenant workload (each tenant its own long system prompt, short user turns), Poisson
+arrivals; the same requests and seed for every policy, fresh replicas (empty caches) per policy.
+Variants: `uniform` (tenants equally likely) and `skewed` (one tenant sends --skew of the traffic).
+
+Per policy: prefix-cache hit rate (prompt tokens, from the replicas' own counters), TTFT p50/p99
+(client side, first streamed token), throughput, per-replica share of requests. `prefix_only`
+always picks the replica with the longest cached prefix: the oracle hit rate."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import List
+
+POLICIES = ["round_robin", "least_load", "approx_tree", "cache_aware", "prefix_only"]
+WORDS = ("system user policy answer invoice refund order account billing shipment delay customer "
+         "product support ticket priority escalate summary polite brief cite reference manual").split()
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--threads-per-replica", type=int, default=1)
+    p.add_argument("--tenants", type=int, default=4)
+    p.add_argument("--system-words", type=int, default=700, help="words per system prompt (~1k tokens)")
+    p.add_argument("--requests", type=int, default=40)
+    p.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--skew", type=float, default=0.7, help="skewed variant: the hot tenant's share")
+    p.add_argument("--variants", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed"])
+    p.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the report as JSON here")
+
+
+def workload(a, variant: str):
+    rng = random.Random(a.seed)
+    systems = [f"Tenant {t}. " + " ".join(rng.choice(WORDS) for _ in range(a.system_words)) for t in range(a.tenants)]
+    reqs, t = [], 0.0
+    for i in range(a.requests):
+        t += rng.expovariate(a.rate)
+        if variant == "skewed" and rng.random() < a.skew:
+            k = 0
+        else:
+            k = rng.randrange(a.tenants)
+        user = " ".join(rng.choice(WORDS) for _ in range(12))
+        reqs.append((t, systems[k] + f"\nUser {i}: {user}\nAssistant:"))
+    return reqs
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(args, env=None, cpus=None):
+    from .launch import _child_setup
+
+    e = dict(os.environ, **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", "llmkern.cli", *args], env=e, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=_child_setup(cpus))
+
+
+def _wait_health(url: str, timeout: float = 300) -> None:
+    import httpx
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not become healthy in {timeout} s")
+
+
+def _hits(url: str):
+    import httpx
+
+    q = h = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("llmkern:prefix_cache_queries_total"):
+            q = float(line.split()[-1])
+        elif line.startswith("llmkern:prefix_cache_hits_total"):
+            h = float(line.split()[-1])
+    return q, h
+
+
+async def _drive(base: str, reqs, max_tokens: int):
+    import httpx
+
+    async def one(client, at, prompt, t0):
+        await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+        start = time.perf_counter()
+        ttft = None
+        n = 0
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+        async with client.stream("POST", base + "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"text"' in line:
+                    if ttft is None:
+                        ttft = time.perf_counter() - start
+                    n += 1
+        return ttft, n
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        t0 = time.perf_counter()
+        out = await asyncio.gather(*[one(client, at, p, t0) for at, p in reqs])
+        return out, time.perf_counter() - t0
+
+
+def _pct(xs, q):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def run_policy(a, policy: str, reqs, model: str) -> dict:
+    import httpx
+
+    from .launch import split_cpus, stop_replicas
+
+    shares = split_cpus(a.replicas)
+    reps = []
+    router = None
+    try:
+        for i in range(a.replicas):
+            port = _port()
+            cpus = shares[i][:a.threads_per_replica]
+            reps.append((_spawn(["serve", "--model", model, "--port", str(port), "--kv-cache-memory-gb", "0.5"],
+                                {"OMP_NUM_THREADS": str(len(cpus))}, cpus), f"http://127.0.0.1:{port}"))
+        rport = _port()
+        args = ["router", "--model", model, "--policy", policy, "--port", str(rport)]
+        for _, u in reps:
+            args += ["--worker", u]
+        router = _spawn(args)
+        base = f"http://127.0.0.1:{rport}"
+        for _, u in reps:
+            _wait_health(u)
+        _wait_health(base)
+        time.sleep(1.5)                        # the router's first KV sync and health round
+        res, wall = asyncio.run(_drive(base, reqs, a.max_tokens))
+        workers = httpx.get(base + "/admin/workers", timeout=10).json()["workers"]
+        q = h = 0.0
+        for _, u in reps:
+            qi, hi = _hits(u)
+            q, h = q + qi, h + hi
+        ttfts = [t for t, _ in res]
+        counts = [w["requests"] for w in workers]
+        return {"policy": policy, "hit_rate": h / q if q else 0.0, "ttft_p50_s": _pct(ttfts, 0.5),
+                "ttft_p99_s": _pct(ttfts, 0.99), "req_per_s": len(res) / wall,
+                "output_tok_per_s": sum(n for _, n in res) / wall, "requests_per_replica": counts,
+                "imbalance": max(counts) / (sum(counts) / len(counts)) if sum(counts) else None,
+                "retries": sum(w["retried"] for w in workers), "failures": sum(w["failed"] for w in workers)}
+    finally:
+        if router is not None and router.poll() is None:
+            router.send_signal(signal.SIGTERM)
+            try:
+                router.wait(10)
+            except subprocess.TimeoutExpired:
+                router.kill()
+        stop_replicas(reps, 10)
+
+
+def run_bench(a) -> dict:
+    from ..models.loader import default_model_path
+
+    model = a.model or default_model_path()
+    report = {"args": vars(a), "variants": {}}
+    for variant in a.variants:
+        reqs = workload(a, variant)
+        rows = []
+        for pol in a.policies:
+            row = run_policy(a, pol, reqs, model)
+            rows.append(row)
+            print(_fmt(variant, row), flush=True)
+        report["variants"][variant] = rows
+        oracle = next((r for r in rows if r["policy"] == "prefix_only"), None)
+        if oracle and oracle["hit_rate"]:
+            for r in rows:
+                r["hit_vs_oracle"] = r["hit_rate"] / oracle["hit_rate"]
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+def _fmt(variant, r) -> str:
+    f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    return (f"{variant:8s} {r['policy']:12s} hit {r['hit_rate']:.3f}  TTFT p50 {f(r['ttft_p50_s'])} s  "
+            f"p99 {f(r['ttft_p99_s'])} s  {r['req_per_s']:.2f} req/s  per replica {r['requests_per_replica']}")
+
+
+def main(argv: List[str] = None) -> int:
+    ap = argparse.ArgumentParser(prog="llmkern bench router", description=__doc__.split("\n\n")[0])
+    add_args(ap)
+    run_bench(ap.parse_args(argv))
+    return 0

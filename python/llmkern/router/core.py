@@ -1,0 +1,201 @@
+"""Router: the registry of workers, the routing decision (tokenise once, rank with the policy) and
+forwarding with retries.
+
+A request is forwarded byte for byte (the replica validates it and answers). Until the first bytes
+of a response have reached the client, any failure of the replica (connection refused or reset,
+500/503, 429) sends the request to the next worker in the policy's ranking; a dead replica is also
+taken out at once. Once streaming began, a failure ends the stream with an OpenAI error event and
+[DONE]: the client knows, nothing is silently lost."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import AsyncIterator, Dict, List, Optional, Tuple
+
+import httpx
+
+from ..serve.errors import APIError
+from .policies import RouteRequest, make_policy
+from .worker import Worker
+
+log = logging.getLogger("llmkern.router")
+
+RETRY_STATUS = (429, 500, 502, 503, 504)
+_TRANSPORT_ERRORS = (httpx.TransportError,)
+
+
+class Router:
+    def __init__(self, workers: List[str], policy: str = "cache_aware", tokenizer=None,
+                 request_timeout_s: float = 600.0, health_interval_s: float = 1.0, policy_args: Optional[dict] = None):
+        self.policy = make_policy(policy, **(policy_args or {}))
+        self.tokenizer = tokenizer
+        self.request_timeout_s = request_timeout_s
+        self.health_interval_s = health_interval_s
+        self.workers: Dict[str, Worker] = {}
+        self.client: Optional[httpx.AsyncClient] = None
+        self.no_worker_errors = 0
+        self.routed_prompt_tokens = 0       # prompt tokens routed
+        self.routed_cached_tokens = 0       # ... found in the chosen worker's cache at routing time
+        for url in workers:
+            self._make(url)
+
+    # -- lifecycle and registry -------------------------------------------------------------------
+    def _make(self, url: str) -> Worker:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"worker: expected an http(s):// URL, got {url!r}")
+        w = Worker(url, health_interval_s=self.health_interval_s)
+        if w.url in self.workers:
+            raise ValueError(f"worker: {w.url} is already registered")
+        self.workers[w.url] = w
+        return w
+
+    async def start(self) -> None:
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(self.request_timeout_s, connect=5.0))
+        for w in self.workers.values():
+            w.start(self.client)
+            await w.check_health(self.client)
+
+    async def stop(self) -> None:
+        for w in self.workers.values():
+            await w.stop()
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def add_worker(self, url: str) -> Worker:
+        w = self._make(url)
+        if self.client is not None:
+            w.start(self.client)
+            await w.check_health(self.client)
+        return w
+
+    async def remove_worker(self, url: str) -> None:
+        w = self.workers.pop(url.rstrip("/"), None)
+        if w is None:
+            raise APIError(404, f"url: no worker {url!r} is registered", param="url")
+        await w.stop()
+        forget = getattr(self.policy, "forget", None)
+        if forget is not None:
+            forget(w.url)
+
+    # -- routing ----------------------------------------------------------------------------------
+    def route_request(self, body: dict, kind: str) -> RouteRequest:
+        """The prompt as tokens (for the KV match) and as text (for approx_tree). A body the router
+        cannot read is still forwarded: the replica answers with the precise error."""
+        ids: List[int] = []
+        text = ""
+        tok = self.tokenizer
+        try:
+            if kind == "chat":
+                msgs = [{"role": m["role"], "content": _content(m.get("content"))} for m in body["messages"]]
+                if tok is not None:
+                    text = tok.apply_chat_template(msgs)
+                    ids = tok.encode_chat(msgs)
+                else:
+                    text = "".join(m["content"] for m in msgs)
+            else:
+                p = body.get("prompt")
+                if isinstance(p, list) and p and not isinstance(p[0], int):
+                    p = p[0]                # a batch of prompts: routed together, by the first
+                if isinstance(p, str):
+                    text = p
+                    ids = tok.encode(p) if tok is not None else []
+                elif isinstance(p, list) and all(isinstance(t, int) for t in p):
+                    ids = list(p)
+                    text = " ".join(map(str, p))
+        except Exception:  # noqa: B902 - any malformed body: no routing hint, the replica reports it
+            ids, text = [], ""
+        return RouteRequest(ids, text)
+
+    def rank(self, req: RouteRequest) -> List[Worker]:
+        live = [w for w in self.workers.values() if w.healthy]
+        if not live:
+            return []
+        ranked = self.policy.rank(req, live)
+        if req.token_ids:
+            self.routed_prompt_tokens += len(req.token_ids)
+            self.routed_cached_tokens += int(round(req.cached_fraction(ranked[0]) * len(req.token_ids)))
+        return ranked
+
+    # -- forwarding -------------------------------------------------------------------------------
+    async def forward(self, path: str, raw: bytes, headers: Dict[str, str], req: RouteRequest, stream: bool):
+        """(status, headers, body bytes) or (200, headers, async iterator of bytes) for a stream."""
+        ranked = self.rank(req)
+        if not ranked:
+            self.no_worker_errors += 1
+            raise APIError(503, "no healthy worker is available", code="no_workers")
+        last: Optional[Tuple[int, bytes]] = None
+        for i, w in enumerate(ranked):
+            w.requests += 1
+            w.inflight += 1
+            handed_over = False
+            try:
+                req_ = self.client.build_request("POST", w.url + path, content=raw, headers=headers)
+                resp = await self.client.send(req_, stream=True)
+                try:
+                    if resp.status_code != 200:
+                        body = await resp.aread()
+                        if resp.status_code in RETRY_STATUS:
+                            last = (resp.status_code, body)
+                            if resp.status_code >= 500:
+                                w.mark_down(f"answered {resp.status_code}")
+                            w.retried += 1
+                            continue
+                        return resp.status_code, _json_headers(resp), body
+                    chunks = resp.aiter_raw()
+                    first = await chunks.__anext__()     # the replica has answered: no retry after this
+                    if not stream:
+                        rest = b"".join([c async for c in chunks])
+                        return 200, _json_headers(resp), first + rest
+                    handed_over = True
+                    return 200, {"cache-control": "no-cache"}, self._relay(w, resp, first, chunks)
+                finally:
+                    if not handed_over:
+                        await resp.aclose()
+            except (_TRANSPORT_ERRORS + (StopAsyncIteration,)) as e:
+                w.mark_down(f"{type(e).__name__}")
+                w.retried += 1
+                last = None
+                continue
+            finally:
+                if not handed_over:
+                    w.inflight -= 1
+        if last is not None:
+            return last[0], {"content-type": "application/json"}, last[1]
+        raise APIError(503, f"the request failed on every worker tried ({len(ranked)})", code="all_workers_failed")
+
+    async def _relay(self, w: Worker, resp: httpx.Response, first: bytes, chunks) -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for c in chunks:
+                yield c
+        except _TRANSPORT_ERRORS as e:
+            w.failed += 1
+            w.mark_down(f"stream broke: {type(e).__name__}")
+            err = APIError(502, f"the replica serving this request failed mid-stream ({type(e).__name__}); "
+                                "the output is incomplete", code="replica_failed")
+            yield f"\n\ndata: {json.dumps(err.body())}\n\ndata: [DONE]\n\n".encode()
+        finally:
+            w.inflight -= 1
+            await resp.aclose()
+
+    async def get_json(self, path: str, headers: Dict[str, str]):
+        for w in self.workers.values():
+            if not w.healthy:
+                continue
+            try:
+                r = await self.client.get(w.url + path, headers=headers, timeout=10)
+                return r.status_code, r.content
+            except _TRANSPORT_ERRORS as e:
+                w.mark_down(type(e).__name__)
+        raise APIError(503, "no healthy worker is available", code="no_workers")
+
+
+def _content(c) -> str:
+    if isinstance(c, list):
+        return "".join(p["text"] for p in c)
+    return "" if c is None else c
+
+
+def _json_headers(resp: httpx.Response) -> Dict[str, str]:
+    return {"content-type": resp.headers.get("content-type", "application/json")}

@@ -1,0 +1,74 @@
+"""ReplicaKV: the router's copy of one replica's prefix cache (the set of cached block hashes) and
+load, kept current by the replica's snapshot and event stream (llmkern.serve.kv_events). Events
+carry consecutive sequence numbers; a gap means something was missed, and the copy asks for a
+snapshot instead of guessing."""
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Set
+
+from ..engine.block_pool import chain_block_hashes
+
+__all__ = ["ReplicaKV", "chain_block_hashes"]
+
+
+class ReplicaKV:
+    def __init__(self):
+        self.hashes: Set[int] = set()
+        self.seq: Optional[int] = None     # None: no snapshot yet (nothing is known)
+        self.block_size: Optional[int] = None
+        self.load = {"num_waiting": 0, "num_running": 0, "prefill_tokens_pending": 0, "kv_usage": 0.0}
+        self.resyncs = 0
+
+    @property
+    def synced(self) -> bool:
+        return self.seq is not None
+
+    def apply_snapshot(self, snap: dict) -> None:
+        self.hashes = set(snap["hashes"])
+        self.seq = int(snap["seq"])
+        self.block_size = int(snap["block_size"])
+        if snap.get("load"):
+            self.load = dict(snap["load"])
+
+    def apply_message(self, msg: dict) -> bool:
+        """Apply one stream message; False when the copy fell out of step (a reset, or an event
+        whose number is not the next one) and a snapshot is needed."""
+        if msg.get("reset") or self.seq is None:
+            self.invalidate()
+            return False
+        for seq, kind, h in msg.get("events", ()):
+            if seq <= self.seq:            # already in the snapshot
+                continue
+            if seq != self.seq + 1:
+                self.invalidate()
+                return False
+            if kind == "stored":
+                self.hashes.add(h)
+            elif kind == "removed":
+                self.hashes.discard(h)
+            self.seq = seq
+        if msg.get("load"):
+            self.load = dict(msg["load"])
+        return True
+
+    def invalidate(self) -> None:
+        if self.seq is not None:
+            self.resyncs += 1
+        self.seq = None
+        self.hashes = set()
+
+    def matched_blocks(self, hashes: Iterable[int]) -> int:
+        """How many leading blocks of a request (its chained hashes) this replica holds. Chaining
+        makes a hash stand for its whole prefix, so the first miss ends the match."""
+        n = 0
+        for h in hashes:
+            if h not in self.hashes:
+                break
+            n += 1
+        return n
+
+
+def request_hashes(token_ids: List[int], block_size: int) -> List[int]:
+    """The request's block hashes as the engine computes them: every full block but the one that
+    holds the last prompt token (the engine always recomputes at least one token)."""
+    return chain_block_hashes(token_ids[:len(token_ids) - 1], block_size)

@@ -1,0 +1,132 @@
+"""Process entry points: run_router (uvicorn over the router app) and the data-parallel launcher
+behind `llmkern serve --data-parallel-size N`: N `llmkern serve` replicas on loopback ports, each
+pinned to its share of the CPUs (or its own GPU), and the router on the public port. The replicas
+die with the launcher (SIGTERM drains them; PDEATHSIG covers a launcher that was killed)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import List, Optional
+
+PR_SET_PDEATHSIG = 1
+
+
+def run_router(router, host: str, port: int, admin_key: Optional[str] = None, log_level: str = "warning") -> int:
+    import uvicorn
+
+    from .app import build_router_app
+
+    app = build_router_app(router, admin_key)
+    print(f"llmkern router: {len(router.workers)} worker(s), policy {router.policy.name}, on http://{host}:{port}/v1",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=5)
+    return 0
+
+
+def split_cpus(n: int) -> List[List[int]]:
+    """The CPUs this process may use, in n contiguous shares (at least one CPU each)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if n > len(cpus):
+        return [[cpus[i % len(cpus)]] for i in range(n)]
+    k, r = divmod(len(cpus), n)
+    out, start = [], 0
+    for i in range(n):
+        size = k + (i < r)
+        out.append(cpus[start:start + size])
+        start += size
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def replica_argv(argv: List[str]) -> List[str]:
+    """The serve arguments without those the launcher decides (data parallelism, router, address)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in ("--data-parallel-size", "--router-policy", "--host", "--port"):
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def _child_setup(cpus: Optional[List[int]]):
+    def setup():
+        try:   # die with the launcher even if it is killed without a chance to clean up
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+        if cpus and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)
+    return setup
+
+
+def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
+    """[(Popen, url)] of n replicas on free loopback ports."""
+    shares = split_cpus(n)
+    procs = []
+    for i in range(n):
+        port = _free_port()
+        env = dict(os.environ)
+        cpus = None
+        if use_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(i)
+        else:
+            cpus = shares[i]
+            env["OMP_NUM_THREADS"] = str(len(cpus))
+        cmd = [sys.executable, "-m", "llmkern.cli", "serve", *serve_argv, "--host", "127.0.0.1", "--port", str(port)]
+        p = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cpus))
+        procs.append((p, f"http://127.0.0.1:{port}"))
+    return procs
+
+
+def stop_replicas(procs, grace_s: float = 30.0) -> None:
+    for p, _ in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p, _ in procs:
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def run_data_parallel(a, argv: List[str]) -> int:
+    from .core import Router
+
+    use_gpus = False
+    if a.device != "cpu":
+        try:
+            import torch
+
+            use_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= a.data_parallel_size
+        except ImportError:
+            pass
+    tokenizer = _router_tokenizer(a.model, a.load_format)
+    procs = start_replicas(replica_argv(argv), a.data_parallel_size, use_gpus)
+    try:
+        router = Router([u for _, u in procs], policy=a.router_policy, tokenizer=tokenizer)
+        return run_router(router, a.host, a.port, log_level=a.log_level)
+    finally:
+        stop_replicas(procs, a.shutdown_grace_s + 5)
+
+
+def _router_tokenizer(model: Optional[str], load_format: str = "auto"):
+    if load_format == "dummy":
+        return None
+    from ..models.loader import load_tokenizer
+
+    return load_tokenizer(model)

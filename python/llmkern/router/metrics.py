@@ -1,0 +1,49 @@
+"""The router's Prometheus text: per worker (label `worker`) requests sent, attempts that failed
+before anything streamed (retried elsewhere), requests that failed mid-stream, health, requests in
+flight, cached blocks known and KV resyncs; overall prompt tokens routed and those found cached in
+the chosen worker at routing time."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+_PER_WORKER = [
+    ("llmkern_router_requests", "counter", "requests sent to the worker (attempts)", lambda w: w.requests),
+    ("llmkern_router_retries", "counter", "attempts that failed before any byte was streamed; the request "
+                                          "went to the next worker", lambda w: w.retried),
+    ("llmkern_router_failures", "counter", "requests that failed after streaming began (the client got an "
+                                           "error event)", lambda w: w.failed),
+    ("llmkern_router_kv_resyncs", "counter", "snapshots taken again after a gap in the KV events",
+     lambda w: w.kv.resyncs),
+    ("llmkern_router_worker_healthy", "gauge", "1 while the worker passes health checks", lambda w: int(w.healthy)),
+    ("llmkern_router_inflight", "gauge", "requests this router has in flight on the worker", lambda w: w.inflight),
+    ("llmkern_router_cached_blocks", "gauge", "prefix-cache blocks the worker reported", lambda w: len(w.kv.hashes)),
+]
+
+
+class _Collector:
+    def __init__(self, router):
+        self.router = router
+
+    def collect(self):
+        workers = list(self.router.workers.values())
+        for name, kind, doc, get in _PER_WORKER:
+            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=["worker"])
+            for w in workers:
+                fam.add_metric([w.url], get(w))
+            yield fam
+        r = self.router
+        for name, doc, v in (("llmkern_router_prompt_tokens", "prompt tokens routed", r.routed_prompt_tokens),
+                             ("llmkern_router_cached_prompt_tokens", "routed prompt tokens cached in the chosen "
+                                                                     "worker at routing time", r.routed_cached_tokens),
+                             ("llmkern_router_no_worker_errors", "requests refused: no healthy worker",
+                              r.no_worker_errors)):
+            fam = CounterMetricFamily(name, doc)
+            fam.add_metric([], v)
+            yield fam
+
+
+def render_metrics(router) -> bytes:
+    reg = CollectorRegistry()
+    reg.register(_Collector(router))
+    return generate_latest(reg)

@@ -1,0 +1,148 @@
+"""Routing policies. Each ranks the healthy workers for one request; the router sends it to the
+first and, if that one fails before streaming anything, to the next.
+
+cache_aware (default) scores every worker with one continuous formula:
+
+    score = W_CACHE * cached_fraction - W_LOAD * (load - min_load) / (min_load + LOAD_SCALE) - W_KV * kv_usage
+
+cached_fraction: the request's prompt tokens the worker already holds in its prefix cache,
+counted exactly from the worker's own block events (leading chained block hashes);
+load: requests on the worker (the larger of what this router has in flight there and what the
+worker reports waiting + running, so other routers' traffic counts too); kv_usage: the fraction
+of the worker's KV blocks in use by running requests (near 1 means preemption is close).
+With the default weights a fully cached prompt is worth LOAD_SCALE (4) requests of extra queue
+above the least loaded worker: past that, the request goes where it queues less and warms a
+second copy of the prefix there. There is no on/off threshold."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from .approx_tree import ApproxTree
+from .kv_index import request_hashes
+
+POLICIES = ("cache_aware", "approx_tree", "least_load", "round_robin", "prefix_only")
+
+
+@dataclass
+class RouteRequest:
+    token_ids: List[int]
+    text: str                                    # what approx_tree matches (prompt or rendered chat)
+    _hashes: Dict[int, List[int]] = field(default_factory=dict)
+
+    def hashes(self, block_size: int) -> List[int]:
+        if block_size not in self._hashes:
+            self._hashes[block_size] = request_hashes(self.token_ids, block_size)
+        return self._hashes[block_size]
+
+    def cached_fraction(self, worker) -> float:
+        kv = worker.kv
+        if not kv.synced or not self.token_ids:
+            return 0.0
+        return kv.matched_blocks(self.hashes(kv.block_size)) * kv.block_size / len(self.token_ids)
+
+
+def worker_load(w) -> int:
+    rep = w.kv.load
+    return max(w.inflight, int(rep.get("num_waiting", 0)) + int(rep.get("num_running", 0)))
+
+
+def _by_load(workers):
+    return sorted(workers, key=lambda w: (worker_load(w), w.inflight))
+
+
+class RoundRobin:
+    name = "round_robin"
+
+    def __init__(self):
+        self._n = itertools.count()
+
+    def rank(self, req: RouteRequest, workers: list) -> list:
+        k = next(self._n) % len(workers)
+        return workers[k:] + workers[:k]
+
+
+class LeastLoad:
+    name = "least_load"
+
+    def rank(self, req, workers):
+        return _by_load(workers)
+
+
+@dataclass
+class CacheAware:
+    w_cache: float = 1.0
+    w_load: float = 1.0
+    load_scale: float = 4.0
+    w_kv: float = 0.5
+    name: str = "cache_aware"
+
+    def scores(self, req: RouteRequest, workers: list) -> List[float]:
+        loads = [worker_load(w) for w in workers]
+        lo = min(loads)
+        return [self.w_cache * req.cached_fraction(w)
+                - self.w_load * (ld - lo) / (lo + self.load_scale)
+                - self.w_kv * float(w.kv.load.get("kv_usage", 0.0))
+                for w, ld in zip(workers, loads)]
+
+    def rank(self, req, workers):
+        s = self.scores(req, workers)
+        order = sorted(range(len(workers)), key=lambda i: (-s[i], worker_load(workers[i]), i))
+        return [workers[i] for i in order]
+
+
+class PrefixOnly:
+    """The oracle of the benchmark: the longest cached prefix, ties to the least loaded."""
+    name = "prefix_only"
+
+    def rank(self, req, workers):
+        return sorted(workers, key=lambda w: (-req.cached_fraction(w), worker_load(w)))
+
+
+@dataclass
+class ApproxTreePolicy:
+    """SGLang's cache-aware router as published: if the load is imbalanced (max - min above
+    balance_abs_threshold and max above balance_rel_threshold * min) the least loaded worker;
+    else the worker whose tree matches the most text if the match rate exceeds cache_threshold,
+    else the worker with the smallest tree. The request's text is then inserted into the tree of
+    the chosen worker."""
+    cache_threshold: float = 0.5
+    balance_abs_threshold: int = 32
+    balance_rel_threshold: float = 1.0001
+    max_tree_chars: int = 1 << 20
+    name: str = "approx_tree"
+    trees: Dict[str, ApproxTree] = field(default_factory=dict)
+
+    def _tree(self, w) -> ApproxTree:
+        t = self.trees.get(w.url)
+        if t is None:
+            t = self.trees[w.url] = ApproxTree(self.max_tree_chars)
+        return t
+
+    def rank(self, req, workers):
+        loads = [worker_load(w) for w in workers]
+        hi, lo = max(loads), min(loads)
+        rest = _by_load(workers)
+        if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
+            chosen = rest[0]
+        else:
+            matches = [self._tree(w).match(req.text) for w in workers]
+            best = max(range(len(workers)), key=lambda i: (matches[i], -loads[i]))
+            if req.text and matches[best] / len(req.text) > self.cache_threshold:
+                chosen = workers[best]
+            else:
+                chosen = min(workers, key=lambda w: self._tree(w).size)
+        self._tree(chosen).insert(req.text)
+        return [chosen] + [w for w in rest if w is not chosen]
+
+    def forget(self, url: str) -> None:
+        self.trees.pop(url, None)
+
+
+def make_policy(name: str, **kw):
+    table = {"cache_aware": CacheAware, "approx_tree": ApproxTreePolicy, "least_load": LeastLoad,
+             "round_robin": RoundRobin, "prefix_only": PrefixOnly}
+    if name not in table:
+        raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {name!r}")
+    return table[name](**kw)

@@ -1,0 +1,61 @@
+"""run_server: serve an Engine over HTTP with uvicorn until SIGTERM/SIGINT, then drain: stop
+accepting (503), let in-flight requests finish for up to shutdown_grace_s, abort the rest with a
+final error event, exit 0. A second signal exits at once."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import uvicorn
+
+from .app import build_app
+from .config import ServeConfig
+from .engine_loop import EngineLoop
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state):
+        super().__init__(config)
+        self.state = state
+        self._draining = False
+        self._aio = None
+
+    async def serve(self, sockets=None):
+        self._aio = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        # Not recorded as a captured signal: uvicorn would re-raise it after shutdown and the
+        # process would end by the signal instead of exiting 0.
+        if self._draining or self._aio is None:
+            self.should_exit = self.force_exit = True
+            return
+        self._draining = True
+        self._aio.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        try:
+            await self.state.drain(self.state.cfg.shutdown_grace_s)
+        finally:
+            self.should_exit = True
+
+
+def run_server(engine, cfg: ServeConfig, model_name: str, log_level: str = "warning") -> int:
+    loop = EngineLoop(engine)
+    app = build_app(loop, cfg, model_name)
+    state = app.state.llmkern
+    loop.on_finish = state.metrics.on_finish
+    loop.start()
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING))
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, access_log=False,
+                            timeout_keep_alive=5, lifespan="off")
+    server = _DrainingServer(config, state)
+    print(f"llmkern serve: '{model_name}' on http://{cfg.host}:{cfg.port}/v1 "
+          f"(scheduler {engine.config.scheduler}, policy {engine.config.policy}"
+          f"{', API key required' if cfg.api_key else ''})", file=sys.stderr, flush=True)
+    try:
+        server.run()
+    finally:
+        loop.stop()
+    return 0

@@ -1,0 +1,138 @@
+"""Helpers for the server tests: a tiny random model with a character-level tokenizer and a chat
+template, and a `llmkern serve` process on a free loopback port that is always reaped."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 256 single-character tokens (every token decodes to exactly one character), then <s> and </s>.
+CHARS = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0x3b1, 0x3b1 + 161)]
+BOS, EOS = 256, 257
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def tiny_model_dir(path: str, max_len: int = 512) -> str:
+    """A tiny random Llama (vocab 260) with a tokenizer and chat template, saved as a HF directory."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    from llmkern.models.config import ModelConfig
+    from llmkern.models.loader import dummy_state_dict, save_hf_dir
+
+    if not os.path.exists(os.path.join(path, "config.json")):   # written by llmkern: no transformers import
+        cfg = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=260,
+                                       max_position_embeddings=max_len, bos_token_id=BOS, eos_token_id=EOS))
+        save_hf_dir(cfg, dummy_state_dict(cfg, seed=0, std=0.1), path)
+    if not os.path.exists(os.path.join(path, "tokenizer.json")):
+        tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(CHARS)}, merges=[], unk_token="~"))
+        tok.decoder = decoders.Fuse()
+        tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+        assert tok.token_to_id("<s>") == BOS and tok.token_to_id("</s>") == EOS
+        tok.save(os.path.join(path, "tokenizer.json"))
+        with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}, f)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`llmkern serve ARGS` (or another command, e.g. router) on 127.0.0.1:<free port>; a context manager that waits for /health
+    and always kills the process (and its log file) on exit."""
+
+    def __init__(self, args: List[str], startup_timeout: float = 120, env: Optional[dict] = None,
+                 command: str = "serve", wait: bool = True):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        e = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        e.update(env or {})
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmkern.cli", command, "--port", str(self.port), *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        if wait:
+            self.wait_ready(startup_timeout)
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Until /health answers 200 (the process is closed, and an error raised, if it does not)."""
+        import httpx
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.close()
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def signal(self, sig=signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        try:
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+    def client(self, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0,
+                             timeout=kw.pop("timeout", 60), **kw)
+
+    def async_client(self, **kw):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0,
+                                  timeout=kw.pop("timeout", 60), **kw)
+
+    def metrics(self, headers: Optional[dict] = None) -> dict:
+        """{(name, labels-tuple): value} from /metrics, parsed with prometheus_client's parser."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.base + "/metrics", headers=headers or {}, timeout=10).text
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")))] = s.value
+        return out
