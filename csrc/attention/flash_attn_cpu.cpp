@@ -27,6 +27,7 @@ namespace {
 
 constexpr int kGemmRows = 128;     // target rows (query positions x group heads) per GEMM task
 constexpr int kMinSplitKeys = 256; // a split below this many keys costs more than it balances
+constexpr int kSplitTasks = 16;    // fewer tasks than this get split (keys permitting)
 
 // Writes rows of a finished task: final output (normalised, in the output dtype) + lse, or the
 // split partial (fp32, normalised by the split's own sum) + the split's lse.
@@ -86,7 +87,6 @@ void combine_splits(const AttnParams& p, int ns, int64_t rows_total, const float
 template <DType T>
 void run(const AttnParams& p) {
   const int G = p.num_heads / p.num_kv_heads;
-  const int threads = max_threads();
   std::vector<Task> tasks;
   int max_sk = 0;
   for (int b = 0; b < p.batch; ++b) {
@@ -114,12 +114,14 @@ void run(const AttnParams& p) {
   for (int b = 0; b < p.batch; ++b)
     rows_total = std::max<int64_t>(rows_total, attn_q_start(p, b) + attn_seqlen_q(p, b));
 
-  // Split-KV: few tasks over long keys leave threads idle; cut every task's key range.
+  // Split-KV: few tasks over long keys leave threads idle; cut every task's key range. The count
+  // depends on the work only, not on the thread count, so every thread count sums in the same
+  // order and gives the same bits.
   int ns = p.num_splits;
   if (ns <= 0) {
     ns = 1;
     const int64_t n = int64_t(tasks.size());
-    if (threads > 1 && n < 2 * threads) ns = int((4 * threads + n - 1) / n);
+    if (n < kSplitTasks) ns = int((kSplitTasks + n - 1) / n);
     ns = std::min(ns, std::max(1, max_sk / kMinSplitKeys));
   }
   ns = std::max(1, std::min(ns, 128));

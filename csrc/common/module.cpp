@@ -5,6 +5,7 @@
 
 #include "common/bindings.h"
 #include "common/checks.h"
+#include "common/cpu_quota.h"
 #include "common/device_memory.h"
 #include "common/dispatch.h"
 #include "common/errors.h"
@@ -37,6 +38,8 @@ py::dict build_info() {
 #endif
   d["num_threads"] = llmk::pool_threads();
   d["threads"] = llmk::use_openmp() ? "openmp" : "pool";
+  d["available_cpus"] = llmk::available_cpus();
+  d["cgroup_cpu_limit"] = llmk::cgroup_cpu_limit();
   return d;
 }
 
