@@ -28,17 +28,10 @@ def run_router(router, host: str, port: int, admin_key: Optional[str] = None, lo
 
 
 def split_cpus(n: int) -> List[List[int]]:
-    """The CPUs this process may use, in n contiguous shares (at least one CPU each)."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    if n > len(cpus):
-        return [[cpus[i % len(cpus)]] for i in range(n)]
-    k, r = divmod(len(cpus), n)
-    out, start = [], 0
-    for i in range(n):
-        size = k + (i < r)
-        out.append(cpus[start:start + size])
-        start += size
-    return out
+    """The CPUs this process may use, in n contiguous shares (llmkern's own cpu_share rule)."""
+    from ..cpu_affinity import cpu_share
+
+    return [cpu_share(i, n) for i in range(n)]
 
 
 def _free_port() -> int:
@@ -75,6 +68,8 @@ def _child_setup(cpus: Optional[List[int]]):
 
 def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
     """[(Popen, url)] of n replicas on free loopback ports."""
+    from ..cpu_affinity import format_cpus
+
     shares = split_cpus(n)
     procs = []
     for i in range(n):
@@ -86,6 +81,7 @@ def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
         else:
             cpus = shares[i]
             env["OMP_NUM_THREADS"] = str(len(cpus))
+            env["LLMKERN_CPUS"] = format_cpus(cpus)  # the replica pins itself and sizes its threads
         cmd = [sys.executable, "-m", "llmkern.cli", "serve", *serve_argv, "--host", "127.0.0.1", "--port", str(port)]
         p = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cpus))
         procs.append((p, f"http://127.0.0.1:{port}"))
