@@ -11,13 +11,8 @@ import torch
 
 import llmkern
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-sys.path.insert(0, BENCH)
-
-import common  # noqa: E402
-import report  # noqa: E402
-import suite  # noqa: E402
-from common import Record  # noqa: E402
+from llmkern.bench import common, report, suite
+from llmkern.bench.common import Record
 
 LIMITS = {"device": "cpu", "copy_bandwidth_Bps": 40e9, "read_bandwidth_Bps": 50e9, "matmul_float32_flops": 2e11}
 
@@ -111,7 +106,7 @@ def test_without_matplotlib(tmp_path, monkeypatch):
 def test_suite_survives_missing_and_failing_modules(tmp_path, monkeypatch):
     (tmp_path / "bench_boom.py").write_text("def run(quick=False, device='cpu'):\n    raise RuntimeError('boom')\n")
     (tmp_path / "bench_fine.py").write_text(
-        "from common import Record\n"
+        "from llmkern.bench.common import Record\n"
         "def run(quick=False, device='cpu'):\n    return [Record('x/fine', 'one', 1.0, 'peer', 2.0)]\n")
     (tmp_path / "bench_gpuonly.py").write_text("def run(quick=False, device='cpu'):\n    raise SystemExit('needs --device cuda')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -130,7 +125,7 @@ def test_suite_survives_missing_and_failing_modules(tmp_path, monkeypatch):
 
 
 def test_cli_rerenders_saved_json(tmp_path, capsys):
-    from llmkern import bench_cli
+    from llmkern.bench import cli as bench_cli
 
     report.write_report(result(synthetic()), str(tmp_path / "run"), plots=False)
     rc = bench_cli.main(["report", str(tmp_path / "run" / "results.json"), "--out", str(tmp_path / "again"), "--no-plots"])

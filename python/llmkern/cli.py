@@ -367,7 +367,7 @@ def _bench_throughput_args(p: argparse.ArgumentParser) -> None:
 def _bench_throughput(a) -> int:
     import importlib.util
 
-    from .engine import benchmark
+    from .bench import throughput as benchmark
 
     if not a.no_peers and importlib.util.find_spec("transformers") is None:
         raise _fail("bench throughput: the HF transformers peer needs transformers "
@@ -498,7 +498,7 @@ def _unknown_option_error(p: argparse.ArgumentParser, extra: List[str]) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"] and (not argv[1:2] or argv[1] not in BENCH_COMMANDS):  # the suite: kernels | e2e | all | report
-        from .bench_cli import main as bench_main
+        from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
     ap = build_parser()

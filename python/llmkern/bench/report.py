@@ -17,10 +17,8 @@ import sys
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
-from common import Record, fmt_seconds  # noqa: E402
+from llmkern.bench.common import Record, fmt_seconds  # noqa: E402
 
 MATPLOTLIB_NOTE = ("matplotlib is not installed, so no plots were drawn "
                    "(install it with `pip install \"llmkern[bench]\"` or `pip install matplotlib`).")
