@@ -16,7 +16,6 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for the big K/V
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -120,7 +119,8 @@ def run(quick: bool = False, device: str = "cpu") -> list:
             for batch, seqlen in ([(1, 2048)] if quick else [(1, 2048), (8, 512)]):
                 t, tp, flops = _prefill(device, dtype, batch, seqlen, hq, hkv, d, min_time)
                 out.append(Record("attention/prefill causal", f"{dn} {batch}x{seqlen} {name}", t,
-                                  "torch SDPA", tp, "GFLOP/s", flops / t / 1e9, peak))
+                                  "torch SDPA", tp, "GFLOP/s", flops / t / 1e9, peak,
+                                  axes={"seqlen": seqlen, "batch": batch, "series": f"{dn} b{batch} {name}"}))
     bw = read_bandwidth(device) / 1e9
     hq, hkv, d = HEADS["llama 32/8x128"]
     for dtype in (torch.bfloat16, torch.float32):
@@ -128,7 +128,8 @@ def run(quick: bool = False, device: str = "cpu") -> list:
         for nseq, ctx in ([(64, 1024)] if quick else [(64, 1024), (4, 16384)]):
             t, tp, kv_bytes = _decode(device, dtype, nseq, ctx, hq, hkv, d, 16, min_time)
             out.append(Record("attention/paged decode", f"{dn} {nseq}x{ctx} 32/8x128 bs16", t,
-                              "torch gather+SDPA", tp, "GB/s", kv_bytes / t / 1e9, bw))
+                              "torch gather+SDPA", tp, "GB/s", kv_bytes / t / 1e9, bw,
+                              axes={"batch": nseq, "seqlen": ctx, "series": f"{dn} ctx {ctx} 32/8x128 bs16"}))
     for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32):
         dn = str(dtype).replace("torch.", "")
         t, tp, flops = _paged_prefill(device, dtype, 512, 4096, hq, hkv, d, 16, min_time)

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -45,6 +44,7 @@ def _prefill(device, batch, seqlen, hq, hkv, d, min_time, peak):
     ours, (qp, kp, vp), flops = prefill_case(device, torch.bfloat16, batch, seqlen, hq, hkv, d)
     t = timeit(ours, device, min_time=min_time)
     case = f"bf16 {batch}x{seqlen} {hq}/{hkv}x{d}"
+    axes = {"seqlen": seqlen, "batch": batch, "series": f"bf16 b{batch} {hq}/{hkv}x{d}"}
     recs = []
     for backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
         def peer(backend=backend):
@@ -53,7 +53,7 @@ def _prefill(device, batch, seqlen, hq, hkv, d, min_time, peak):
 
         tp = _time_peer(peer, device, min_time)
         recs.append(Record("attention/prefill causal", case, t, f"torch SDPA {backend.split('_')[0].lower()}",
-                           tp, "TFLOP/s", flops / t / 1e12, peak))
+                           tp, "TFLOP/s", flops / t / 1e12, peak, axes=axes))
     return recs
 
 
@@ -78,13 +78,14 @@ def _decode(device, nseq, ctx, hq, hkv, d, bs, min_time, bw, with_flex):
                device, min_time=min_time)
     kv_bytes = 2 * nseq * ctx * hkv * d * kc.element_size()
     case = f"bf16 {nseq}x{ctx} {hq}/{hkv}x{d} bs{bs}"
+    axes = {"batch": nseq, "seqlen": ctx, "series": f"bf16 ctx {ctx} {hq}/{hkv}x{d} bs{bs}"}
     qt = q.transpose(1, 2)
 
     def gather_sdpa():
         return F.scaled_dot_product_attention(qt, _gather(kc, bt, ctx), _gather(vc, bt, ctx), enable_gqa=True)
 
     recs = [Record("attention/paged decode", case, t, "torch gather+SDPA", _time_peer(gather_sdpa, device, min_time),
-                   "GB/s", kv_bytes / t / 1e9, bw)]
+                   "GB/s", kv_bytes / t / 1e9, bw, axes=axes)]
     if with_flex:
         kd, vd = _gather(kc, bt, ctx).contiguous(), _gather(vc, bt, ctx).contiguous()
         flex = None
@@ -94,7 +95,7 @@ def _decode(device, nseq, ctx, hq, hkv, d, bs, min_time, bw, with_flex):
             print(f"  FlexAttention unavailable: {e}", file=sys.stderr)
         tp = _time_peer(lambda: flex(qt, kd, vd, enable_gqa=True), device, min_time) if flex else None
         recs.append(Record("attention/paged decode", case, t, "FlexAttention (dense, no gather)", tp,
-                           "GB/s", kv_bytes / t / 1e9, bw))
+                           "GB/s", kv_bytes / t / 1e9, bw, axes=axes))
     return recs
 
 

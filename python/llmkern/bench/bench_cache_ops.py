@@ -12,7 +12,6 @@ measured limit, and not cache bandwidth. llmkern and the peer are timed in alter
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch

@@ -23,7 +23,7 @@ from llmkern.bench import throughput as benchmark  # noqa: E402
 def _to_record(r: dict) -> Record:
     extra = dict(r.get("extra") or {})
     return Record(r["bench"], r["case"], r["llmkern_s"], r["peer"], r["peer_s"], r["metric"],
-                  r["llmkern_value"], r["limit"], extra)
+                  r["llmkern_value"], r["limit"], extra, dict(r.get("axes") or {}))
 
 
 def write_f32_gguf(src: str, dst: str) -> None:

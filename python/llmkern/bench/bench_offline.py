@@ -86,7 +86,8 @@ def bench_schedule(llm, n, docs, quick, params, flops):
                            "same engine, arrival order", t_arr, "tok/s", (prompt_toks + out_toks) / t_thr,
                            extra=dict(roofline_fraction=work / t_thr / flops, prompt_tokens=prompt_toks,
                                       output_tokens=out_toks, computed_throughput=c_thr, computed_arrival=c_arr,
-                                      same_tokens=same)))
+                                      same_tokens=same),
+                           axes={"requests": len(rs), "series": f"{docs} docs, {order} input"}))
     return recs
 
 

@@ -10,7 +10,6 @@ engines' path); max + mask + multinomial (min-p, from probabilities on both side
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -87,7 +86,7 @@ def run(quick: bool = False, device: str = "cpu") -> list:
             t = timeit(fn, device, min_time=0.2)
             tp = timeit(peer, device, min_time=0.2, warmup=1)
             out.append(Record("sampling/" + name, f"{rows} x {vocab}", t, peer_name, tp, "GB/s",
-                              nbytes / t / 1e9, bw))
+                              nbytes / t / 1e9, bw, axes={"batch": rows, "series": f"vocab {vocab}"}))
     return out
 
 

@@ -37,7 +37,7 @@ def run(quick: bool = False, device: str = "cpu"):
     if b:
         recs.append(common.Record("serve/burst", f"{b['requests']} requests at once", 1 / b["server_tok_s"],
                                   "in-process LLM.generate", 1 / b["inprocess_tok_s"], "tok/s", b["server_tok_s"],
-                                  extra=b))
+                                  extra=b, axes={"requests": b["requests"], "series": "server burst"}))
     return recs
 
 

@@ -135,7 +135,7 @@ def run(quick: bool = False, device: str = "cpu", k: int = 4) -> list:
         tp, ts, n, same, st = _pair(llm, [prompt], sp1, reps, None)
         recs.append(Record(
             "spec/ngram batch-1", f"{name}, k={k}", ts, "plain decoding (same engine)", tp, "tok/s", n / ts,
-            extra={"batch": 1, "identical_greedy_output": same, "acceptance_rate": round(st["acceptance_rate"], 3),
+            axes={"batch": 1}, extra={"identical_greedy_output": same, "acceptance_rate": round(st["acceptance_rate"], 3),
                    "mean_accepted_length": round(st["mean_accepted_length"], 2), "tokens": n,
                    "draft_s": round(st["draft_time_s"], 3), "verify_s": round(st["verify_time_s"], 3),
                    "omp_wait_policy": policy,
@@ -149,7 +149,7 @@ def run(quick: bool = False, device: str = "cpu", k: int = 4) -> list:
             recs.append(Record(
                 "spec/ngram batch-16", f"mixed 10 copy + 6 open, {label}", ts, "plain decoding (same engine)", tp,
                 "tok/s", n / ts,
-                extra={"batch": 16, "identical_greedy_output": same, "acceptance_rate": round(st["acceptance_rate"], 3),
+                axes={"batch": 16}, extra={"identical_greedy_output": same, "acceptance_rate": round(st["acceptance_rate"], 3),
                        "mean_accepted_length": round(st["mean_accepted_length"], 2), "tokens": n}))
             print_records(recs[-1:])
     return recs
