@@ -3,7 +3,7 @@ llama-cpp-python is installed), same SmolLM2-135M weights, same process.
 
     python bench/bench_e2e.py [--quick] [--num-requests 256] [--no-peers]
 
-Workloads (see llmkern/engine/benchmark.py): offline-32 (vs HF generate static batch 16 and HF
+Workloads (see llmkern/bench/throughput.py): offline-32 (vs HF generate static batch 16 and HF
 continuous batching), prefix caching TTFT (1k-token shared system prompt, with vs without
 caching), batch-1 decode (vs HF generate and llama.cpp on an F32 GGUF of the same weights)."""
 from __future__ import annotations
