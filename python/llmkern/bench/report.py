@@ -1,6 +1,6 @@
 """Benchmark report: JSON of all figures, a Markdown report and PNG plots.
 
-    python bench/report.py RESULTS.json [--out DIR]    # re-render a saved run
+    python -m llmkern.bench.report RESULTS.json [--out DIR]    # re-render a saved run
                                                        # (or a pytest-benchmark --benchmark-json file)
 
 Plots (matplotlib, optional: `pip install "llmkern[bench]"`): latency vs sequence length for
