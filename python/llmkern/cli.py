@@ -343,13 +343,13 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_router_args(p: argparse.ArgumentParser) -> None:
-    from .router.bench import add_args
+    from .bench.routing import add_args
 
     add_args(p)
 
 
 def _bench_router(a) -> int:
-    from .router.bench import run_bench
+    from .bench.routing import run_bench
 
     run_bench(a)
     return 0
@@ -394,14 +394,14 @@ def _check_device(device: str) -> None:
 # name -> (help, add_arguments(parser), run(args) -> exit code). More benchmarks plug in here,
 # e.g. "kernels" (bench/bench_*.py), "e2e", "all".
 def _bench_serve_args(p: argparse.ArgumentParser) -> None:
-    from .serve.bench import add_args
+    from .bench.serving import add_args
 
     add_args(p)
 
 
 def _bench_serve(a) -> int:
     try:
-        from .serve.bench import main as bench_main
+        from .bench.serving import main as bench_main
     except ImportError as e:
         raise SystemExit(f"{_SERVE_HINT} ({e})")
     return bench_main(a)

@@ -1,6 +1,6 @@
 """Serving benchmark: `llmkern serve` (each scheduling policy) vs HF's `transformers serve`, open-loop
 Poisson load, TTFT/ITL/E2E percentiles and goodput; plus the burst-of-32 server vs in-process ratio.
-The same as `llmkern bench serve`; see llmkern/serve/bench.py for the workload and options.
+The same as `llmkern bench serve`; see llmkern/bench/serving.py for the workload and options.
 In the suite (`llmkern bench e2e`), run() reports TTFT p95 per rate against the HF server."""
 import argparse
 import sys
@@ -11,7 +11,7 @@ SUITE = "e2e"
 
 
 def run(quick: bool = False, device: str = "cpu"):
-    from llmkern.serve import bench
+    from llmkern.bench import serving as bench
 
     if device != "cpu":
         raise SystemExit("bench_serve: CPU only (the server picks its own device)")
@@ -42,7 +42,7 @@ def run(quick: bool = False, device: str = "cpu"):
 
 
 def main(argv=None) -> int:
-    from llmkern.serve.bench import add_args, main as serve_main
+    from llmkern.bench.serving import add_args, main as serve_main
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_args(ap)
