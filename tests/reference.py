@@ -136,6 +136,22 @@ def ref_kvcache(q, k_cache, v_cache, cache_seqlens, scale, k=None, v=None, block
     return out, lse, kc, vc
 
 
+def ref_rotary_rows(x, cos, sin, positions, interleaved):
+    """flash-attn's rotary: x [n, H, D] rows at positions [n]; cos/sin [seqlen_ro, rd/2]. The
+    first rd features rotate in pairs (2i, 2i+1) if interleaved else (i, i + rd/2). fp32."""
+    rd = cos.shape[1] * 2
+    xf = x.float().clone()
+    c = cos.float()[positions.long()][:, None, :]
+    s = sin.float()[positions.long()][:, None, :]
+    if interleaved:
+        a, b = xf[..., 0:rd:2].clone(), xf[..., 1:rd:2].clone()
+        xf[..., 0:rd:2], xf[..., 1:rd:2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = xf[..., : rd // 2].clone(), xf[..., rd // 2: rd].clone()
+        xf[..., : rd // 2], xf[..., rd // 2: rd] = a * c - b * s, a * s + b * c
+    return xf
+
+
 # ---------------------------------------------------------------------------------------------
 # Sampling (FlashInfer semantics)
 # ---------------------------------------------------------------------------------------------

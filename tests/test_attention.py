@@ -272,7 +272,14 @@ def test_opcheck_attention():
     qd = torch.randn(2, 2, 4, 64)
     kn, vn = torch.randn(2, 2, 2, 64), torch.randn(2, 2, 2, 64)
     lens_c = torch.tensor([3, 1], dtype=torch.int32)
-    torch.library.opcheck(attn_ops._kvcache.op, (qd, kc, vc, kn, vn, lens_c, table, 0.125, True, -1, -1, 0.0, None, 0, None, True))
+    torch.library.opcheck(attn_ops._kvcache.op, (qd, kc, vc, kn, vn, None, None, lens_c, None, None, table, 0.125,
+                                                 True, -1, -1, 0.0, True, None, 0, None, True))
+    # dense cache with rotary, cache_leftpad and cache_batch_idx (flash-attn's kvcache extras)
+    kd, vd = torch.randn(3, 16, 2, 64), torch.randn(3, 16, 2, 64)
+    cos, sin = torch.randn(16, 16), torch.randn(16, 16)
+    idx, pad = torch.tensor([2, 0], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)
+    torch.library.opcheck(attn_ops._kvcache.op, (qd, kd, vd, kn, vn, cos, sin, lens_c, idx, pad, None, 0.125,
+                                                 True, -1, -1, 0.0, False, None, 0, None, True))
 
 
 def test_torch_compile_fullgraph_attention():

@@ -44,3 +44,25 @@ def test_loaded_model_weights_on_one_arena_and_early_exit_shares_them():
     d = early_exit_model(m, 1)
     assert d.layers[0].qkv.weight.data_ptr() == m.layers[0].qkv.weight.data_ptr()  # shared, not copied
     assert d.lm_head is m.lm_head
+
+
+def test_kv_caches_on_one_arena_zeroed_and_disjoint():
+    from llmkern.engine.kv_cache_manager import alloc_caches
+
+    caches = alloc_caches(7, 4, 3, 2, 8, torch.bfloat16, "cpu")
+    flat = [t for pair in caches for t in pair]
+    assert len(caches) == 3 and all(t.shape == (7, 4, 2, 8) and t.dtype == torch.bfloat16 for t in flat)
+    assert all(torch.count_nonzero(t) == 0 for t in flat)
+    for i, t in enumerate(flat):  # writing one leaves every other untouched
+        t.fill_(i + 1)
+    assert all(torch.all(t == i + 1) for i, t in enumerate(flat))
+    starts = sorted(t.data_ptr() for t in flat)
+    assert all(b - a >= flat[0].numel() * 2 for a, b in zip(starts, starts[1:]))
+
+
+def test_hugepage_fraction_reports_the_weights_mapping():
+    from llmkern.models.hugepages import hugepage_fraction, move_to_hugepages
+
+    (w,) = move_to_hugepages([torch.randn(1 << 20)])  # 4 MiB: at least one aligned 2 MiB block
+    f = hugepage_fraction(w)
+    assert f is None or 0.0 <= f <= 1.0

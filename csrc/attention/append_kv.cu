@@ -1,12 +1,17 @@
 // CUDA side of flash_attn_with_kvcache's in-place append (append_kv, declared in flash_attn.h):
 // new rows k/v [b, s_new, Hkv, D] are written into the dense or paged cache at rows
 // cache_seqlens[b] + i. One CTA per (sequence, new row) copies all kv heads of K and V, with
-// 16-byte vectors whenever every pointer and stride allows it.
+// 16-byte vectors whenever every pointer and stride allows it. With rotary (flash-attn's
+// rotary_cos/sin) the new keys are rotated as they are written, element by element, and a second
+// kernel writes the rotated queries to q_rot.
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/flash_attn.h"
 #include "common/device_memory.h"
+#include "common/elem_device.cuh"
 #include "common/simt.h"
+#include "rotary/rotary_math.h"
 
 namespace llmk {
 namespace gpu {
@@ -25,8 +30,42 @@ struct AppendGeom {
   int64_t bt_stride;
   int block_size;
   const int32_t* cache_seqlens;
+  const int32_t* cache_batch_idx;  // dense: cache batch of sequence b (null = b)
   int seqlen_new, heads, units;  // units of U per row
 };
+
+LLMK_DEVICE int64_t cache_batch(const AppendGeom& g, int b) {
+  return g.cache_batch_idx ? g.cache_batch_idx[b] : b;
+}
+
+// Rotary tables and the query rotation (see AppendKvParams).
+struct RotaryGeom {
+  const char* cos;
+  const char* sin;
+  int64_t cos_r, sin_r;  // byte strides of a table row
+  int rotary_dim, seqlen_ro, head_dim;
+  bool interleaved;
+  const char* q;
+  char* q_rot;
+  int64_t q_r, q_h;  // byte strides of q rows (b * s_q + i) and heads
+  int seqlen_q, heads_q;
+  bool pos_per_row;
+};
+
+// Feature d of a head row at position pos, rotated (d < rotary_dim and pos in the tables) or
+// copied; each thread reads its feature's pair partner, so src and dst must not alias.
+template <typename T>
+LLMK_DEVICE T rotated(const RotaryGeom& r, const T* src, int d, int64_t pos) {
+  if (d >= r.rotary_dim || pos < 0 || pos >= r.seqlen_ro) return src[d];
+  const int half = r.rotary_dim / 2;
+  const int i = r.interleaved ? d / 2 : (d < half ? d : d - half);
+  int a, b;
+  rope_pair(i, r.rotary_dim, !r.interleaved, a, b);
+  float x = ld(src[a]), y = ld(src[b]);
+  rope_rotate(x, y, ld(reinterpret_cast<const T*>(r.cos + pos * r.cos_r)[i]),
+              ld(reinterpret_cast<const T*>(r.sin + pos * r.sin_r)[i]));
+  return st<T>(d == a ? x : y);
+}
 
 template <typename U>
 __global__ void append_kv_kernel(const AppendGeom g) {
@@ -39,8 +78,8 @@ __global__ void append_kv_kernel(const AppendGeom g) {
     kc_row = blk * g.kc_blk + slot * g.kc_r;
     vc_row = blk * g.vc_blk + slot * g.vc_r;
   } else {
-    kc_row = b * g.kc_b + j * g.kc_r;
-    vc_row = b * g.vc_b + j * g.vc_r;
+    kc_row = cache_batch(g, b) * g.kc_b + j * g.kc_r;
+    vc_row = cache_batch(g, b) * g.vc_b + j * g.vc_r;
   }
   const int64_t kn_row = b * g.kn_b + i * g.kn_r, vn_row = b * g.vn_b + i * g.vn_r;
   for (int e = threadIdx.x; e < g.heads * g.units; e += blockDim.x) {
@@ -53,10 +92,48 @@ __global__ void append_kv_kernel(const AppendGeom g) {
   }
 }
 
+// One CTA per (sequence, new row), one thread per feature: K rotated, V copied.
+template <typename T>
+__global__ void append_kv_rotary_kernel(const AppendGeom g, const RotaryGeom r) {
+  const int b = blockIdx.x / g.seqlen_new, i = blockIdx.x % g.seqlen_new;
+  const int64_t j = int64_t(g.cache_seqlens[b]) + i;
+  int64_t kc_row, vc_row;
+  if (g.block_table) {
+    const int64_t blk = g.block_table[b * g.bt_stride + j / g.block_size];
+    const int64_t slot = j % g.block_size;
+    kc_row = blk * g.kc_blk + slot * g.kc_r;
+    vc_row = blk * g.vc_blk + slot * g.vc_r;
+  } else {
+    kc_row = cache_batch(g, b) * g.kc_b + j * g.kc_r;
+    vc_row = cache_batch(g, b) * g.vc_b + j * g.vc_r;
+  }
+  const int64_t kn_row = b * g.kn_b + i * g.kn_r, vn_row = b * g.vn_b + i * g.vn_r;
+  for (int e = threadIdx.x; e < g.heads * r.head_dim; e += blockDim.x) {
+    const int h = e / r.head_dim, d = e % r.head_dim;
+    const T* kn = reinterpret_cast<const T*>(g.kn + kn_row + h * g.kn_h);
+    reinterpret_cast<T*>(g.kc + kc_row + h * g.kc_h)[d] = rotated(r, kn, d, j);
+    reinterpret_cast<T*>(g.vc + vc_row + h * g.vc_h)[d] =
+        reinterpret_cast<const T*>(g.vn + vn_row + h * g.vn_h)[d];
+  }
+}
+
+// One CTA per query row b * s_q + i: all its heads rotated into q_rot (contiguous).
+template <typename T>
+__global__ void rotate_q_kernel(const RotaryGeom r, const int32_t* cache_seqlens) {
+  const int64_t row = blockIdx.x;
+  const int b = int(row / r.seqlen_q), i = int(row % r.seqlen_q);
+  const int64_t pos = int64_t(cache_seqlens[b]) + (r.pos_per_row ? i : 0);
+  T* dst = reinterpret_cast<T*>(r.q_rot) + row * int64_t(r.heads_q) * r.head_dim;
+  for (int e = threadIdx.x; e < r.heads_q * r.head_dim; e += blockDim.x) {
+    const int h = e / r.head_dim, d = e % r.head_dim;
+    dst[e] = rotated(r, reinterpret_cast<const T*>(r.q + row * r.q_r + h * r.q_h), d, pos);
+  }
+}
+
 }  // namespace
 
 void append_kv(const AppendKvParams& p, int64_t stream) {
-  if (p.batch == 0 || p.seqlen_new == 0 || p.num_kv_heads == 0 || p.head_dim == 0) return;
+  if (p.batch == 0 || p.num_kv_heads == 0 || p.head_dim == 0) return;
   const int64_t es = int64_t(dtype_size(p.dtype));
   AppendGeom g;
   g.kn = static_cast<const char*>(p.k_new);
@@ -73,8 +150,36 @@ void append_kv(const AppendKvParams& p, int64_t stream) {
   g.bt_stride = p.block_table_stride;
   g.block_size = p.block_size > 0 ? p.block_size : 1;
   g.cache_seqlens = p.cache_seqlens;
+  g.cache_batch_idx = p.cache_batch_idx;
   g.seqlen_new = p.seqlen_new;
   g.heads = p.num_kv_heads;
+  if (p.rotary_dim > 0) {
+    RotaryGeom r;
+    r.cos = static_cast<const char*>(p.rotary_cos);
+    r.sin = static_cast<const char*>(p.rotary_sin);
+    r.cos_r = p.cos_row_stride * es, r.sin_r = p.sin_row_stride * es;
+    r.rotary_dim = p.rotary_dim, r.seqlen_ro = p.seqlen_ro, r.head_dim = p.head_dim;
+    r.interleaved = p.rotary_interleaved;
+    r.q = static_cast<const char*>(p.q);
+    r.q_rot = static_cast<char*>(p.q_rot);
+    r.q_r = p.q_row_stride * es, r.q_h = p.q_head_stride * es;
+    r.seqlen_q = p.seqlen_q, r.heads_q = p.num_heads;
+    r.pos_per_row = p.q_pos_per_row;
+    by_dtype(p.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      if (p.seqlen_new > 0) {
+        auto append_kv_rotary = &append_kv_rotary_kernel<T>;
+        LLMK_LAUNCH(append_kv_rotary, unsigned(int64_t(p.batch) * p.seqlen_new), 128, 0, stream)(g, r);
+      }
+      if (r.q_rot && r.seqlen_q > 0 && r.heads_q > 0) {
+        auto rotate_q = &rotate_q_kernel<T>;
+        LLMK_LAUNCH(rotate_q, unsigned(int64_t(p.batch) * r.seqlen_q), 128, 0, stream)(r, p.cache_seqlens);
+      }
+    });
+    check_launch("flash_attn_with_kvcache (rotary k/v append)");
+    return;
+  }
+  if (p.seqlen_new == 0) return;
   const int64_t row_bytes = p.head_dim * es;
   bool vec = row_bytes % 16 == 0;
   for (const void* ptr : {static_cast<const void*>(g.kn), static_cast<const void*>(g.vn),

@@ -24,8 +24,15 @@ LLMK_HD int attn_q_start(const AttnParams& p, int b) {
 LLMK_HD int attn_seqlen_q(const AttnParams& p, int b) {
   return p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] : p.seqlen_q;
 }
+// kvcache extras (dense caches): the cache batch sequence b reads and its first key row.
+LLMK_HD int64_t attn_cache_batch(const AttnParams& p, int b) {
+  return p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+}
+LLMK_HD int attn_k_row0(const AttnParams& p, int b) { return p.leftpad_k ? p.leftpad_k[b] : 0; }
+
 LLMK_HD int attn_seqlen_k(const AttnParams& p, int b) {
-  return p.seqused_k ? p.seqused_k[b] + p.seqused_k_add : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  return p.seqused_k ? p.seqused_k[b] + p.seqused_k_add - attn_k_row0(p, b)
+                     : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
 }
 
 // Element offset of key/value row j of sequence b, kv head h (dense varlen, dense kvcache or
@@ -38,7 +45,8 @@ LLMK_HD int64_t attn_kv_offset(const AttnParams& p, bool is_v, int b, int j, int
     return blk * (is_v ? p.v_block_stride : p.k_block_stride) + (j % p.block_size) * rs + h * hs;
   }
   if (p.cu_seqlens_k) return (int64_t(p.cu_seqlens_k[b]) + j) * rs + h * hs;
-  return b * (is_v ? p.v_batch_stride : p.k_batch_stride) + int64_t(j) * rs + h * hs;
+  return attn_cache_batch(p, b) * (is_v ? p.v_batch_stride : p.k_batch_stride) +
+         (int64_t(attn_k_row0(p, b)) + j) * rs + h * hs;
 }
 
 LLMK_HD int64_t attn_lse_offset(const AttnParams& p, int b, int h, int i) {

@@ -123,8 +123,9 @@ LLMK_DEVICE SeqInfo seq_info(const AttnParams& p, int b) {
     s.k_base = int64_t(p.cu_seqlens_k[b]) * p.k_row_stride;
     s.v_base = int64_t(p.cu_seqlens_k[b]) * p.v_row_stride;
   } else {
-    s.k_base = int64_t(b) * p.k_batch_stride;
-    s.v_base = int64_t(b) * p.v_batch_stride;
+    const int64_t cb = attn_cache_batch(p, b), r0 = attn_k_row0(p, b);
+    s.k_base = cb * p.k_batch_stride + r0 * p.k_row_stride;
+    s.v_base = cb * p.v_batch_stride + r0 * p.v_row_stride;
   }
   return s;
 }

@@ -2,6 +2,7 @@
 // Python argument names), then reduced to AttnParams / AppendKvParams and dispatched.
 #include "attention/flash_attn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -118,7 +119,7 @@ void check_blocks_used(const TensorView& bt, int b, int64_t len, int64_t block_s
   const int32_t* row = bt.ptr<const int32_t>() + b * bt.stride(0);
   const int64_t used = (len + block_size - 1) / block_size;
   for (int64_t i = 0; i < used; ++i)
-    LLMK_CHECK(row[i] >= 0 && row[i] < num_blocks, ValueError, "block_table: entry [", b, ", ", i,
+    LLMK_CHECK(row[i] >= 0 && row[i] < num_blocks, IndexOutOfRangeError, "block_table: entry [", b, ", ", i,
                "] is ", row[i], ", out of range [0, ", num_blocks, ") of cache blocks");
 }
 
@@ -142,6 +143,97 @@ void check_heads(int64_t hq, int64_t hkv, const char* kname) {
   LLMK_CHECK(hkv >= 1, ValueError, kname, ": num_kv_heads must be >= 1, got ", hkv);
   LLMK_CHECK(hq % hkv == 0, ValueError, kname, ": num_kv_heads (", hkv,
              ") must divide the number of query heads (", hq, ")");
+}
+
+// flash_attn_with_kvcache's flash-attn extras, checked: rotary tables, cache_batch_idx and
+// cache_leftpad (dense caches only, as flash-attn), the rotated-query buffer.
+struct KvcacheExtras {
+  const int32_t* batch_idx = nullptr;
+  const int32_t* leftpad = nullptr;
+  bool leftpad_on_host = false;  // its entries can be checked here
+  void* q_rot = nullptr;
+  int rotary_dim = 0;
+  int64_t seqlen_ro = 0, cache_batches = 0, capacity = 0;
+};
+
+KvcacheExtras check_kvcache_extras(const TensorView& q, const TensorView& k_cache, bool has_new,
+                                   bool paged, int64_t batch, int64_t capacity,
+                                   const std::optional<TensorView>& cos,
+                                   const std::optional<TensorView>& sin,
+                                   const std::optional<TensorView>& batch_idx,
+                                   const std::optional<TensorView>& leftpad,
+                                   const std::optional<TensorView>& q_rot) {
+  KvcacheExtras ex;
+  ex.capacity = capacity;
+  ex.cache_batches = k_cache.size(0);
+  LLMK_CHECK(cos.has_value() == sin.has_value(), ValueError, cos ? "rotary_sin" : "rotary_cos",
+             ": rotary_cos and rotary_sin must be given together");
+  if (cos) {
+    LLMK_CHECK(has_new, ValueError, "rotary_cos: rotary embedding needs the new k/v to append "
+               "(flash-attn rotates the appended keys and q at the cache positions)");
+    for (const auto* t : {&*cos, &*sin}) {
+      const char* name = t == &*cos ? "rotary_cos" : "rotary_sin";
+      check_ndim(*t, name, 2, "[seqlen_ro, rotary_dim / 2]");
+      check_same_dtype(q, "q", *t, name);
+      check_same_device(q, "q", *t, name);
+      check_last_dim_contiguous(*t, name);
+    }
+    LLMK_CHECK(sin->size(0) == cos->size(0) && sin->size(1) == cos->size(1), ValueError,
+               "rotary_sin: expected shape ", shape_str(*cos), " (as rotary_cos), got ", shape_str(*sin));
+    const int64_t rd = cos->size(1) * 2;
+    LLMK_CHECK(rd >= 2 && rd <= q.size(3), ValueError, "rotary_cos: rotary_dim (2 x dim 1 = ", rd,
+               ") must be in [2, head_dim = ", q.size(3), "]");
+    LLMK_CHECK(cos->size(0) >= capacity, ValueError, "rotary_cos: has ", cos->size(0),
+               " positions, fewer than the cache's ", capacity, " rows per sequence");
+    LLMK_CHECK(q_rot.has_value(), ValueError, "q_rot: a buffer shaped as q is needed with rotary");
+    check_contiguous(*q_rot, "q_rot");
+    check_same_dtype(q, "q", *q_rot, "q_rot");
+    check_same_device(q, "q", *q_rot, "q_rot");
+    LLMK_CHECK(q_rot->numel() == q.numel(), ValueError, "q_rot: expected ", q.numel(),
+               " elements (shaped as q), got ", q_rot->numel());
+    ex.rotary_dim = static_cast<int>(rd);
+    ex.seqlen_ro = cos->size(0);
+    ex.q_rot = q_rot->data;
+  }
+  if (batch_idx) {
+    LLMK_CHECK(!paged, NotImplementedError,
+               "cache_batch_idx: not supported with a paged cache (block_table), as flash-attn");
+    check_int32_index(*batch_idx, "cache_batch_idx", 1, "[batch]");
+    check_same_device(q, "q", *batch_idx, "cache_batch_idx");
+    check_dim(*batch_idx, "cache_batch_idx", 0, batch, "batch, from q");
+    if (host_readable(*batch_idx)) {
+      const int32_t* bi = batch_idx->ptr<const int32_t>();
+      for (int64_t b = 0; b < batch; ++b)
+        LLMK_CHECK(bi[b] >= 0 && bi[b] < ex.cache_batches, IndexOutOfRangeError, "cache_batch_idx: entry ",
+                   b, " is ", bi[b], ", out of range [0, ", ex.cache_batches, ") of cache batches");
+    }
+    ex.batch_idx = batch_idx->ptr<const int32_t>();
+  }
+  if (leftpad) {
+    LLMK_CHECK(!paged, NotImplementedError,
+               "cache_leftpad: not supported with a paged cache (block_table), as flash-attn");
+    check_int32_index(*leftpad, "cache_leftpad", 1, "[batch]");
+    check_same_device(q, "q", *leftpad, "cache_leftpad");
+    check_dim(*leftpad, "cache_leftpad", 0, batch, "batch, from q");
+    ex.leftpad = leftpad->ptr<const int32_t>();
+    ex.leftpad_on_host = host_readable(*leftpad);
+  }
+  return ex;
+}
+
+// Per-sequence checks once cache_seqlens[b] is readable on the host.
+void check_kvcache_extras_row(const KvcacheExtras& ex, int64_t b, int64_t len, int64_t s_new,
+                              int64_t sq, bool q_per_row) {
+  if (ex.leftpad && ex.leftpad_on_host) {
+    const int64_t lp = ex.leftpad[b];
+    LLMK_CHECK(lp >= 0 && lp <= len, ValueError, "cache_leftpad: entry ", b, " is ", lp,
+               ", must be in [0, cache_seqlens[", b, "] = ", len, "]");
+  }
+  if (ex.rotary_dim > 0) {
+    const int64_t last = len + std::max(s_new, q_per_row ? sq : int64_t(1)) - 1;
+    LLMK_CHECK(last < ex.seqlen_ro, ValueError, "rotary_cos: sequence ", b, " needs position ",
+               last, " but the tables have ", ex.seqlen_ro, " rows");
+  }
 }
 
 }  // namespace
@@ -217,7 +309,7 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
       LLMK_CHECK(lk <= max_seqlen_k, ValueError, "max_seqlen_k: is ", max_seqlen_k,
                  " but sequence ", b, " has ", lk, " keys");
       if (paged) {
-        LLMK_CHECK(lk <= capacity, ValueError, "cu_seqlens_k: sequence ", b, " has ", lk,
+        LLMK_CHECK(lk <= capacity, IndexOutOfRangeError, "cu_seqlens_k: sequence ", b, " has ", lk,
                    " keys but block_table holds only ", capacity, " (max_blocks x block_size)");
         check_blocks_used(*block_table, static_cast<int>(b), lk, k.size(1), k.size(0));
       }
@@ -256,6 +348,25 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
                             std::optional<TensorView> alibi_slopes, int64_t num_splits,
                             TensorView out, std::optional<TensorView> softmax_lse,
                             std::optional<TensorView> split_workspace, int64_t stream) {
+  flash_attn_kvcache_fwd_ext(q, k_cache, v_cache, k, v, std::nullopt, std::nullopt, cache_seqlens,
+                             std::nullopt, std::nullopt, block_table, softmax_scale, causal,
+                             window_left, window_right, softcap, false, alibi_slopes, num_splits,
+                             out, softmax_lse, split_workspace, std::nullopt, stream);
+}
+
+void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_cache,
+                                std::optional<TensorView> k, std::optional<TensorView> v,
+                                std::optional<TensorView> rotary_cos,
+                                std::optional<TensorView> rotary_sin, TensorView cache_seqlens,
+                                std::optional<TensorView> cache_batch_idx,
+                                std::optional<TensorView> cache_leftpad,
+                                std::optional<TensorView> block_table, double softmax_scale,
+                                bool causal, int64_t window_left, int64_t window_right,
+                                double softcap, bool rotary_interleaved,
+                                std::optional<TensorView> alibi_slopes, int64_t num_splits,
+                                TensorView out, std::optional<TensorView> softmax_lse,
+                                std::optional<TensorView> split_workspace,
+                                std::optional<TensorView> q_rot, int64_t stream) {
   const bool paged = block_table.has_value();
   check_ndim(q, "q", 4, "[batch, seqlen_q, num_heads, head_dim]");
   check_float(q, "q");
@@ -293,9 +404,14 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
   check_scalars(softmax_scale, softcap, window_left, window_right);
   const std::initializer_list<Arg> read = {arg(q, "q"), arg(k, "k"), arg(v, "v"),
                                            arg(cache_seqlens, "cache_seqlens"),
-                                           arg(block_table, "block_table"), arg(alibi_slopes, "alibi_slopes")};
+                                           arg(block_table, "block_table"), arg(alibi_slopes, "alibi_slopes"),
+                                           arg(rotary_cos, "rotary_cos"), arg(rotary_sin, "rotary_sin"),
+                                           arg(cache_batch_idx, "cache_batch_idx"),
+                                           arg(cache_leftpad, "cache_leftpad")};
   check_written(arg(out, "out"), read);
-  check_written(arg(out, "out"), {arg(k_cache, "k_cache"), arg(v_cache, "v_cache")});
+  check_written(arg(out, "out"), {arg(k_cache, "k_cache"), arg(v_cache, "v_cache"), arg(q_rot, "q_rot")});
+  check_written(arg(q_rot, "q_rot"), read);
+  check_written(arg(q_rot, "q_rot"), {arg(k_cache, "k_cache"), arg(v_cache, "v_cache")});
   if (k) {  // the new rows are written into the caches
     check_written(arg(v_cache, "v_cache"), {arg(k_cache, "k_cache")});
     check_written(arg(k_cache, "k_cache"), read);
@@ -315,7 +431,7 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
   if (paged) {
     capacity = set_paged(p, k_cache, v_cache, *block_table, batch, q, "k_cache", "v_cache");
   } else {
-    check_dim(k_cache, "k_cache", 0, batch, "batch, from q");
+    if (!cache_batch_idx) check_dim(k_cache, "k_cache", 0, batch, "batch, from q");
     capacity = k_cache.size(1);
     p.k_batch_stride = k_cache.stride(0), p.k_row_stride = k_cache.stride(1);
     p.k_head_stride = k_cache.stride(2);
@@ -323,13 +439,24 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
     p.v_head_stride = v_cache.stride(2);
   }
   LLMK_CHECK(capacity + 0 <= INT32_MAX, ValueError, "k_cache: too many rows per sequence");
+  // flash-attn rotates q at per-row positions when the attention is causal or local (a window
+  // shorter than the cache); otherwise all of q sits at cache_seqlens[b].
+  const bool q_pos_per_row = causal || (window_left >= 0 && window_left < capacity) ||
+                             (window_right >= 0 && window_right < capacity);
+  const KvcacheExtras ex = check_kvcache_extras(q, k_cache, k.has_value(), paged, batch, capacity,
+                                                rotary_cos, rotary_sin, cache_batch_idx,
+                                                cache_leftpad, q_rot);
+  p.cache_batch_idx = ex.batch_idx;
+  p.leftpad_k = ex.leftpad;
   if (host_readable(cache_seqlens)) {
     const int32_t* cs = cache_seqlens.ptr<const int32_t>();
     for (int64_t b = 0; b < batch; ++b) {
       LLMK_CHECK(cs[b] >= 0, ValueError, "cache_seqlens: entry ", b, " is ", cs[b], ", must be >= 0");
-      LLMK_CHECK(cs[b] + s_new <= capacity, ValueError, "cache_seqlens: entry ", b, " is ", cs[b],
+      check_kvcache_extras_row(ex, b, cs[b], s_new, sq, q_pos_per_row);
+      LLMK_CHECK(cs[b] + s_new <= capacity, IndexOutOfRangeError, "cache_seqlens: entry ", b, " is ", cs[b],
                  s_new ? str_cat(" and ", s_new, " new rows are appended, but") : std::string(" but"),
-                 " the cache holds ", capacity, paged ? " rows (max_blocks x block_size)" : " rows");
+                 paged ? " block_table holds only " : " the cache holds ", capacity,
+                 paged ? " rows (max_blocks x block_size)" : " rows");
       if (paged) check_blocks_used(*block_table, static_cast<int>(b), cs[b] + s_new,
                                    k_cache.size(1), k_cache.size(0));
     }
@@ -339,6 +466,7 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
   // a fused-qkv slice).
   auto row_stride = [&](const TensorView& t) { return sq == 1 ? t.stride(0) : t.stride(1); };
   p.q = q.data, p.q_row_stride = row_stride(q), p.q_head_stride = q.stride(2);
+  if (ex.rotary_dim > 0) p.q = ex.q_rot, p.q_row_stride = hq * D, p.q_head_stride = D;
   p.out = out.data, p.o_row_stride = row_stride(out), p.o_head_stride = out.stride(2);
   p.k = k_cache.data, p.v = v_cache.data;
   p.seqlen_q = static_cast<int>(sq);
@@ -372,7 +500,7 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
 #elif defined(LLMK_WITH_CUDA)
   if (q.is_cuda()) gpu::flash_attn_check(p);
 #endif
-  if (s_new > 0) {
+  if (s_new > 0 || ex.rotary_dim > 0) {
     AppendKvParams a;
     a.k_new = k->data, a.v_new = v->data;
     a.kn_batch_stride = k->stride(0), a.kn_row_stride = k->stride(1), a.kn_head_stride = k->stride(2);
@@ -387,6 +515,17 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
     a.cache_seqlens = p.seqused_k;
     a.batch = p.batch, a.seqlen_new = static_cast<int>(s_new);
     a.num_kv_heads = p.num_kv_heads, a.head_dim = p.head_dim, a.dtype = q.dtype;
+    a.cache_batch_idx = ex.batch_idx;
+    if (ex.rotary_dim > 0) {
+      a.rotary_cos = rotary_cos->data, a.rotary_sin = rotary_sin->data;
+      a.cos_row_stride = rotary_cos->stride(0), a.sin_row_stride = rotary_sin->stride(0);
+      a.rotary_dim = ex.rotary_dim, a.seqlen_ro = static_cast<int>(rotary_cos->size(0));
+      a.rotary_interleaved = rotary_interleaved;
+      a.q = q.data, a.q_row_stride = row_stride(q), a.q_head_stride = q.stride(2);
+      a.q_rot = ex.q_rot;
+      a.seqlen_q = static_cast<int>(sq), a.num_heads = static_cast<int>(hq);
+      a.q_pos_per_row = q_pos_per_row;
+    }
     LLMK_RUN(q, append_kv, a, stream);
   }
   if (sq == 0) return;

@@ -45,6 +45,13 @@ struct AttnParams {
   int seqlen_q = 0;
   int max_seqlen_q = 0, max_seqlen_k = 0;
 
+  // flash_attn_with_kvcache on a dense cache only: sequence b reads cache batch
+  // cache_batch_idx[b] (null = b) and its keys start at cache row leftpad_k[b] (null = 0), so
+  // seqlen_k(b) = seqused_k[b] + seqused_k_add - leftpad_k[b] and key j is cache row
+  // leftpad_k[b] + j (attention_math.h: attn_cache_batch, attn_k_row0).
+  const int32_t* cache_batch_idx = nullptr;
+  const int32_t* leftpad_k = nullptr;
+
   int batch = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
   DType dtype = DType::F32;  // q, k, v and out share it
 
@@ -91,8 +98,26 @@ struct AppendKvParams {
   int64_t block_table_stride = 0;
   int block_size = 0;
   const int32_t* cache_seqlens = nullptr;  // [b] write position of the first new row
+  const int32_t* cache_batch_idx = nullptr;  // dense: sequence b writes cache batch [b] (null = b)
   int batch = 0, seqlen_new = 0, num_kv_heads = 0, head_dim = 0;
-  DType dtype = DType::F32;  // new rows and caches share it
+  DType dtype = DType::F32;  // new rows, caches, q and cos/sin share it
+
+  // Rotary (flash-attn's rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2]; rotary_dim 0 =
+  // off). New key row i of sequence b is rotated at position cache_seqlens[b] + i as it is
+  // written. q [b, s_q, Hq, D] (row b * s_q + i) is rotated into q_rot (contiguous, same shape)
+  // at cache_seqlens[b] + i when q_pos_per_row (causal / local), else at cache_seqlens[b] for
+  // every row; the attention then reads q_rot. Interleaved pairs (2i, 2i+1), else (i, i + rd/2).
+  // A position >= seqlen_ro is left unrotated (the front rejects it where it can read lengths).
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t cos_row_stride = 0, sin_row_stride = 0;
+  int rotary_dim = 0, seqlen_ro = 0;
+  bool rotary_interleaved = false;
+  const void* q = nullptr;
+  int64_t q_row_stride = 0, q_head_stride = 0;
+  void* q_rot = nullptr;
+  int seqlen_q = 0, num_heads = 0;
+  bool q_pos_per_row = false;
 };
 
 }  // namespace llmk
@@ -133,5 +158,21 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
                             std::optional<TensorView> alibi_slopes, int64_t num_splits,
                             TensorView out, std::optional<TensorView> softmax_lse,
                             std::optional<TensorView> split_workspace, int64_t stream);
+// flash-attn 2's full kvcache front: the above plus rotary_cos / rotary_sin [seqlen_ro,
+// rotary_dim / 2] (same dtype as q; needs k/v) with q_rot a contiguous buffer shaped as q (the
+// rotated queries), cache_batch_idx [b] and cache_leftpad [b] (int32, dense caches only).
+void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_cache,
+                                std::optional<TensorView> k, std::optional<TensorView> v,
+                                std::optional<TensorView> rotary_cos,
+                                std::optional<TensorView> rotary_sin, TensorView cache_seqlens,
+                                std::optional<TensorView> cache_batch_idx,
+                                std::optional<TensorView> cache_leftpad,
+                                std::optional<TensorView> block_table, double softmax_scale,
+                                bool causal, int64_t window_left, int64_t window_right,
+                                double softcap, bool rotary_interleaved,
+                                std::optional<TensorView> alibi_slopes, int64_t num_splits,
+                                TensorView out, std::optional<TensorView> softmax_lse,
+                                std::optional<TensorView> split_workspace,
+                                std::optional<TensorView> q_rot, int64_t stream);
 
 }  // namespace llmk

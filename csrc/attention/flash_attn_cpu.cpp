@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "attention/attn_vec_cpu.h"
 #include "attention/flash_attn_cpu.h"
+#include "common/vec_cpu.h"
 #include "common/parallel.h"
+#include "rotary/rotary_math.h"
 
 LLMK_NS_BEGIN
 namespace attn {
@@ -24,6 +27,7 @@ namespace {
 
 constexpr int kGemmRows = 128;     // target rows (query positions x group heads) per GEMM task
 constexpr int kMinSplitKeys = 256; // a split below this many keys costs more than it balances
+constexpr int kSplitTasks = 16;    // fewer tasks than this get split (keys permitting)
 
 // Writes rows of a finished task: final output (normalised, in the output dtype) + lse, or the
 // split partial (fp32, normalised by the split's own sum) + the split's lse.
@@ -83,7 +87,6 @@ void combine_splits(const AttnParams& p, int ns, int64_t rows_total, const float
 template <DType T>
 void run(const AttnParams& p) {
   const int G = p.num_heads / p.num_kv_heads;
-  const int threads = max_threads();
   std::vector<Task> tasks;
   int max_sk = 0;
   for (int b = 0; b < p.batch; ++b) {
@@ -111,12 +114,14 @@ void run(const AttnParams& p) {
   for (int b = 0; b < p.batch; ++b)
     rows_total = std::max<int64_t>(rows_total, attn_q_start(p, b) + attn_seqlen_q(p, b));
 
-  // Split-KV: few tasks over long keys leave threads idle; cut every task's key range.
+  // Split-KV: few tasks over long keys leave threads idle; cut every task's key range. The count
+  // depends on the work only, not on the thread count, so every thread count sums in the same
+  // order and gives the same bits.
   int ns = p.num_splits;
   if (ns <= 0) {
     ns = 1;
     const int64_t n = int64_t(tasks.size());
-    if (threads > 1 && n < 2 * threads) ns = int((4 * threads + n - 1) / n);
+    if (n < kSplitTasks) ns = int((kSplitTasks + n - 1) / n);
     ns = std::min(ns, std::max(1, max_sk / kMinSplitKeys));
   }
   ns = std::max(1, std::min(ns, 128));
@@ -176,9 +181,31 @@ void flash_attn(const AttnParams& p, int64_t /*stream*/) {
   }
 }
 
-void append_kv(const AppendKvParams& p, int64_t /*stream*/) {
+namespace {
+
+// One head row rotated (flash-attn's rotary_cos/sin rows at position pos) from src into dst;
+// features past rotary_dim are copied. fp32 math, one rounding.
+template <DType DT, typename E = vec::elem_t<DT>>
+void rotate_row(const AppendKvParams& p, const E* src, E* dst, int64_t pos) {
+  const int half = p.rotary_dim / 2;
+  if (dst != src) memcpy(dst, src, size_t(p.head_dim) * sizeof(E));
+  if (pos < 0 || pos >= p.seqlen_ro) return;
+  const E* cs = static_cast<const E*>(p.rotary_cos) + pos * p.cos_row_stride;
+  const E* sn = static_cast<const E*>(p.rotary_sin) + pos * p.sin_row_stride;
+  for (int i = 0; i < half; ++i) {
+    int a, b;
+    rope_pair(i, p.rotary_dim, !p.rotary_interleaved, a, b);
+    float x = vec::to_f32<DT>(src[a]), y = vec::to_f32<DT>(src[b]);
+    rope_rotate(x, y, vec::to_f32<DT>(cs[i]), vec::to_f32<DT>(sn[i]));
+    dst[a] = vec::from_f32<DT>(x);
+    dst[b] = vec::from_f32<DT>(y);
+  }
+}
+
+template <DType DT, typename E = vec::elem_t<DT>>
+void append_rows(const AppendKvParams& p) {
   const int64_t rows = int64_t(p.batch) * p.seqlen_new;
-  const size_t es = dtype_size(p.dtype), row_bytes = size_t(p.head_dim) * es;
+  const size_t row_bytes = size_t(p.head_dim) * sizeof(E);
   parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const int b = int(r / p.seqlen_new), i = int(r % p.seqlen_new);
@@ -190,18 +217,45 @@ void append_kv(const AppendKvParams& p, int64_t /*stream*/) {
         kbase = blk * p.k_block_stride + slot * p.k_row_stride;
         vbase = blk * p.v_block_stride + slot * p.v_row_stride;
       } else {
-        kbase = b * p.k_batch_stride + j * p.k_row_stride;
-        vbase = b * p.v_batch_stride + j * p.v_row_stride;
+        const int64_t cb = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+        kbase = cb * p.k_batch_stride + j * p.k_row_stride;
+        vbase = cb * p.v_batch_stride + j * p.v_row_stride;
       }
-      const char* kn = static_cast<const char*>(p.k_new) + (b * p.kn_batch_stride + i * p.kn_row_stride) * int64_t(es);
-      const char* vn = static_cast<const char*>(p.v_new) + (b * p.vn_batch_stride + i * p.vn_row_stride) * int64_t(es);
-      char* kc = static_cast<char*>(p.k_cache) + kbase * int64_t(es);
-      char* vc = static_cast<char*>(p.v_cache) + vbase * int64_t(es);
+      const E* kn = static_cast<const E*>(p.k_new) + b * p.kn_batch_stride + i * p.kn_row_stride;
+      const E* vn = static_cast<const E*>(p.v_new) + b * p.vn_batch_stride + i * p.vn_row_stride;
+      E* kc = static_cast<E*>(p.k_cache) + kbase;
+      E* vc = static_cast<E*>(p.v_cache) + vbase;
       for (int h = 0; h < p.num_kv_heads; ++h) {
-        memcpy(kc + h * p.k_head_stride * int64_t(es), kn + h * p.kn_head_stride * int64_t(es), row_bytes);
-        memcpy(vc + h * p.v_head_stride * int64_t(es), vn + h * p.vn_head_stride * int64_t(es), row_bytes);
+        if (p.rotary_dim > 0) rotate_row<DT>(p, kn + h * p.kn_head_stride, kc + h * p.k_head_stride, j);
+        else memcpy(kc + h * p.k_head_stride, kn + h * p.kn_head_stride, row_bytes);
+        memcpy(vc + h * p.v_head_stride, vn + h * p.vn_head_stride, row_bytes);
       }
     }
+  });
+}
+
+template <DType DT, typename E = vec::elem_t<DT>>
+void rotate_q(const AppendKvParams& p) {
+  const int64_t rows = int64_t(p.batch) * p.seqlen_q;
+  parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int b = int(r / p.seqlen_q), i = int(r % p.seqlen_q);
+      const int64_t pos = int64_t(p.cache_seqlens[b]) + (p.q_pos_per_row ? i : 0);
+      const E* src = static_cast<const E*>(p.q) + r * p.q_row_stride;
+      E* dst = static_cast<E*>(p.q_rot) + r * int64_t(p.num_heads) * p.head_dim;
+      for (int h = 0; h < p.num_heads; ++h)
+        rotate_row<DT>(p, src + h * p.q_head_stride, dst + int64_t(h) * p.head_dim, pos);
+    }
+  });
+}
+
+}  // namespace
+
+void append_kv(const AppendKvParams& p, int64_t /*stream*/) {
+  vec::dispatch_elem(p.dtype, [&](auto tag) {
+    constexpr DType DT = decltype(tag)::value;
+    if (p.seqlen_new > 0) append_rows<DT>(p);
+    if (p.q_rot && p.rotary_dim > 0) rotate_q<DT>(p);
   });
 }
 

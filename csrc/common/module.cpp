@@ -5,6 +5,7 @@
 
 #include "common/bindings.h"
 #include "common/checks.h"
+#include "common/cpu_quota.h"
 #include "common/device_memory.h"
 #include "common/dispatch.h"
 #include "common/errors.h"
@@ -37,6 +38,8 @@ py::dict build_info() {
 #endif
   d["num_threads"] = llmk::pool_threads();
   d["threads"] = llmk::use_openmp() ? "openmp" : "pool";
+  d["available_cpus"] = llmk::available_cpus();
+  d["cgroup_cpu_limit"] = llmk::cgroup_cpu_limit();
   return d;
 }
 
@@ -46,6 +49,19 @@ void set_num_threads(int n) {
 }
 
 int get_num_threads() { return llmk::pool_threads(); }
+
+// llmkern.IndexOutOfRangeError (defined in Python so that _C and _simt raise the same class);
+// ValueError should the package not be importable.
+PyObject* index_out_of_range_type() {
+  static PyObject* type = [] {
+    PyObject* mod = PyImport_ImportModule("llmkern._errors");
+    PyObject* t = mod ? PyObject_GetAttrString(mod, "IndexOutOfRangeError") : nullptr;
+    Py_XDECREF(mod);
+    if (!t) PyErr_Clear();
+    return t ? t : PyExc_ValueError;
+  }();
+  return type;
+}
 
 // Python narrows int64 index tensors to the int32 the kernels read (attention's cu_seqlens,
 // cache_seqlens, block_table): every entry must fit, or the narrowing would wrap silently. Read on
@@ -63,6 +79,8 @@ PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const llmk::IndexOutOfRangeError& e) {
+      PyErr_SetString(index_out_of_range_type(), e.what());
     } catch (const llmk::ValueError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const llmk::TypeError& e) {

@@ -1,5 +1,5 @@
-// Thread-level parallelism for CPU kernels: OpenMP (shared with torch) or llmkern's own pool, as
-// thread_pool.h decides once per process.
+// Thread-level parallelism for CPU kernels: llmkern's pool or OpenMP, as thread_pool.h decides
+// once per process.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -23,38 +23,47 @@ inline bool in_parallel() {
   return ::llmk::pool_in_job();
 }
 
-// Calls f(begin, end) on disjoint chunks covering [0, n), one per thread. Runs inline when the
-// work is too small (n <= grain) to be worth waking the threads.
+// Chunks per thread of a pool parallel_for: a thread that is not running leaves its chunks to the
+// others, and uneven progress (a core shared with another process) evens out.
+constexpr int64_t kChunksPerThread = 4;
+
+// Calls f(begin, end) on disjoint chunks covering [0, n). Runs inline when the work is too small
+// (n <= grain) to be worth waking the threads. Chunks are never smaller than grain (but the last).
 template <typename F>
 inline void parallel_for(int64_t n, int64_t grain, const F& f) {
   if (n <= 0) return;
-  const int64_t nt = std::min<int64_t>(max_threads(), (n + grain - 1) / std::max<int64_t>(grain, 1));
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t nt = std::min<int64_t>(max_threads(), (n + grain - 1) / grain);
   if (nt <= 1 || in_parallel()) {
     f(0, n);
     return;
   }
-  auto run_chunk = [n](int t, int T, const F& g) {
-    const int64_t c = (n + T - 1) / T, b = t * c, e = std::min(n, b + c);
-    if (b < e) g(b, e);
-  };
 #if defined(_OPENMP)
   if (::llmk::use_openmp()) {
 #pragma omp parallel num_threads(static_cast<int>(nt))
-    run_chunk(omp_get_thread_num(), omp_get_num_threads(), f);
+    {
+      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int64_t c = (n + T - 1) / T, b = t * c, e = std::min(n, b + c);
+      if (b < e) f(b, e);
+    }
     return;
   }
 #endif
+  const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, nt * kChunksPerThread);
   struct Ctx {
     const F* f;
-    decltype(run_chunk)* run;
-  } ctx{&f, &run_chunk};
-  ::llmk::pool_run(int(nt), [](void* p, int t, int T) {
+    int64_t n, size;
+  } ctx{&f, n, (n + chunks - 1) / chunks};
+  const int nchunks = int((n + ctx.size - 1) / ctx.size);
+  ::llmk::pool_for(nchunks, int(nt), [](void* p, int i, int) {
     const Ctx& c = *static_cast<const Ctx*>(p);
-    (*c.run)(t, T, *c.f);
+    const int64_t b = i * c.size;
+    (*c.f)(b, std::min(c.n, b + c.size));
   }, &ctx);
 }
 
-// Dynamic scheduling for items of uneven cost (e.g. ragged sequences): f(i) for i in [0, n).
+// Dynamic scheduling for items of uneven cost (e.g. ragged sequences): f(i) for i in [0, n), taken
+// in order by whichever thread is free.
 template <typename F>
 inline void parallel_for_dynamic(int64_t n, const F& f) {
   if (n <= 0) return;
@@ -71,12 +80,12 @@ inline void parallel_for_dynamic(int64_t n, const F& f) {
 #endif
   struct Ctx {
     const F* f;
-    int64_t n;
-    std::atomic<int64_t> next{0};
-  } ctx{&f, n};
-  ::llmk::pool_run(int(std::min<int64_t>(max_threads(), n)), [](void* p, int, int) {
-    Ctx& c = *static_cast<Ctx*>(p);
-    for (int64_t i; (i = c.next.fetch_add(1, std::memory_order_relaxed)) < c.n;) (*c.f)(i);
+    int64_t n, per;
+  } ctx{&f, n, (n + (1 << 20) - 1) >> 20};  // items per chunk: 1 unless there are over 2^20
+  ::llmk::pool_for(int((n + ctx.per - 1) / ctx.per), int(std::min<int64_t>(max_threads(), n)),
+                   [](void* p, int i, int) {
+    const Ctx& c = *static_cast<const Ctx*>(p);
+    for (int64_t k = i * c.per, e = std::min(c.n, k + c.per); k < e; ++k) (*c.f)(k);
   }, &ctx);
 }
 

@@ -1,15 +1,26 @@
-// The CPU thread pool (see thread_pool.h): workers wait on a job generation counter, spinning for
-// a bounded time and then sleeping on a condition variable.
+// The CPU thread pool (see thread_pool.h).
+//
+// Built for cores that other processes also use. A kernel's work is cut into more chunks than
+// threads and every thread, the caller included, claims chunks from one counter: a worker that is
+// not running (preempted, or still waking up) simply gets none, and the caller does its share
+// instead of waiting a scheduler quantum for it. Every wait spins only briefly and then sleeps on
+// a futex; a spinning thread gives up early when sched_yield() shows that another thread wanted
+// its core (the machine is oversubscribed), so an idle worker never holds a core a peer needs.
 #include "common/thread_pool.h"
 
 #include <pthread.h>
 #include <sched.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
-#include <condition_variable>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -22,6 +33,8 @@
 #include <omp.h>
 #endif
 
+#include "common/cpu_quota.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define LLMK_PAUSE() _mm_pause()
@@ -32,71 +45,117 @@
 namespace llmk {
 namespace {
 
-thread_local bool t_in_job = false;
-thread_local int t_team = 1;  // threads of the job this thread is in
+using Clock = std::chrono::steady_clock;
 
-int env_int(const char* name, int fallback) {
+thread_local bool t_in_job = false;
+thread_local int t_team = 1;  // threads of the team job this thread is in (1: none)
+
+int env_int(const char* name, int fallback, int lo = 1) {
   const char* s = std::getenv(name);
   if (!s || !*s) return fallback;
   const int v = std::atoi(s);
-  return v > 0 ? v : fallback;
+  return v >= lo ? v : fallback;
 }
 
-int default_threads() {
+// ---- futex-backed wait/notify -------------------------------------------------------------------
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
 #if defined(__linux__)
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return env_int("OMP_NUM_THREADS", std::max(1, CPU_COUNT(&set)));
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
+#else
+  if (word->load() == expected) std::this_thread::sleep_for(std::chrono::microseconds(50));
 #endif
-  return env_int("OMP_NUM_THREADS", std::max(1u, std::thread::hardware_concurrency()));
 }
 
-// Spins until done() or `budget` has passed, pausing, and giving the core to any other runnable
-// thread every few hundred spins (a spinning worker must not stall the caller's own next work).
+void futex_wake_all(std::atomic<uint32_t>* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+// Threads block in wait(pred) until pred() holds; whoever makes pred true calls notify(), which
+// costs a system call only when somebody is asleep.
+class Signal {
+ public:
+  void notify() {
+    seq_.fetch_add(1, std::memory_order_seq_cst);
+    if (waiters_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&seq_);
+  }
+  template <typename Pred>
+  void wait(const Pred& pred) {
+    while (!pred()) {
+      const uint32_t s = seq_.load(std::memory_order_seq_cst);
+      waiters_.fetch_add(1, std::memory_order_seq_cst);
+      if (!pred()) futex_wait(&seq_, s);  // returns at once if a notify() came after the load
+      waiters_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+ private:
+  std::atomic<uint32_t> seq_{0};
+  std::atomic<int> waiters_{0};
+};
+
+// Spins until done() or `budget` has passed; false if it gave up. Every ~1 us it looks at the
+// clock; every ~8 us it offers the core with sched_yield(), and when that call took long (another
+// thread ran meanwhile: this core is wanted) it gives up at once, so the caller goes to sleep.
 template <typename Done>
 bool spin_until(const Done& done, std::chrono::microseconds budget) {
-  const auto until = std::chrono::steady_clock::now() + budget;
-  for (uint32_t i = 1;; ++i) {
-    if (done()) return true;
-    LLMK_PAUSE();
-    if ((i & 255) == 0) {
+  if (done()) return true;
+  if (budget.count() <= 0) return false;
+  const auto start = Clock::now();
+  auto last_yield = start;
+  for (;;) {
+    for (int i = 0; i < 32; ++i) {
+      if (done()) return true;
+      LLMK_PAUSE();
+    }
+    const auto now = Clock::now();
+    if (now - start >= budget) return done();
+    if (now - last_yield >= std::chrono::microseconds(8)) {
       sched_yield();
-      if (std::chrono::steady_clock::now() >= until) return done();
+      last_yield = Clock::now();
+      if (last_yield - now >= std::chrono::microseconds(40)) return done();
     }
   }
 }
 
 class Pool {
  public:
-  explicit Pool(int nthreads) : spin_(env_int("LLMKERN_SPIN_US", 300)) {
-    nthreads = std::min(nthreads, 0xffff);
-    for (int t = 1; t < nthreads; ++t) workers_.emplace_back([this, t] { work(t); });
+  explicit Pool(int nthreads)
+      : idle_spin_(env_int("LLMKERN_SPIN_US", 300, 0)), join_spin_(env_int("LLMKERN_JOIN_SPIN_US", 50, 0)) {
+    nthreads = std::min(nthreads, 1024);
+    for (int t = 1; t < nthreads; ++t) workers_.emplace_back([this] { work(); });
   }
   ~Pool() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
+    stop_.store(true);
+    job_sig_.notify();
     for (auto& w : workers_) w.join();
   }
   int size() const { return int(workers_.size()) + 1; }
 
-  bool try_run(int nthreads, TeamFn fn, void* ctx) {
+  // team: the n slots are the members of one team (each run by its own thread, all at once,
+  // barriers allowed); otherwise they are chunks that any thread may take, in any number.
+  bool try_run(int n, bool team, TeamFn fn, void* ctx) {
     std::unique_lock<std::mutex> own(run_mu_, std::try_to_lock);
     if (!own.owns_lock()) return false;
-    nthreads = std::min(nthreads, size());
-    fn_ = fn;
-    ctx_ = ctx;
+    if (team) n = std::min(n, size());
+    fn_.store(fn, std::memory_order_relaxed);
+    ctx_.store(ctx, std::memory_order_relaxed);
+    n_.store(n, std::memory_order_relaxed);
+    team_.store(team, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
-    pending_.store(nthreads - 1);
-    {  // under the mutex: a worker between its last check and its wait cannot miss the bump
-      std::lock_guard<std::mutex> g(mu_);
-      ++seq_;
-      gen_.store(seq_ << 16 | uint64_t(nthreads));  // one word: a worker sees both or neither
-    }
-    cv_.notify_all();
-    run_member(0, nthreads);
-    spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; }, std::chrono::hours(1));
+    const uint64_t seq = ++seq_ & 0xffffffffu;
+    // The caller takes slot 0 before publishing: a team's member 0 is always the caller.
+    claim_.store(seq << 32 | 1u, std::memory_order_release);
+    job_sig_.notify();
+    run_slot(0, n, team);
+    if (!team)
+      for (int64_t i; (i = claim(seq)) >= 0;) run_slot(int(i), n, false);
+    auto all_done = [&] { return done_.load(std::memory_order_acquire) == n; };
+    if (!spin_until(all_done, join_spin_)) done_sig_.wait(all_done);
     if (error_) std::rethrow_exception(error_);
     return true;
   }
@@ -106,56 +165,70 @@ class Pool {
     if (bar_count_.fetch_add(1, std::memory_order_acq_rel) + 1 == t_team) {
       bar_count_.store(0, std::memory_order_relaxed);
       bar_gen_.fetch_add(1, std::memory_order_release);
+      bar_sig_.notify();
     } else {
-      spin_until([&] { return bar_gen_.load(std::memory_order_acquire) != g; }, std::chrono::hours(1));
+      auto passed = [&] { return bar_gen_.load(std::memory_order_acquire) != g; };
+      if (!spin_until(passed, join_spin_)) bar_sig_.wait(passed);
     }
   }
 
  private:
-  void run_member(int t, int n) {
+  // The next free slot of job `seq`, or -1 when it has none left (or is no longer current).
+  int64_t claim(uint64_t seq) {
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    for (;;) {
+      if ((c >> 32) != seq) return -1;
+      const int64_t i = int64_t(c & 0xffffffffu);
+      // n_ may belong to a newer job by now; then the exchange below fails on the new seq.
+      if (i >= n_.load(std::memory_order_relaxed)) return -1;
+      if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return i;
+    }
+  }
+
+  void run_slot(int i, int n, bool team) {
     t_in_job = true;
-    t_team = n;
+    t_team = team ? n : 1;
     try {
-      fn_(ctx_, t, n);
+      fn_.load(std::memory_order_relaxed)(ctx_.load(std::memory_order_relaxed), i, n);
     } catch (...) {
       std::lock_guard<std::mutex> g(err_mu_);
       if (!error_) error_ = std::current_exception();
     }
     t_in_job = false;
     t_team = 1;
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) done_sig_.notify();
   }
 
-  void work(int t) {
+  void work() {
     uint64_t seen = 0;
     for (;;) {
-      auto fresh = [&] { return gen_.load(std::memory_order_acquire) != seen; };
-      if (!spin_until(fresh, spin_)) {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || fresh(); });
-        if (stop_) return;
-      }
-      // The job's fields are read only by its members, and the caller waits for all members
-      // before it writes the next job's: a thread not in this job must not look at them.
-      seen = gen_.load(std::memory_order_acquire);
-      const int n = int(seen & 0xffff);
-      if (t < n) {
-        run_member(t, n);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
-      }
+      auto fresh = [&] { return stop_.load(std::memory_order_relaxed) || (claim_.load(std::memory_order_acquire) >> 32) != seen; };
+      if (!spin_until(fresh, idle_spin_)) job_sig_.wait(fresh);
+      if (stop_.load()) return;
+      seen = claim_.load(std::memory_order_acquire) >> 32;
+      // A claimed slot pins the job: the caller waits for it before the job's fields change.
+      int64_t i = claim(seen);
+      if (i < 0) continue;
+      const bool team = team_.load(std::memory_order_relaxed);
+      const int n = n_.load(std::memory_order_relaxed);
+      run_slot(int(i), n, team);
+      if (!team)
+        while ((i = claim(seen)) >= 0) run_slot(int(i), n, false);
     }
   }
 
-  const std::chrono::microseconds spin_;
+  const std::chrono::microseconds idle_spin_, join_spin_;
   std::vector<std::thread> workers_;
   std::mutex run_mu_;  // one job at a time
-  std::mutex mu_;      // sleeping workers
-  std::condition_variable cv_;
-  bool stop_ = false;
   uint64_t seq_ = 0;
-  std::atomic<uint64_t> gen_{0};  // job sequence number << 16 | its thread count
-  std::atomic<int> pending_{0};
-  TeamFn fn_ = nullptr;
-  void* ctx_ = nullptr;
+  std::atomic<uint64_t> claim_{0};  // current job's seq << 32 | its next free slot
+  std::atomic<TeamFn> fn_{nullptr};
+  std::atomic<void*> ctx_{nullptr};
+  std::atomic<int> n_{0};
+  std::atomic<bool> team_{false};
+  std::atomic<int> done_{0};  // slots finished
+  std::atomic<bool> stop_{false};
+  Signal job_sig_, done_sig_, bar_sig_;
   std::mutex err_mu_;
   std::exception_ptr error_;
   std::atomic<int> bar_count_{0};
@@ -168,14 +241,11 @@ std::atomic<int> g_threads{0};
 
 bool decide_openmp() {
 #if defined(_OPENMP)
+  // OpenMP's fork/join waits for every team member at the end of each parallel region: when one
+  // of them is preempted (another process on the cores), the kernel waits a scheduler quantum.
+  // The pool does not, so it is the default; LLMKERN_THREADS=openmp asks for OpenMP.
   const char* mode = std::getenv("LLMKERN_THREADS");
-  if (mode && std::string(mode) == "pool") return false;
-  if (mode && std::string(mode) == "openmp") return true;
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  if (!policy) return true;
-  std::string p(policy);
-  for (auto& c : p) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return p != "passive";
+  return mode && std::string(mode) == "openmp";
 #else
   return false;
 #endif
@@ -207,6 +277,19 @@ Pool& pool() {
   return *g_pool;
 }
 
+void run_inline(TeamFn fn, void* ctx, int n) {
+  const bool outer = t_in_job;
+  const int outer_team = t_team;
+  t_in_job = true;  // a team of one: barriers are no-ops, nested loops run inline
+  t_team = 1;
+  struct Restore {
+    bool j;
+    int n;
+    ~Restore() { t_in_job = j, t_team = n; }
+  } restore{outer, outer_team};
+  for (int i = 0; i < n; ++i) fn(ctx, i, n);
+}
+
 }  // namespace
 
 bool use_openmp() {
@@ -219,14 +302,14 @@ bool use_openmp() {
   return v == 1;
 }
 
+int default_threads() {
+  return env_int("OMP_NUM_THREADS", available_cpus());
+}
+
 int pool_threads() {
   int n = g_threads.load();
   if (n == 0) {
-#if defined(_OPENMP)
-    n = use_openmp() ? omp_get_max_threads() : default_threads();
-#else
     n = default_threads();
-#endif
     g_threads.store(n);
   }
   return n;
@@ -234,9 +317,10 @@ int pool_threads() {
 
 void set_pool_threads(int n) {
   std::lock_guard<std::mutex> g(g_mu);
-  g_threads.store(std::max(1, n));
+  n = std::max(1, n);
+  g_threads.store(n);
 #if defined(_OPENMP)
-  omp_set_num_threads(std::max(1, n));
+  if (use_openmp()) omp_set_num_threads(n);
 #endif
   if (g_pool && g_pool->size() != n) {
     delete g_pool;  // joins its workers; the next job starts a pool of the new size
@@ -244,18 +328,15 @@ void set_pool_threads(int n) {
   }
 }
 
+void pool_for(int nchunks, int nthreads, TeamFn fn, void* ctx) {
+  if (nchunks <= 0) return;
+  if (nthreads > 1 && nchunks > 1 && !t_in_job && pool().try_run(nchunks, false, fn, ctx)) return;
+  run_inline(fn, ctx, nchunks);
+}
+
 void pool_run(int nthreads, TeamFn fn, void* ctx) {
-  if (nthreads > 1 && !t_in_job && pool().try_run(nthreads, fn, ctx)) return;
-  const bool outer = t_in_job;
-  const int outer_team = t_team;
-  t_in_job = true;  // a team of one: barriers are no-ops, nested loops run inline
-  t_team = 1;
-  struct Restore {
-    bool j;
-    int n;
-    ~Restore() { t_in_job = j, t_team = n; }
-  } restore{outer, outer_team};
-  fn(ctx, 0, 1);
+  if (nthreads > 1 && !t_in_job && pool().try_run(nthreads, true, fn, ctx)) return;
+  run_inline(fn, ctx, 1);
 }
 
 void pool_barrier() {

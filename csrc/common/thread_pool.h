@@ -1,32 +1,40 @@
-// The threads of the CPU kernels: OpenMP's, or llmkern's own pool (one per process).
+// The threads of the CPU kernels: llmkern's own pool (one per process), or OpenMP's on request.
 //
-// A decode step calls ~150 short kernels back to back, with Python in between, so a pool must be
-// awake when the next kernel comes. OpenMP's threads (the same runtime as torch's: the process
-// loads one libgomp) spin for milliseconds after each region by default, which suits that, and
-// sharing them with torch means a torch op and an llmkern kernel never fight over the cores. Under
-// OMP_WAIT_POLICY=PASSIVE (common on shared machines) they sleep after every region instead, and
-// each kernel pays a futex wake-up: measured at 25-35% of a batched decode step. Then (or with
-// LLMKERN_THREADS=pool, or without OpenMP) the kernels run on llmkern's own pool, whose workers
-// spin for LLMKERN_SPIN_US (default 300 us: long enough to bridge the Python between two kernels),
-// yielding the core as they do, then sleep. LLMKERN_THREADS=openmp forces OpenMP. A forked child
-// always uses the own pool (libgomp's threads do not survive a fork).
+// A decode step calls ~250 short kernels back to back, with Python in between, and the cores are
+// often shared (a second engine, an HTTP server, a build). The pool therefore:
+// - cuts each kernel into a few chunks per thread that every thread, the caller included, claims
+//   from one counter, so a worker that is not running costs no waiting: the others take its
+//   chunks (OpenMP's fork/join waits for every member, a scheduler quantum when one is preempted);
+// - lets idle workers spin for LLMKERN_SPIN_US (default 300 us, enough to bridge the Python
+//   between two kernels) and then sleep on a futex, but stop spinning at once when sched_yield()
+//   shows another thread wants the core; joins and team barriers spin at most
+//   LLMKERN_JOIN_SPIN_US (default 50 us) before they sleep.
+// LLMKERN_THREADS=openmp runs the parallel loops on OpenMP (the runtime torch loads) instead. A
+// forked child always uses the pool (libgomp's threads do not survive a fork).
 #pragma once
 
 namespace llmk {
 
-using TeamFn = void (*)(void* ctx, int tid, int nthreads);
+using TeamFn = void (*)(void* ctx, int index, int count);
 
 // Threads a kernel may use, the caller included: set_num_threads(), else OMP_NUM_THREADS, else the
-// CPUs this process may run on.
+// CPUs this process may run on (affinity mask, capped by the cgroup CPU quota).
 int pool_threads();
 void set_pool_threads(int n);
+int default_threads();
 
-// fn(ctx, t, n) for every t in [0, n) at once, the caller running t = 0, with n = min(nthreads,
-// pool size); returns when all are done, rethrowing the first exception any of them threw. From
-// inside a job, or while another thread's job holds the pool, it runs fn(ctx, 0, 1) on the caller.
+// fn(ctx, i, nchunks) once for every chunk i in [0, nchunks), spread over the pool's threads and
+// the caller (a thread takes the next free chunk when it is done with one); returns when all are
+// done, rethrowing the first exception. Inline when nthreads <= 1, inside a job, or while another
+// thread's job holds the pool.
+void pool_for(int nchunks, int nthreads, TeamFn fn, void* ctx);
+
+// A team: fn(ctx, t, n) for every t in [0, n) at once, each on its own thread, the caller running
+// t = 0, with n = min(nthreads, pool size); members may meet at pool_barrier(). From inside a job,
+// or while another thread's job holds the pool, it runs fn(ctx, 0, 1) on the caller.
 void pool_run(int nthreads, TeamFn fn, void* ctx);
 
-// Inside a job: all of the job's threads wait for each other.
+// Inside a team job: all of the team's threads wait for each other.
 void pool_barrier();
 
 // True inside a pool job (nested parallel loops run inline).

@@ -124,12 +124,15 @@ void copy_blocks(std::vector<TensorView> key_caches, std::vector<TensorView> val
     for (int kv = 0; kv < 2; ++kv) {
       const TensorView& c = kv ? value_caches[l] : key_caches[l];
       const std::string name = str_cat(kv ? "value_caches[" : "key_caches[", l, "]");
-      check_ndim(c, name.c_str(), 4, kCacheLayout);
+      // Any layout with a leading block dim (vLLM's flash [num_blocks, block_size, H, D] or its
+      // older [num_blocks, H, D/x, block_size, x] keys): whole blocks are copied.
+      LLMK_CHECK(c.ndim >= 2, ValueError, name, ": expected a cache with a leading block dim (",
+                 kCacheLayout, "), got shape ", shape_str(c));
       check_same_dtype(k0, "key_caches[0]", c, name.c_str());
       check_same_device(k0, "key_caches[0]", c, name.c_str());
-      for (int i = 0; i < 4; ++i)
-        LLMK_CHECK(c.size(i) == k0.size(i), ValueError, name, ": shape ", shape_str(c),
-                   " does not match key_caches[0] ", shape_str(k0));
+      LLMK_CHECK(c.size(0) == k0.size(0) && c.numel() == k0.numel(), ValueError, name, ": shape ",
+                 shape_str(c), " does not match key_caches[0] ", shape_str(k0),
+                 " (same number of blocks and elements per block)");
       check_contiguous(c, name.c_str(), 1);
       LLMK_CHECK(c.stride(0) == k0.stride(0), ValueError, name, ": block stride ", c.stride(0),
                  " differs from key_caches[0] (", k0.stride(0), ")");

@@ -100,7 +100,7 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
                  const TensorView* layer_ptrs, int64_t stream) {
   const TensorView& k0 = key_caches[0];
   const int64_t es = static_cast<int64_t>(k0.elem_size());
-  const int64_t block_bytes = k0.size(1) * k0.size(2) * k0.size(3) * es;
+  const int64_t block_bytes = k0.numel() / k0.size(0) * es;
   const int64_t block_stride = k0.stride(0) * es;
   bool vec = block_bytes % 16 == 0 && block_stride % 16 == 0;
   for (size_t l = 0; l < key_caches.size() && vec; ++l)

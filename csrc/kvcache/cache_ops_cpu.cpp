@@ -43,7 +43,7 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
   const int64_t layers = static_cast<int64_t>(key_caches.size()), pairs = block_mapping.size(0);
   const TensorView& k0 = key_caches[0];
   const size_t es = k0.elem_size();
-  const size_t block_bytes = static_cast<size_t>(k0.size(1) * k0.size(2) * k0.size(3)) * es;
+  const size_t block_bytes = static_cast<size_t>(k0.numel() / k0.size(0)) * es;
   const bool i64 = block_mapping.dtype == DType::I64;
   auto at = [&](int64_t i) {
     return i64 ? block_mapping.ptr<const int64_t>()[i] : block_mapping.ptr<const int32_t>()[i];

@@ -7,16 +7,23 @@ namespace llmk {
 
 namespace {
 
-// query / key rows: [T, heads * head_size], floating point like the cache, on its device.
+// query / key: [T, heads * head_size] or [T, heads, head_size] (any token and head strides),
+// floating point like the cache, on its device, features contiguous.
 void check_heads(const TensorView& t, const char* name, const TensorView& positions, const TensorView& cache,
                  int64_t head_size) {
-  check_ndim(t, name, 2, "[num_tokens, heads * head_size]");
+  LLMK_CHECK(t.ndim == 2 || t.ndim == 3, ValueError, name,
+             ": expected [num_tokens, heads * head_size] or [num_tokens, heads, head_size], got shape ",
+             shape_str(t));
   check_float(t, name);
   check_same_dtype(t, name, cache, "cos_sin_cache");
   check_same_device(t, name, cache, "cos_sin_cache");
   check_dim(t, name, 0, positions.numel(), "num_tokens, from positions");
-  LLMK_CHECK(t.size(1) % head_size == 0, ValueError, name, ": the last dimension (", t.size(1),
-             ") is not a multiple of head_size (", head_size, ")");
+  if (t.ndim == 3) {
+    check_dim(t, name, 2, head_size, "head_size");
+  } else {
+    LLMK_CHECK(t.size(1) % head_size == 0, ValueError, name, ": the last dimension (", t.size(1),
+               ") is not a multiple of head_size (", head_size, ")");
+  }
   check_last_dim_contiguous(t, name);
 }
 

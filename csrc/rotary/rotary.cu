@@ -16,15 +16,16 @@ namespace {
 constexpr int kThreads = 128;
 
 template <typename T, typename P, bool Neox>
-__global__ void rotary_kernel(const P* positions, T* q, int64_t q_stride, int qh, T* k, int64_t k_stride, int kh,
-                              int head_size, const T* cache, int64_t cache_stride, int half) {
+__global__ void rotary_kernel(const P* positions, T* q, int64_t q_stride, int64_t q_hstride, int qh, T* k,
+                              int64_t k_stride, int64_t k_hstride, int kh, const T* cache, int64_t cache_stride,
+                              int half) {
   const int64_t t = blockIdx.x;
   const T* cs = cache + static_cast<int64_t>(positions[t]) * cache_stride;
   const int items = (qh + kh) * half;
   for (int it = threadIdx.x; it < items; it += blockDim.x) {
     const int h = it / half, i = it % half;
-    T* x = h < qh ? q + t * q_stride + static_cast<int64_t>(h) * head_size
-                  : k + t * k_stride + static_cast<int64_t>(h - qh) * head_size;
+    T* x = h < qh ? q + t * q_stride + static_cast<int64_t>(h) * q_hstride
+                  : k + t * k_stride + static_cast<int64_t>(h - qh) * k_hstride;
     int a, b;
     rope_pair(i, 2 * half, Neox, a, b);
     float u = ld(x[a]), v = ld(x[b]);
@@ -44,8 +45,9 @@ void rotary_embedding(const TensorView& positions, const TensorView& query, cons
       using P = std::remove_pointer_t<decltype(ptag)>;
       LLMK_LAUNCH((rotary_kernel<T, P, decltype(neox)::value>), static_cast<unsigned>(positions.numel()), kThreads, 0,
                   stream)(positions.ptr<const P>(), query.ptr<T>(), query.stride(0),
-                          static_cast<int>(query.size(1) / head_size), key ? key->ptr<T>() : nullptr,
-                          key ? key->stride(0) : 0, key ? static_cast<int>(key->size(1) / head_size) : 0, head_size,
+                          rotary_head_stride(query, head_size), rotary_heads(query, head_size),
+                          key ? key->ptr<T>() : nullptr, key ? key->stride(0) : 0,
+                          key ? rotary_head_stride(*key, head_size) : 0, key ? rotary_heads(*key, head_size) : 0,
                           cos_sin_cache.ptr<const T>(), cos_sin_cache.stride(0),
                           static_cast<int>(cos_sin_cache.size(1) / 2));
     };

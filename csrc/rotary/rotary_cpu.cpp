@@ -11,9 +11,9 @@ LLMK_NS_BEGIN
 namespace {
 
 template <DType DT, bool Neox, typename T = vec::elem_t<DT>>
-void rotate_heads(T* row, int heads, int head_size, const T* cos, const T* sin, int half) {
+void rotate_heads(T* row, int heads, int64_t head_stride, const T* cos, const T* sin, int half) {
   for (int h = 0; h < heads; ++h) {
-    T* x = row + int64_t(h) * head_size;
+    T* x = row + int64_t(h) * head_stride;
 #pragma omp simd
     for (int i = 0; i < half; ++i) {
       int a, b;
@@ -31,7 +31,9 @@ void run(const TensorView& positions, const TensorView& query, const TensorView*
          const TensorView& cache) {
   const int64_t T_ = positions.numel();
   const int half = int(cache.size(1) / 2);
-  const int qh = int(query.size(1) / head_size), kh = key ? int(key->size(1) / head_size) : 0;
+  const int qh = ::llmk::rotary_heads(query, head_size), kh = key ? ::llmk::rotary_heads(*key, head_size) : 0;
+  const int64_t qhs = ::llmk::rotary_head_stride(query, head_size);
+  const int64_t khs = key ? ::llmk::rotary_head_stride(*key, head_size) : 0;
   const T* cs = cache.ptr<const T>();
   T* q = query.ptr<T>();
   T* k = key ? key->ptr<T>() : nullptr;
@@ -39,8 +41,8 @@ void run(const TensorView& positions, const TensorView& query, const TensorView*
   parallel_for(T_, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const T* c = cs + ::llmk::index_at(positions, t) * cache.stride(0);
-      rotate_heads<DT, Neox>(q + t * query.stride(0), qh, head_size, c, c + half, half);
-      if (k) rotate_heads<DT, Neox>(k + t * key->stride(0), kh, head_size, c, c + half, half);
+      rotate_heads<DT, Neox>(q + t * query.stride(0), qh, qhs, c, c + half, half);
+      if (k) rotate_heads<DT, Neox>(k + t * key->stride(0), kh, khs, c, c + half, half);
     }
   });
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import _C
 from ._backend import simt_available, simt_backend
+from ._errors import IndexOutOfRangeError
 
 __version__ = _C.build_info()["version"]
 
@@ -15,9 +16,9 @@ def build_info() -> dict:
     """What this build contains and what the running machine offers.
 
     Keys: version, backends (compiled), cuda_compiled, cuda_archs, cuda_device_count,
-    cpu_simd (level in use), cpu_simd_supported, cpu_simd_compiled, num_threads, threads ("openmp"
-    or "pool": what runs the CPU kernels' parallel loops, see csrc/common/thread_pool.h),
-    simt (whether the emulated-CUDA test backend llmkern._simt is installed)."""
+    cpu_simd (level in use), cpu_simd_supported, cpu_simd_compiled, num_threads, threads ("pool"
+    or "openmp": what runs the CPU kernels' parallel loops, see csrc/common/thread_pool.h),
+    available_cpus (affinity mask capped by the cgroup CPU quota), cgroup_cpu_limit (0: none), simt (whether the emulated-CUDA test backend llmkern._simt is installed)."""
     info = dict(_C.build_info())
     info["backends"] = list(info["backends"])
     info["cpu_simd_compiled"] = list(info["cpu_simd_compiled"])
@@ -26,8 +27,9 @@ def build_info() -> dict:
 
 
 def set_num_threads(n: int) -> None:
-    """Threads used by the CPU kernels (default: OpenMP's count, or OMP_NUM_THREADS, else the CPUs
-    this process may run on). Call it while no kernel is running."""
+    """Threads used by the CPU kernels (default: OMP_NUM_THREADS, else the CPUs this process may
+    run on: its affinity mask, capped by its cgroup's CPU quota). Call it while no kernel is
+    running. To split cores between engines see set_cpu_affinity / LLMKERN_CPUS."""
     _C.set_num_threads(int(n))
 
 
@@ -36,6 +38,10 @@ def get_num_threads() -> int:
 
 
 from .ops import *  # noqa: E402,F401,F403  (flash_attn_varlen_func, reshape_and_cache_flash, ...)
+from .cpu_affinity import cpu_share, format_cpus, set_cpu_affinity  # noqa: E402,F401
+from .cpu_affinity import apply_env as _apply_cpu_env  # noqa: E402
+
+_apply_cpu_env()
 
 
 def __getattr__(name):  # the runtime is imported on first use: kernels alone stay light

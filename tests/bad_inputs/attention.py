@@ -48,7 +48,8 @@ CASES = [
     ("va-q-float64", _varlen(q=torch.randn(5, 4, 16, dtype=torch.float64)), TypeError, "q"),
     ("va-k-dtype", _varlen(k=torch.randn(5, 2, 16).half()), TypeError, "k"),
     ("va-v-shape", _varlen(v=torch.randn(5, 2, 8)), ValueError, "v"),
-    ("va-headdim-odd", _varlen(q=torch.randn(5, 4, 12), k=torch.randn(5, 2, 12), v=torch.randn(5, 2, 12)), ValueError, "head_dim"),
+    ("va-headdim-too-big", _varlen(q=torch.randn(5, 4, 300), k=torch.randn(5, 2, 300), v=torch.randn(5, 2, 300)), ValueError, "head_dim"),
+    ("va-dropout", _varlen(dropout_p=0.1), NotImplementedError, "dropout_p"),
     ("va-headdim-big", _varlen(q=torch.randn(5, 4, 264), k=torch.randn(5, 2, 264), v=torch.randn(5, 2, 264)), ValueError, "q"),
     ("va-k-headdim", _varlen(k=torch.randn(5, 2, 8), v=torch.randn(5, 2, 8)), ValueError, "k"),
     ("va-gqa", _varlen(q=torch.randn(5, 3, 16)), ValueError, "k"),
@@ -106,6 +107,14 @@ CASES = [
     ("kv-paged-capacity", _kvp(cache_seqlens=torch.tensor([3, 9], dtype=torch.int32)), ValueError, "cache_seqlens"),
     ("kv-paged-block-size-0", _kvp(k_cache=torch.randn(4, 0, 2, 16), v_cache=torch.randn(4, 0, 2, 16)), ValueError, "k_cache"),
     ("kv-not-tensor", _kv(v_cache=None), TypeError, "v_cache"),
+    ("kv-paged-bounds-is-runtime-error", _kvp(cache_seqlens=torch.tensor([3, 9], dtype=torch.int32)), RuntimeError, "block_table"),
+    ("kv-rotary-without-new-kv", _kv(rotary_cos=torch.randn(8, 8), rotary_sin=torch.randn(8, 8)), ValueError, "rotary_cos"),
+    ("kv-rotary-sin-missing", _kv(rotary_cos=torch.randn(8, 8)), ValueError, "rotary"),
+    ("kv-batch-idx-range", _kv(cache_batch_idx=torch.tensor([0, 7], dtype=torch.int32)), ValueError, "cache_batch_idx"),
+    ("kv-batch-idx-paged", _kvp(cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32)), NotImplementedError, "cache_batch_idx"),
+    ("kv-leftpad-paged", _kvp(cache_leftpad=torch.tensor([0, 1], dtype=torch.int32)), NotImplementedError, "cache_leftpad"),
+    ("kv-leftpad-past-len", _kv(cache_leftpad=torch.tensor([0, 99], dtype=torch.int32)), ValueError, "cache_leftpad"),
+    ("kv-leftpad-dtype", _kv(cache_leftpad=torch.tensor([0.0, 1.0])), TypeError, "cache_leftpad"),
 ]
 
 # ---- corpus of issue 14: aliasing, wrapped 64-bit indices, exception types, argument messages ----

@@ -7,7 +7,8 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for the big K/V
   The peer gets its preferred layout [b, H, S, D] with K/V already expanded to the query heads
   (its fastest path here), all prepared outside the timing. Also GFLOP/s vs measured matmul FLOP/s.
 - paged decode: flash_attn_with_kvcache (block 16) vs torch gather through the block table +
-  SDPA, 64 seqs x 1k and 4 seqs x 16k context; GB/s of K/V read vs the measured read bandwidth.
+  SDPA, 64 seqs x 1k and 4 seqs x 16k context, both head shapes; GB/s of K/V read vs the measured
+  read bandwidth.
 - paged prefill: a 512-token chunk over a 4k cached prefix (flash_attn_varlen_func with
   block_table) vs torch gather + SDPA with the bottom-right causal mask.
 
@@ -122,14 +123,16 @@ def run(quick: bool = False, device: str = "cpu") -> list:
                                   "torch SDPA", tp, "GFLOP/s", flops / t / 1e9, peak,
                                   axes={"seqlen": seqlen, "batch": batch, "series": f"{dn} b{batch} {name}"}))
     bw = read_bandwidth(device) / 1e9
+    for name, (hq, hkv, d) in HEADS.items():
+        for dtype in (torch.bfloat16, torch.float32):
+            dn = str(dtype).replace("torch.", "")
+            for nseq, ctx in ([(64, 1024)] if quick else [(64, 1024), (4, 16384)]):
+                t, tp, kv_bytes = _decode(device, dtype, nseq, ctx, hq, hkv, d, 16, min_time)
+                heads = name.split()[1]
+                out.append(Record("attention/paged decode", f"{dn} {nseq}x{ctx} {heads} bs16", t,
+                                  "torch gather+SDPA", tp, "GB/s", kv_bytes / t / 1e9, bw,
+                                  axes={"batch": nseq, "seqlen": ctx, "series": f"{dn} ctx {ctx} {heads} bs16"}))
     hq, hkv, d = HEADS["llama 32/8x128"]
-    for dtype in (torch.bfloat16, torch.float32):
-        dn = str(dtype).replace("torch.", "")
-        for nseq, ctx in ([(64, 1024)] if quick else [(64, 1024), (4, 16384)]):
-            t, tp, kv_bytes = _decode(device, dtype, nseq, ctx, hq, hkv, d, 16, min_time)
-            out.append(Record("attention/paged decode", f"{dn} {nseq}x{ctx} 32/8x128 bs16", t,
-                              "torch gather+SDPA", tp, "GB/s", kv_bytes / t / 1e9, bw,
-                              axes={"batch": nseq, "seqlen": ctx, "series": f"{dn} ctx {ctx} 32/8x128 bs16"}))
     for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32):
         dn = str(dtype).replace("torch.", "")
         t, tp, flops = _paged_prefill(device, dtype, 512, 4096, hq, hkv, d, 16, min_time)

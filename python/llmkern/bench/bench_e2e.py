@@ -82,6 +82,11 @@ def llama_cpp_decode(n_new: int = 128):
 def run(quick: bool = False, device: str = "cpu", num_requests=None, peers: bool = True) -> list:
     recs = [_to_record(r) for r in benchmark.throughput(quick=quick, device=device, num_requests=num_requests,
                                                         peers=peers)]
+    for r in recs:  # batch-1 decode streams every weight once per token: its bandwidth bound
+        if r.bench == "e2e/decode-b1" and r.extra.get("weight_read_gb_s") and device == "cpu":
+            from llmkern.bench.common import read_bandwidth
+
+            r.extra["fraction_of_read_bandwidth"] = r.extra["weight_read_gb_s"] * 1e9 / read_bandwidth(device)
     if peers:
         n_new = 16 if quick else 128
         t, note = llama_cpp_decode(n_new)

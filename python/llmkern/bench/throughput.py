@@ -18,6 +18,7 @@ from typing import List, Optional
 
 import torch
 
+from ..models.hugepages import hugepage_fraction
 from ..models.loader import default_model_path, read_gguf, save_hf_dir
 
 
@@ -189,9 +190,11 @@ def throughput(quick: bool = False, device: str = "cpu", num_requests: Optional[
         dt = _run_llmkern(llm, [prompt], [n_new])
         hd = hf.decode_b1(prompt, n_new) if hf else None
         wbytes = llm.engine.model.weight_bytes
+        hp = hugepage_fraction(llm.engine.model.lm_head.weight) if device == "cpu" else None
         recs.append(_rec("decode-b1", f"128 prompt + {n_new} new, vs HF generate", dt, "hf-generate", hd,
                          "tok/s", n_new / dt, note="llama-cpp-python peer: see bench/bench_e2e.py",
-                         weight_mb_per_token=wbytes / 1e6))
+                         weight_mb_per_token=wbytes / 1e6, weight_read_gb_s=wbytes * n_new / dt / 1e9,
+                         weights_on_hugepages=hp))
     return recs
 
 

@@ -10,6 +10,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..models.hugepages import zeros_on_hugepages
 from ..ops.kvcache import swap_blocks
 from .config import EngineConfig
 from .memory import check_fits, host_available_bytes
@@ -26,6 +27,9 @@ def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads
                  dtype: torch.dtype, device, pin: bool = False) -> Caches:
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     pin = pin and torch.cuda.is_available()
+    if torch.device(device).type == "cpu" and not pin:
+        flat = zeros_on_hugepages([shape] * (2 * num_layers), dtype)
+        return [(flat[2 * i], flat[2 * i + 1]) for i in range(num_layers)]
     return [tuple(torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in range(2))
             for _ in range(num_layers)]
 

@@ -25,8 +25,26 @@ def embed_tokens(ids: torch.Tensor, embed: Optional[torch.Tensor], lm_head: Line
     return rows.masked_fill_(outside.unsqueeze(1), 0)
 
 
+# torch runs an elementwise op over fewer elements than its grain (32768) on the calling thread.
+_SERIAL_CHUNK = 16384
+
+
+def _to_float(x: torch.Tensor) -> torch.Tensor:
+    """x as fp32. On CPU without a torch intra-op parallel region: one wakes torch's OpenMP
+    threads, which then spin for milliseconds on the cores that the next kernels' threads need
+    (measured: the bf16 -> fp32 copy of one row of logits was the only such region in a batch-1
+    bf16 decode step)."""
+    if x.dtype == torch.float32 or x.device.type != "cpu" or x.numel() <= _SERIAL_CHUNK:
+        return x.float()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    src, dst = x.reshape(-1), out.view(-1)
+    for i in range(0, src.numel(), _SERIAL_CHUNK):
+        dst[i:i + _SERIAL_CHUNK].copy_(src[i:i + _SERIAL_CHUNK])
+    return out
+
+
 def compute_logits(lm_head: Linear, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """LM head on the selected rows only (those that sample); fp32 logits [rows, vocab]."""
     if rows is not None:
         hidden = hidden.index_select(0, rows)
-    return lm_head(hidden).float()
+    return _to_float(lm_head(hidden))

@@ -1,0 +1,235 @@
+"""Makes the imports of vLLM's kernel tests (tests/kernels/attention/test_cache.py,
+tests/kernels/core/test_layernorm.py, tests/kernels/core/test_pos_encoding.py) resolve without an
+installed vLLM: ``vllm._custom_ops`` is llmkern.compat.vllm_ops, ``torch.ops._C_cache_ops`` /
+``torch.ops._C`` name llmkern's registered ops (their opcheck targets), and the small pieces of
+vLLM's test scaffolding those files use are written here from vLLM's documented behaviour:
+``current_platform.seed_everything``, ``tests.kernels.utils.opcheck``, the default tolerances,
+the KV-cache factory fixtures, and the two layers whose ``forward_native`` is the tests' plain
+torch reference (``RMSNorm``, ``get_rope``: forward = the compat op, forward_native = torch).
+"""
+from __future__ import annotations
+
+import math
+import random
+import sys
+import types
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    m = sys.modules.get(name) or types.ModuleType(name)
+    m.__dict__.update(attrs)
+    if "." not in name:
+        m.__path__ = []  # a package, so that submodules resolve
+    sys.modules[name] = m
+    parent, _, leaf = name.rpartition(".")
+    if parent:
+        if parent not in sys.modules:
+            _module(parent)
+        sys.modules[parent].__path__ = getattr(sys.modules[parent], "__path__", [])
+        setattr(sys.modules[parent], leaf, m)
+    return m
+
+
+class _Platform:
+    def seed_everything(self, seed=None):
+        if seed is not None:
+            random.seed(seed)
+            torch.manual_seed(seed)
+            try:
+                import numpy as np
+
+                np.random.seed(seed)
+            except ImportError:
+                pass
+
+    def is_cpu(self):  # the device under test is llmkern, standing in for a GPU
+        return False
+
+    def is_cuda(self):
+        return True
+
+    def is_rocm(self):
+        return False
+
+    def is_cuda_alike(self):
+        return True
+
+    def has_device_capability(self, *a, **k):
+        return True
+
+    def get_device_capability(self, *a, **k):
+        return types.SimpleNamespace(major=9, minor=0, to_int=lambda: 90)
+
+    fp8_dtype = staticmethod(lambda: FP8_DTYPE)
+
+
+DEFAULT_OPCHECK_TEST_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def opcheck(op, args, kwargs=None, *, test_utils=DEFAULT_OPCHECK_TEST_UTILS, raise_exception=True,
+            cond=True):
+    if not cond:
+        return {}
+    return torch.library.opcheck(op, args, kwargs, test_utils=test_utils, raise_exception=raise_exception)
+
+
+# vLLM's default tolerances per output dtype (tests/kernels/allclose_default.py: torch's defaults).
+_ATOL = {torch.float: 1e-5, torch.half: 1e-3, torch.bfloat16: 1e-3}
+_RTOL = {torch.float: 1.3e-6, torch.half: 1e-3, torch.bfloat16: 1.6e-2}
+
+
+def get_default_atol(output):
+    return _ATOL[output.dtype]
+
+
+def get_default_rtol(output):
+    return _RTOL[output.dtype]
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, hidden_size, eps=1e-6, var_hidden_size=None, has_weight=True, dtype=None):
+        super().__init__()
+        self.variance_epsilon = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype or torch.get_default_dtype()))
+
+    def forward_native(self, x, residual=None):
+        dt = x.dtype
+        x = x.to(torch.float32)
+        if residual is not None:
+            x = x + residual.to(torch.float32)
+            residual = x.to(dt)
+        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.variance_epsilon)
+        x = x.to(dt) * self.weight
+        return x if residual is None else (x, residual)
+
+    def forward(self, x, residual=None):
+        from llmkern.compat import vllm_ops as ops
+
+        if residual is not None:
+            ops.fused_add_rms_norm(x, residual, self.weight.data, self.variance_epsilon)
+            return x, residual
+        out = torch.empty_like(x)
+        ops.rms_norm(out, x, self.weight.data, self.variance_epsilon)
+        return out
+
+
+class RotaryEmbedding(torch.nn.Module):
+    def __init__(self, head_size, rotary_dim, max_position, base, is_neox_style, dtype):
+        super().__init__()
+        self.head_size, self.rotary_dim, self.is_neox_style = head_size, rotary_dim, is_neox_style
+        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def _rotate(self, x, cos, sin):
+        if self.is_neox_style:
+            x1, x2 = x.chunk(2, dim=-1)
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+    def forward_native(self, positions, query, key=None):
+        positions = positions.flatten()
+        cos, sin = self.cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+
+        def apply(x):
+            shape = x.shape
+            x = x.reshape(positions.numel(), -1, self.head_size).float()
+            rot = self._rotate(x[..., : self.rotary_dim], cos, sin)
+            return torch.cat((rot, x[..., self.rotary_dim:]), dim=-1).to(query.dtype).reshape(shape)
+
+        return apply(query), (None if key is None else apply(key))
+
+    def forward(self, positions, query, key=None):
+        from llmkern.compat import vllm_ops as ops
+
+        ops.rotary_embedding(positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)
+        return query, key
+
+
+def get_rope(head_size, rotary_dim, max_position, base, is_neox_style=True, rope_scaling=None,
+             dtype=None, partial_rotary_factor=1.0, dual_chunk_attention_config=None):
+    if rope_scaling is not None:
+        raise NotImplementedError("rope_scaling: not part of the shim")
+    return RotaryEmbedding(head_size, rotary_dim, max_position, base, is_neox_style,
+                           dtype or torch.get_default_dtype())
+
+
+def _random_caches_flash(num_blocks, block_size, num_layers, num_heads, head_size, cache_dtype,
+                         model_dtype=None, seed=None, device="cpu", cache_layout="NHD"):
+    """vLLM's flash layout: per layer a [num_blocks, 2, block_size, heads, head] allocation in
+    NHD or HND memory order; key/value caches are its [:, 0] / [:, 1] views."""
+    if cache_dtype != "auto":
+        raise NotImplementedError(f"kv_cache_dtype={cache_dtype!r}: llmkern caches are 'auto' only")
+    if seed is not None:
+        _Platform().seed_everything(seed)
+    dtype = model_dtype
+    order = (0, 1, 2, 3, 4) if cache_layout == "NHD" else (0, 1, 3, 2, 4)
+    generic = (num_blocks, 2, block_size, num_heads, head_size)
+    alloc = tuple(generic[i] for i in order)
+    inv = [order.index(i) for i in range(5)]
+    scale = head_size ** -0.5
+    keys, values = [], []
+    for _ in range(num_layers):
+        kv = torch.empty(alloc, dtype=dtype, device=device).permute(*inv)
+        kv.uniform_(-scale, scale)
+        keys.append(kv[:, 0])
+        values.append(kv[:, 1])
+    return keys, values
+
+
+def _random_caches(num_blocks, block_size, num_layers, num_heads, head_size, cache_dtype,
+                   model_dtype=None, seed=None, device="cpu"):
+    """vLLM's older paged layout: key [blocks, heads, head/x, block, x], value [blocks, heads,
+    head, block] (x = 16 bytes of elements)."""
+    if cache_dtype != "auto":
+        raise NotImplementedError(f"kv_cache_dtype={cache_dtype!r}: llmkern caches are 'auto' only")
+    if seed is not None:
+        _Platform().seed_everything(seed)
+    dtype = model_dtype
+    x = 16 // torch.tensor([], dtype=dtype).element_size()
+    scale = head_size ** -0.5
+    keys = [torch.empty(num_blocks, num_heads, head_size // x, block_size, x, dtype=dtype,
+                        device=device).uniform_(-scale, scale) for _ in range(num_layers)]
+    values = [torch.empty(num_blocks, num_heads, head_size, block_size, dtype=dtype,
+                          device=device).uniform_(-scale, scale) for _ in range(num_layers)]
+    return keys, values
+
+
+def install() -> None:
+    from llmkern.compat import vllm_ops
+
+    _module("vllm", _custom_ops=vllm_ops)
+    sys.modules["vllm._custom_ops"] = vllm_ops
+    _module("vllm.platforms", current_platform=_Platform())
+    _module("vllm.model_executor.layers.layernorm", RMSNorm=RMSNorm)
+    _module("vllm.model_executor.layers.rotary_embedding", get_rope=get_rope, RotaryEmbedding=RotaryEmbedding)
+    _module("tests.kernels.utils", opcheck=opcheck, DEFAULT_OPCHECK_TEST_UTILS=DEFAULT_OPCHECK_TEST_UTILS)
+    _module("tests.kernels.allclose_default", get_default_atol=get_default_atol, get_default_rtol=get_default_rtol)
+    _module("tests.kernels.quant_utils", FP8_DTYPE=FP8_DTYPE)
+    names = {n: getattr(vllm_ops, n).op for n in vllm_ops.__all__ if hasattr(getattr(vllm_ops, n), "op")}
+    ns = types.SimpleNamespace(**names)
+    torch.ops._C_cache_ops = ns
+    torch.ops._C = ns
+
+
+
+def fixtures() -> dict:
+    """The KV-cache fixtures of vLLM's tests/conftest.py (the conftest adds them to its globals)."""
+    import pytest
+
+    @pytest.fixture
+    def kv_cache_factory():
+        return _random_caches
+
+    @pytest.fixture
+    def kv_cache_factory_flashinfer():
+        return _random_caches_flash
+
+    return {"kv_cache_factory": kv_cache_factory, "kv_cache_factory_flashinfer": kv_cache_factory_flashinfer}
