@@ -37,7 +37,7 @@ _HOG = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in rang
 
 # ---- the engine process ---------------------------------------------------------------------
 def _workload(name: str, quick: bool):
-    from llmkern.engine.benchmark import _workload as offline_workload
+    from llmkern.bench.throughput import _workload as offline_workload
 
     if name == "offline":
         prompts, outs = offline_workload(8 if quick else 32)
@@ -53,7 +53,7 @@ def _workload(name: str, quick: bool):
 def worker(name: str, quick: bool, loop: bool, dtype: str) -> None:
     """Loads the engine, warms up, says READY, waits for a line on stdin, then runs the workload
     once and prints {"seconds", "tokens"} (or, with loop, runs it until killed)."""
-    from llmkern.engine.benchmark import _llm, _run_llmkern
+    from llmkern.bench.throughput import _llm, _run_llmkern
 
     llm = _llm(dtype=dtype)
     prompts, outs = _workload(name, quick)
