@@ -18,16 +18,12 @@ import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 try:
     import llmkern  # noqa: F401
 except ImportError:  # a source checkout with the in-tree dev build
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
-import common  # noqa: E402
-import suite  # noqa: E402
+from llmkern.bench import common, suite  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -54,7 +50,7 @@ def bench_session(request):
     yield state
     out = cfg.getoption("--bench-report")
     if out:
-        import report
+        from llmkern.bench import report
 
         res = {"suite": "pytest", "command": "pytest bench/ --bench-report " + out, "quick": quick, "device": device,
                "started": state["started"], **{k: state[k] for k in ("machine", "limits", "records", "modules")}}
@@ -64,12 +60,12 @@ def bench_session(request):
 
 @pytest.fixture
 def bench_module(benchmark, bench_session):
-    """bench_module(name, group): run bench/<name>.py under pytest-benchmark and check its records."""
+    """bench_module(name, group): run llmkern.bench.<name> under pytest-benchmark and check its records."""
 
     def run(name: str, group: str) -> list:
-        if not os.path.exists(os.path.join(HERE, name + ".py")):
+        if not os.path.exists(os.path.join(suite.HERE, name + ".py")):
             pytest.skip(f"{name}.py is not present in this build")
-        mod = importlib.import_module(name)
+        mod = importlib.import_module("llmkern.bench." + name)
         benchmark.group = group
         try:
             records = benchmark.pedantic(mod.run, kwargs={"quick": bench_session["quick"], "device": bench_session["device"]},

@@ -6,7 +6,7 @@
 #   2. the `cuda` tests (pytest -m cuda: the cuda params of the backend-parametrised tests and
 #      the cuda-only tests, e.g. CUDA-graph capture),
 #   3. compute-sanitizer memcheck and racecheck on bench/sanitize_kernels.py (every kernel once),
-#   4. GPU benchmarks side by side with torch (bench/bench_*.py --device cuda),
+#   4. GPU benchmarks side by side with torch (llmkern/bench/bench_*.py --device cuda),
 #   5. static SASS figures of the hd128 prefill and decode kernels (bench/sass_stats.py, sm_90a),
 # writing device_check.log, stages.tsv, one JSON per benchmark and summary.json into OUT_DIR.
 #
@@ -234,10 +234,9 @@ fi
 read -r -d '' DRIVER <<'EOF'
 # bench driver
 import json, sys, importlib
-sys.path.insert(0, "bench")
 name, path, device, quick = sys.argv[1:5]
-mod = importlib.import_module(name)
-from common import print_records
+mod = importlib.import_module("llmkern.bench." + name)
+from llmkern.bench.common import print_records
 recs = mod.run(quick=quick == "1", device=device)
 print_records(recs)
 json.dump([r.as_dict() for r in recs], open(path, "w"), indent=1)
@@ -248,8 +247,8 @@ if ((HAVE_GPU && BUILT)) || [[ ${LLMK_CHECK_DEVICE:-cuda} == cpu ]]; then
     mod=${spec%%:*}
     cap=${spec#*:} && cap=${cap%%:*}
     RESERVE=${spec##*:}
-    if [[ ! -f bench/$mod.py ]]; then
-      skip "$mod" "no bench/$mod.py in this tree"
+    if [[ ! -f python/llmkern/bench/$mod.py ]]; then
+      skip "$mod" "no llmkern/bench/$mod.py in this tree"
     elif [[ $mod == bench_attention_gpu && ${LLMK_CHECK_DEVICE:-cuda} != cuda ]]; then
       skip "$mod" "GPU-only benchmark"
     else

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import llmkern
-from common import sanitizer_case  # bench/ is the script's directory
+from llmkern.bench.common import sanitizer_case
 
 DEV = "cuda"
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32

@@ -82,7 +82,7 @@ def register(case):
 
 
 if __name__ == "__main__":
-    from common import sanitizer_case  # bench/ is the script's directory
+    from llmkern.bench.common import sanitizer_case
 
     failures = []
     register(sanitizer_case(failures))

@@ -380,10 +380,7 @@ def as_dict(stats: List[KernelStats], arch: str) -> dict:
 
 
 def _report_module():
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import report
+    from llmkern.bench import report
 
     return report
 

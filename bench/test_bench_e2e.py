@@ -1,7 +1,7 @@
 """End-to-end benchmarks (runtime vs HF transformers) under pytest-benchmark; see conftest.py."""
 import pytest
 
-import suite
+from llmkern.bench import suite
 
 
 @pytest.mark.parametrize("name", suite.discover()["e2e"])

@@ -1,7 +1,7 @@
 """Kernel benchmarks (attention, KV-cache ops, sampling) under pytest-benchmark; see conftest.py."""
 import pytest
 
-import suite
+from llmkern.bench import suite
 
 
 @pytest.mark.parametrize("name", suite.discover()["kernels"])

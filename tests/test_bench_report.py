@@ -11,32 +11,27 @@ import torch
 
 import llmkern
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-sys.path.insert(0, BENCH)
-
-import common  # noqa: E402
-import report  # noqa: E402
-import suite  # noqa: E402
-from common import Record  # noqa: E402
+from llmkern.bench import common, report, suite
+from llmkern.bench.common import Record
 
 LIMITS = {"device": "cpu", "copy_bandwidth_Bps": 40e9, "read_bandwidth_Bps": 50e9, "matmul_float32_flops": 2e11}
 
 
 def synthetic() -> list:
     recs = []
-    for s in (512, 1024, 2048):  # x from extra
+    for s in (512, 1024, 2048):
         recs.append(Record("attention/flash_attn_varlen_func", f"causal bf16 9/3x64 len {s}", 1e-6 * s, "torch SDPA",
-                           1.5e-6 * s, "GFLOP/s", 50.0, 200.0, {"seqlen": s}))
-    for b in (4, 64):  # x parsed from the case string
+                           1.5e-6 * s, "GFLOP/s", 50.0, 200.0, axes={"seqlen": s, "series": "causal bf16 9/3x64"}))
+    for b in (4, 64):
         recs.append(Record("attention/flash_attn_with_kvcache", f"{b} seqs x 1k ctx bs16", 1e-4 * b, "torch gather + SDPA",
-                           3e-3 * b, "GB/s", 20.0, 50.0))
+                           3e-3 * b, "GB/s", 20.0, 50.0, axes={"batch": b, "seqlen": 1024, "series": "1k ctx bs16"}))
     for b in (1, 16, 64):
         recs.append(Record("sampling/top_p_sampling_from_probs", f"{b}x49152 top-p 0.9", 1e-5 * b, "torch sort + multinomial",
-                           1e-3 * b, "GB/s", 19.6, 50.0, {"headline": b == 64}))
+                           1e-3 * b, "GB/s", 19.6, 50.0, {"headline": b == 64}, axes={"batch": b, "series": "top-p 0.9"}))
     for n in (32, 256):
         for peer, slower in (("HF generate (static, batch 16)", 3.5), ("HF generate_batch", 2.0)):
             recs.append(Record("e2e/offline", f"{n} requests SmolLM2 fp32", 0.1 * n, peer,
-                               0.1 * slower * n, "tok/s", 700.0, None, {"requests": n}))
+                               0.1 * slower * n, "tok/s", 700.0, None, axes={"requests": n, "series": "SmolLM2 fp32"}))
     return recs
 
 
@@ -111,7 +106,7 @@ def test_without_matplotlib(tmp_path, monkeypatch):
 def test_suite_survives_missing_and_failing_modules(tmp_path, monkeypatch):
     (tmp_path / "bench_boom.py").write_text("def run(quick=False, device='cpu'):\n    raise RuntimeError('boom')\n")
     (tmp_path / "bench_fine.py").write_text(
-        "from common import Record\n"
+        "from llmkern.bench.common import Record\n"
         "def run(quick=False, device='cpu'):\n    return [Record('x/fine', 'one', 1.0, 'peer', 2.0)]\n")
     (tmp_path / "bench_gpuonly.py").write_text("def run(quick=False, device='cpu'):\n    raise SystemExit('needs --device cuda')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -130,7 +125,7 @@ def test_suite_survives_missing_and_failing_modules(tmp_path, monkeypatch):
 
 
 def test_cli_rerenders_saved_json(tmp_path, capsys):
-    from llmkern import bench_cli
+    from llmkern.bench import cli as bench_cli
 
     report.write_report(result(synthetic()), str(tmp_path / "run"), plots=False)
     rc = bench_cli.main(["report", str(tmp_path / "run" / "results.json"), "--out", str(tmp_path / "again"), "--no-plots"])
@@ -150,20 +145,23 @@ def test_cli_rerenders_saved_json(tmp_path, capsys):
     ("e2e/offline", "offline-32 SmolLM2 fp32", "requests", 32),
     ("e2e/offline", "256 requests", "requests", 256),
 ])
-def test_axis_from_case_string(bench, case, axis, x):
-    got, label, panel = report.axis_value(Record(bench, case, 1.0, "peer", 2.0), axis)
+def test_legacy_axis_from_case_string(bench, case, axis, x):
+    """Only records of results saved before Record.axes existed are placed by their case string."""
+    assert report.axis_value(Record(bench, case, 1.0, "peer", 2.0), axis) == (None, None, None)
+    got, label, panel = report.axis_value(Record(bench, case, 1.0, "peer", 2.0, extra={report.LEGACY: True}), axis)
     assert got == x
     if x is not None:
         assert label and str(x) not in label.split()
 
 
 def test_end_to_end_records_as_the_runtime_writes_them(tmp_path):
-    """Workload size in the bench name, "out tok/s", and a roofline fraction instead of a limit."""
+    """Workload size in the bench name and in axes, "out tok/s", and a roofline fraction instead of a limit."""
     pytest.importorskip("matplotlib")
+    axes = {"requests": 8, "panel": "e2e/offline", "series": ""}
     recs = [Record("e2e/offline-8", "HF generate static batch 16", 2.0, "hf-generate-static", 7.0, "out tok/s", 300.0,
-                   None, {"roofline_fraction": 0.25}),
+                   None, {"roofline_fraction": 0.25}, axes),
             Record("e2e/offline-8", "HF generate_batch (continuous)", 2.0, "hf-generate_batch", 4.0, "out tok/s", 300.0,
-                   None, {"roofline_fraction": 0.25}),
+                   None, {"roofline_fraction": 0.25}, axes),
             Record("e2e/prefix-8x1k", "TTFT p50 with vs without prefix caching", 0.01, "llmkern-no-prefix-cache", 0.08,
                    "ms TTFT", 10.0)]
     paths = report.write_report(result(recs), str(tmp_path))
@@ -186,3 +184,36 @@ def test_device_check_summary_renders(tmp_path):
     md = open(paths["markdown"]).read()
     assert "NVIDIA H200" in md and "`bench_cache_ops` | kernels | error" in md
     assert sum(ln.startswith("| `attention/") for ln in md.split("## All figures")[1].splitlines()) == 3
+
+
+def test_axes_come_from_record_fields_not_case_names():
+    """A case string that names other numbers (or none) does not move a record: the plot reads
+    Record.axes, and a record without the plot's axis is left out rather than guessed."""
+    spec = {p["file"]: p for p in report.PLOTS}["sampling_bandwidth.png"]
+    recs = [Record("sampling/top_k", "batch 999 x 4096 rows 7", 1e-5, "torch topk", 2e-5, "GB/s", 10.0, 50.0,
+                   axes={"batch": 8, "series": "vocab 4096"}),
+            Record("sampling/top_k", "no numbers here", 1e-5, "torch topk", 2e-5, "GB/s", 12.0, 50.0,
+                   axes={"batch": 32, "series": "vocab 4096", "panel": "sampling/top-k"}),
+            Record("sampling/top_k", "64 x 4096", 1e-5, "torch topk", 2e-5, "GB/s", 11.0, 50.0)]
+    curves, note = report._series(spec, recs)
+    assert set(curves) == {("sampling/top_k", "vocab 4096"), ("sampling/top-k", "vocab 4096")}
+    assert curves[("sampling/top_k", "vocab 4096")]["llmkern"] == {8.0: 10.0}
+    assert curves[("sampling/top-k", "vocab 4096")]["llmkern"] == {32.0: 12.0}
+    assert "1 of 3 records left out" in note  # "64 x 4096" is not parsed into a batch
+
+
+def test_old_results_without_axes_still_plot(tmp_path):
+    """results.json written before Record.axes existed: the report places its records as it did then."""
+    old = [{k: v for k, v in r.as_dict().items() if k != "axes"} for r in synthetic()]
+    for d in old:  # the old files said x in extra or only in the case string
+        if d["bench"].startswith("attention/flash_attn_varlen"):
+            d["extra"] = {"seqlen": int(d["case"].split()[-1])}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({**result([]), "records": old}))
+    recs = [report.as_record(d) for d in report.load(str(path))["records"]]
+    spec = {p["file"]: p for p in report.PLOTS}["sampling_bandwidth.png"]
+    curves, _ = report._series(spec, recs)
+    assert sorted(x for c in curves.values() for x in c["llmkern"]) == [1.0, 16.0, 64.0]
+    spec = {p["file"]: p for p in report.PLOTS}["attention_latency.png"]
+    curves, _ = report._series(spec, recs)
+    assert sorted(x for c in curves.values() for x in c["llmkern"]) == [512.0, 1024.0, 2048.0]

@@ -13,7 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-import report  # noqa: E402
+from llmkern.bench import report  # noqa: E402
 import sass_stats  # noqa: E402
 
 LISTING = """

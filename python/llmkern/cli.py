@@ -343,13 +343,13 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_router_args(p: argparse.ArgumentParser) -> None:
-    from .router.bench import add_args
+    from .bench.routing import add_args
 
     add_args(p)
 
 
 def _bench_router(a) -> int:
-    from .router.bench import run_bench
+    from .bench.routing import run_bench
 
     run_bench(a)
     return 0
@@ -367,7 +367,7 @@ def _bench_throughput_args(p: argparse.ArgumentParser) -> None:
 def _bench_throughput(a) -> int:
     import importlib.util
 
-    from .engine import benchmark
+    from .bench import throughput as benchmark
 
     if not a.no_peers and importlib.util.find_spec("transformers") is None:
         raise _fail("bench throughput: the HF transformers peer needs transformers "
@@ -394,14 +394,14 @@ def _check_device(device: str) -> None:
 # name -> (help, add_arguments(parser), run(args) -> exit code). More benchmarks plug in here,
 # e.g. "kernels" (bench/bench_*.py), "e2e", "all".
 def _bench_serve_args(p: argparse.ArgumentParser) -> None:
-    from .serve.bench import add_args
+    from .bench.serving import add_args
 
     add_args(p)
 
 
 def _bench_serve(a) -> int:
     try:
-        from .serve.bench import main as bench_main
+        from .bench.serving import main as bench_main
     except ImportError as e:
         raise SystemExit(f"{_SERVE_HINT} ({e})")
     return bench_main(a)
@@ -498,7 +498,7 @@ def _unknown_option_error(p: argparse.ArgumentParser, extra: List[str]) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"] and (not argv[1:2] or argv[1] not in BENCH_COMMANDS):  # the suite: kernels | e2e | all | report
-        from .bench_cli import main as bench_main
+        from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
     ap = build_parser()

@@ -1,9 +1,9 @@
 """The benchmark registry and runner: which modules form `kernels` and `e2e`, the machine
 description and limits measured in the same run, and the collected records.
 
-    python bench/suite.py [kernels|e2e|all] [--quick] [--device cpu|cuda] [--only NAMES]
+    python -m llmkern.bench.suite [kernels|e2e|all] [--quick] [--device cpu|cuda] [--only NAMES]
 
-Prints the table; `llmkern bench` (llmkern.bench_cli) also writes the JSON/Markdown/PNG report.
+Prints the table; `llmkern bench` (llmkern.bench.cli) also writes the JSON/Markdown/PNG report.
 A module listed here but not present (not written yet, or not installed) is skipped with a
 note; one that fails is reported with its error and the others still run.
 """
@@ -21,12 +21,10 @@ import traceback
 from typing import Callable, Iterable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-import common  # noqa: E402
+from llmkern.bench import common  # noqa: E402
 
 # Known modules, in run order. New bench_*.py files are picked up too (see discover()).
 REGISTRY = {
@@ -185,7 +183,9 @@ def run_module(name: str, quick: bool, device: str, bench_dir: str = HERE) -> tu
     if not os.path.exists(os.path.join(bench_dir, name + ".py")):
         return "skipped", [], f"{name}.py is not present in this build"
     try:
-        mod = importlib.import_module(name)
+        # this package's modules by their package name; another folder's (a test's) from sys.path
+        same = os.path.abspath(bench_dir) == HERE
+        mod = importlib.import_module(f"llmkern.bench.{name}" if same else name)
     except SystemExit as e:
         return "skipped", [], str(e.code)
     except Exception as e:  # noqa: BLE001 - e.g. an op the module needs is not built

@@ -3,10 +3,10 @@
     llmkern bench [kernels|e2e|all] [--quick] [--out DIR] [--device cpu|cuda] [--only NAMES]
     llmkern bench throughput [--quick] [--no-peers]       # end-to-end offline throughput vs HF
     llmkern bench report RESULTS.json [--out DIR]     # re-render a saved run
-    python -m llmkern.bench_cli ...                    # the same, without the console script
+    python -m llmkern.bench ...                        # the same, without the console script
 
-The benchmark modules live in the repository's bench/ folder; a source checkout uses that
-folder, an installed wheel its copy in llmkern/_bench (LLMKERN_BENCH_DIR overrides both).
+The benchmark modules are this package (llmkern.bench); the repository's bench/ folder holds
+only thin entry scripts, the pytest-benchmark wrappers and the device/sanitizer scripts.
 """
 from __future__ import annotations
 
@@ -16,45 +16,17 @@ import sys
 import time
 from typing import Optional
 
-_PKG = os.path.dirname(os.path.abspath(__file__))
 QUICK_BUDGET_S = 180  # `--quick` is meant to finish within 3 minutes on 2 cores
 
 
-def bench_dir() -> str:
-    """The folder holding suite.py, report.py and the bench_*.py modules."""
-    env = os.environ.get("LLMKERN_BENCH_DIR")
-    candidates = ([env] if env else []) + [
-        os.path.join(os.path.dirname(os.path.dirname(_PKG)), "bench"),  # <checkout>/python/llmkern
-        os.path.join(_PKG, "_bench"),                                   # installed wheel
-    ]
-    for d in candidates:
-        if os.path.isfile(os.path.join(d, "suite.py")) and os.path.isfile(os.path.join(d, "report.py")):
-            return os.path.abspath(d)
-    raise FileNotFoundError(
-        "llmkern bench: the benchmark modules were not found (looked in "
-        + ", ".join(candidates) + "); run from a source checkout or set LLMKERN_BENCH_DIR")
-
-
 def _load():
-    d = bench_dir()
-    if d in sys.path:
-        sys.path.remove(d)
-    sys.path.insert(0, d)  # the modules import each other as top-level names (common, suite, ...)
-    for name in ("common", "suite", "report"):  # a same-named module from elsewhere must not shadow ours
-        mod = sys.modules.get(name)
-        if mod is not None and os.path.dirname(os.path.abspath(getattr(mod, "__file__", "") or "")) != d:
-            del sys.modules[name]
-    import report
-    import suite
+    from . import report, suite
 
     return suite, report
 
 
-def _default_out(bdir: str) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    if os.path.abspath(bdir).startswith(os.path.join(_PKG, "_bench")):
-        return os.path.join(os.getcwd(), "llmkern-bench", stamp)
-    return os.path.join(bdir, "results", stamp)
+def _default_out() -> str:
+    return os.path.join(os.getcwd(), "llmkern-bench", time.strftime("%Y%m%d-%H%M%S"))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,8 +42,7 @@ def _parser() -> argparse.ArgumentParser:
                          "(default); throughput: the end-to-end offline throughput run alone "
                          "(llmkern bench throughput --help); report: re-render a saved run")
     ap.add_argument("--quick", action="store_true", help="small shapes and short timings (a few minutes in all)")
-    ap.add_argument("--out", default=None, help="output folder (default: bench/results/<time> in a checkout, "
-                                                "./llmkern-bench/<time> otherwise)")
+    ap.add_argument("--out", default=None, help="output folder (default: ./llmkern-bench/<time>)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where tensors live (default cpu)")
     ap.add_argument("--only", default="", help="comma-separated module filters, e.g. attention,cache_ops")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for llmkern and torch (default: all)")
@@ -116,15 +87,11 @@ def main(argv: Optional[list] = None) -> int:
     if argv[:1] == ["report"]:
         return _report_main(argv[1:])
     if argv[:1] == ["throughput"]:
-        from .cli import main as cli_main
+        from ..cli import main as cli_main
 
         return cli_main(["bench"] + argv)
     a = _parser().parse_args(argv)
-    try:
-        suite, report = _load()
-    except FileNotFoundError as e:
-        print(e, file=sys.stderr)
-        return 2
+    suite, report = _load()
     if a.list:
         for group, mods in suite.discover(suite.HERE).items():
             for m in mods:
@@ -144,7 +111,7 @@ def main(argv: Optional[list] = None) -> int:
 
         torch.set_num_threads(a.threads)
         llmkern.set_num_threads(a.threads)
-    out = a.out or _default_out(suite.HERE)
+    out = a.out or _default_out()
     only = [s for s in a.only.split(",") if s.strip()] or None
     command = "llmkern bench " + " ".join(argv) if argv else "llmkern bench"
     os.makedirs(out, exist_ok=True)

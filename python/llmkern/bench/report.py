@@ -1,6 +1,6 @@
 """Benchmark report: JSON of all figures, a Markdown report and PNG plots.
 
-    python bench/report.py RESULTS.json [--out DIR]    # re-render a saved run
+    python -m llmkern.bench.report RESULTS.json [--out DIR]    # re-render a saved run
                                                        # (or a pytest-benchmark --benchmark-json file)
 
 Plots (matplotlib, optional: `pip install "llmkern[bench]"`): latency vs sequence length for
@@ -17,17 +17,18 @@ import sys
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
-from common import Record, fmt_seconds  # noqa: E402
+from llmkern.bench.common import Record, fmt_seconds  # noqa: E402
 
 MATPLOTLIB_NOTE = ("matplotlib is not installed, so no plots were drawn "
                    "(install it with `pip install \"llmkern[bench]\"` or `pip install matplotlib`).")
 
 # ---- x values of records -----------------------------------------------------------------------
-# Fallback when Record.extra has no axis key: (pattern with group v = the value, what replaces the
-# match in the series label). A "k" suffix means x1024 (LLM sizes: 2k = 2048 tokens).
+# Records carry their plot coordinates in Record.axes (common.Axes). Results saved before that
+# field existed have none; load() marks their records LEGACY and only those are placed by the old
+# guesses below: (pattern with group v = the value, what replaces the match in the series label).
+# A "k" suffix means x1024 (LLM sizes: 2k = 2048 tokens).
+LEGACY = "legacy_case_axes"
 _NUM = r"(?P<v>\d+(?:\.\d+)?[kKmM]?)"
 _AXIS_PATTERNS = {
     "seqlen": [
@@ -64,9 +65,18 @@ def _label(text: str) -> str:
 
 
 def axis_value(r: Record, axis: str) -> tuple:
-    """(x, series label, panel) of record r on axis, or (None, None, None) when the record does
-    not say. The panel is the benchmark name; when the x value is part of that name (the
-    runtime's "e2e/offline-32"), it is the name without it, so that sizes share one panel."""
+    """(x, series label, panel) of record r on axis from r.axes, or (None, None, None) when the
+    record does not say (a record of an old results file: guessed from its case, see LEGACY)."""
+    if axis in r.axes:
+        return float(r.axes[axis]), r.axes.get("series", r.case), r.axes.get("panel", r.bench)
+    if r.extra.get(LEGACY):
+        return _legacy_axis_value(r, axis)
+    return None, None, None
+
+
+def _legacy_axis_value(r: Record, axis: str) -> tuple:
+    """The guess for records saved without axes: extra[axis] or a number in the case string; the
+    panel is the benchmark name, without the x value when it holds it ("e2e/offline-32")."""
     series = r.extra.get("series")
     given = r.extra.get(axis)
     for pat, keep in _AXIS_PATTERNS[axis]:
@@ -146,9 +156,8 @@ def _series(spec: dict, records: list) -> tuple:
         if yp is not None:
             curve["peers"].setdefault(r.peer, {})[x] = yp
     if not out:
-        return {}, f"no record says its {spec['x']} (set Record.extra[{spec['x']!r}])"
-    what = {"seqlen": "sequence length", "batch": "batch size", "requests": "request count"}[spec["x"]]
-    return out, (f"{left_out} of {len(picked)} records left out (no {what} in their case or name)"
+        return {}, f"no record says its {spec['x']} (set Record.axes[{spec['x']!r}])"
+    return out, (f"{left_out} of {len(picked)} records left out (no {spec['x']!r} in their Record.axes)"
                  if left_out else "")
 
 
@@ -374,7 +383,7 @@ def headline_table(records: list) -> list:
 
 def headline_markdown(res: dict) -> str:
     """The headline table with one line on the machine and the command (for a README)."""
-    records = [r if isinstance(r, Record) else Record.from_dict(r) for r in res.get("records", [])]
+    records = [as_record(r) for r in res.get("records", [])]
     m, lim = res.get("machine", {}), res.get("limits", {})
     cpus = m.get("cpu_affinity") or m.get("cpu_count")
     machine = f"{m.get('cpu_model', '?')}, {cpus} CPUs, {m.get('simd', '?')}"
@@ -523,7 +532,7 @@ def to_json(res: dict, records: list) -> dict:
 def write_report(res: dict, out_dir: str, plots: bool = True) -> dict:
     """Write results.json, report.md and the plots into out_dir; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
-    records = [r if isinstance(r, Record) else Record.from_dict(r) for r in res.get("records", [])]
+    records = [as_record(r) for r in res.get("records", [])]
     made, notes = draw_plots(records, out_dir, res.get("limits")) if plots else ([], ["plots disabled (--no-plots)."])
     paths = {"json": os.path.join(out_dir, "results.json"), "markdown": os.path.join(out_dir, "report.md")}
     with open(paths["json"], "w") as f:
@@ -533,6 +542,17 @@ def write_report(res: dict, out_dir: str, plots: bool = True) -> dict:
     paths["plots"] = [os.path.join(out_dir, fn) for _, fn in made]
     paths["notes"] = notes
     return paths
+
+
+def as_record(r) -> Record:
+    """A Record from a Record or a saved dict; a dict saved before Record.axes existed is marked
+    LEGACY so that its plot coordinates are guessed from its case as they were then."""
+    if isinstance(r, Record):
+        return r
+    rec = Record.from_dict(r)
+    if "axes" not in r:
+        rec.extra = {**rec.extra, LEGACY: True}
+    return rec
 
 
 def load(path: str) -> dict:

@@ -43,14 +43,14 @@ def matmul_flops(dtype=torch.float32, n: int = 1024) -> float:
     return 2 * n ** 3 / best
 
 
-def _rec(workload, case, llmkern_s, peer, peer_s, metric="", value=None, limit=None, **extra):
+def _rec(workload, case, llmkern_s, peer, peer_s, metric="", value=None, limit=None, axes=None, **extra):
     import sys
 
     print(f"[e2e/{workload}] {case}: llmkern {llmkern_s:.2f}s, {peer} "
           f"{'-' if peer_s is None else f'{peer_s:.2f}s'}", file=sys.stderr, flush=True)
     return {"bench": f"e2e/{workload}", "case": case, "llmkern_s": llmkern_s, "peer": peer, "peer_s": peer_s,
             "ratio": (peer_s / llmkern_s) if (peer_s and llmkern_s) else None, "metric": metric,
-            "llmkern_value": value, "limit": limit, "extra": extra}
+            "llmkern_value": value, "limit": limit, "extra": extra, "axes": dict(axes or {})}
 
 
 class _HF:
@@ -114,13 +114,13 @@ class _HF:
 
 
 def _llm(**kw):
-    from .llm import LLM
+    from ..llm import LLM
 
     return LLM(kv_cache_memory_gb=kw.pop("kv_cache_memory_gb", 1.0), **kw)
 
 
 def _run_llmkern(llm, prompts, outs):
-    from .sampling_params import SamplingParams
+    from ..sampling_params import SamplingParams
 
     sps = [SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in outs]
     t0 = time.perf_counter()
@@ -148,13 +148,14 @@ def throughput(quick: bool = False, device: str = "cpu", num_requests: Optional[
         toks = sum(outs)
         work = 2 * params * (sum(len(p) for p in prompts) + toks)
         frac = work / dt / flops
+        offline_axes = {"requests": n, "panel": "e2e/offline", "series": ""}  # sizes share one panel
         hs = hf.static(prompts, outs) if hf else None
         recs.append(_rec(f"offline-{n}", "HF generate static batch 16", dt, "hf-generate-static", hs, "out tok/s",
-                         toks / dt, roofline_fraction=frac))
+                         toks / dt, axes=offline_axes, roofline_fraction=frac))
         hc = hf.continuous(prompts, outs) if hf else None
         if hf:
             recs.append(_rec(f"offline-{n}", "HF generate_batch (continuous)", dt, "hf-generate_batch", hc,
-                             "out tok/s", toks / dt, roofline_fraction=frac,
+                             "out tok/s", toks / dt, axes=offline_axes, roofline_fraction=frac,
                              note=None if hc else "this transformers has no continuous batching"))
         gc.collect()
 
@@ -166,7 +167,7 @@ def throughput(quick: bool = False, device: str = "cpu", num_requests: Optional[
         ttft = {}
         for caching in (True, False):
             eng = _llm(device=device, enable_prefix_caching=caching).engine if not caching else llm.engine
-            from .sampling_params import SamplingParams
+            from ..sampling_params import SamplingParams
 
             sp = SamplingParams(temperature=0, max_tokens=4, min_tokens=4)
             vals = []

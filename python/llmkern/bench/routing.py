@@ -63,7 +63,7 @@ def _port() -> int:
 
 
 def _spawn(args, env=None, cpus=None):
-    from .launch import _child_setup
+    from ..router.launch import _child_setup
 
     e = dict(os.environ, **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "llmkern.cli", *args], env=e, stdout=subprocess.DEVNULL,
@@ -129,7 +129,7 @@ def _pct(xs, q):
 def run_policy(a, policy: str, reqs, model: str) -> dict:
     import httpx
 
-    from .launch import split_cpus, stop_replicas
+    from ..router.launch import split_cpus, stop_replicas
 
     shares = split_cpus(a.replicas)
     reps = []

@@ -5,15 +5,13 @@ Every benchmark reports llmkern next to a named peer measured in the same proces
 the machine's limit (memory bandwidth or matmul FLOP/s) measured here, not quoted.
 
 Plot axes. The report draws latency vs sequence length (attention), GB/s vs batch (decode,
-sampling) and tok/s vs request count (end-to-end). It reads the x value of a record from
-``Record.extra`` when present -- ``extra={"seqlen": 2048}``, ``{"batch": 64}``,
-``{"requests": 32}`` (see ``AXIS_KEYS``) -- and otherwise parses it from the case string
-("s2048", "1k ctx", "64 rows", "32 req", ...). ``extra["series"]`` names the curve a record belongs
-to (default: the case string without the x value); ``extra["peer_value"]`` gives the peer's figure
-in the record's metric when it is not simply the same work divided by the peer's time;
-``extra["headline"] = True`` picks the case shown in the report's headline table;
-``extra["limit_fraction"]`` gives the fraction of the machine limit when the limit is not in the
-metric's unit (end-to-end tok/s against the matmul roofline).
+sampling) and tok/s vs request count (end-to-end). It takes the x value and the curve of a record
+from ``Record.axes`` (an ``Axes``: ``{"seqlen": 2048, "series": "bf16 4 seqs"}``) and never from the
+free-text case string; a record without the plot's axis is left out of that plot (with a note).
+``extra["peer_value"]`` gives the peer's figure in the record's metric when it is not simply the
+same work divided by the peer's time; ``extra["headline"] = True`` picks the case shown in the
+report's headline table; ``extra["limit_fraction"]`` gives the fraction of the machine limit when
+the limit is not in the metric's unit (end-to-end tok/s against the matmul roofline).
 """
 from __future__ import annotations
 
@@ -23,11 +21,26 @@ import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Optional
+from typing import Callable, Optional, TypedDict, Union
 
 import torch
 
 AXIS_KEYS = ("seqlen", "batch", "requests")
+
+
+class Axes(TypedDict, total=False):
+    """Where a record sits on the report's plots; every key is optional.
+
+    seqlen, batch, requests: the x value on the plots that use that axis (tokens, sequences or
+    rows, requests). series: the curve the record belongs to within its panel (default: the case
+    string); records of one series differ only in the x value. panel: the sub-plot (default: the
+    bench name); e.g. "e2e/offline" for the workloads "e2e/offline-32" and "e2e/offline-256".
+    """
+    seqlen: Union[int, float]
+    batch: Union[int, float]
+    requests: Union[int, float]
+    series: str
+    panel: str
 
 # Seconds of timed calls per measurement when a caller does not pass min_time. The suite lowers
 # it for --quick runs (configure(quick=True)); a benchmark that passes min_time keeps its own.
@@ -255,6 +268,7 @@ class Record:
     llmkern_value: Optional[float] = None
     limit: Optional[float] = None     # the machine's limit in the same unit (measured)
     extra: dict = field(default_factory=dict)
+    axes: Axes = field(default_factory=dict)  # plot coordinates (see Axes)
 
     @property
     def ratio(self) -> Optional[float]:

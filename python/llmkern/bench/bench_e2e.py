@@ -1,0 +1,117 @@
+"""End-to-end runtime benchmark: llmkern's engine vs HF transformers (and llama.cpp when
+llama-cpp-python is installed), same SmolLM2-135M weights, same process.
+
+    python bench/bench_e2e.py [--quick] [--num-requests 256] [--no-peers]
+
+Workloads (see llmkern/bench/throughput.py): offline-32 (vs HF generate static batch 16 and HF
+continuous batching), prefix caching TTFT (1k-token shared system prompt, with vs without
+caching), batch-1 decode (vs HF generate and llama.cpp on an F32 GGUF of the same weights)."""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+
+from llmkern.bench.common import Record, print_records  # noqa: E402
+
+from llmkern.bench import throughput as benchmark  # noqa: E402
+
+
+def _to_record(r: dict) -> Record:
+    extra = dict(r.get("extra") or {})
+    return Record(r["bench"], r["case"], r["llmkern_s"], r["peer"], r["peer_s"], r["metric"],
+                  r["llmkern_value"], r["limit"], extra, dict(r.get("axes") or {}))
+
+
+def write_f32_gguf(src: str, dst: str) -> None:
+    """The GGUF at src with every tensor dequantised to F32 (metadata copied as is)."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key == "general.file_type":
+            w.add_file_type(gguf.LlamaFileType.ALL_F32)
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    for t in reader.tensors:
+        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w.add_tensor(t.name, arr.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else arr.reshape(-1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def llama_cpp_decode(n_new: int = 128):
+    """(seconds for a 128-token prompt and n_new greedy tokens, note) or (None, why not).
+
+    Timed like the llmkern and HF sides: prompt processing included."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None, "llama-cpp-python not installed: llama.cpp peer skipped"
+    from llmkern.models.loader import default_model_path
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "smollm2-f32.gguf")
+        write_f32_gguf(default_model_path(), path)
+        llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=os.cpu_count(), verbose=False)
+        rng = random.Random(2)
+        prompt = [rng.randrange(100, 49152) for _ in range(128)]
+        llm.eval(prompt[:8])  # warm-up, then the same work as the other sides: prompt + n_new
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt)
+        for _ in range(n_new):
+            tok = llm.sample(temp=0.0)
+            llm.eval([tok])
+        return time.perf_counter() - t0, "llama.cpp F32 GGUF, same weights"
+
+
+def run(quick: bool = False, device: str = "cpu", num_requests=None, peers: bool = True) -> list:
+    recs = [_to_record(r) for r in benchmark.throughput(quick=quick, device=device, num_requests=num_requests,
+                                                        peers=peers)]
+    for r in recs:  # batch-1 decode streams every weight once per token: its bandwidth bound
+        if r.bench == "e2e/decode-b1" and r.extra.get("weight_read_gb_s") and device == "cpu":
+            from llmkern.bench.common import read_bandwidth
+
+            r.extra["fraction_of_read_bandwidth"] = r.extra["weight_read_gb_s"] * 1e9 / read_bandwidth(device)
+    if peers:
+        n_new = 16 if quick else 128
+        t, note = llama_cpp_decode(n_new)
+        ours = next((r for r in recs if r.bench == "e2e/decode-b1"), None)
+        if ours is not None:
+            recs.append(Record("e2e/decode-b1", f"128 prompt + {n_new} new, vs llama.cpp", ours.llmkern_s,
+                               "llama.cpp", t, "tok/s", ours.llmkern_value, extra={"note": note}))
+    return recs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--num-requests", type=int, default=None)
+    ap.add_argument("--no-peers", action="store_true")
+    a = ap.parse_args(argv)
+    recs = run(a.quick, a.device, a.num_requests, not a.no_peers)
+    print_records(recs)
+    for r in recs:
+        for k, v in r.extra.items():
+            if v is not None:
+                print(f"  {r.bench} [{r.case}] {k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
