@@ -13,6 +13,14 @@ import time
 from typing import List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def package_root() -> str:
+    """The folder holding the llmkern package these tests imported (the source tree's python/ in a
+    development build, site-packages when the wheel is installed): server processes import the same one."""
+    import llmkern
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(llmkern.__file__)))
 # 256 single-character tokens (every token decodes to exactly one character), then <s> and </s>.
 CHARS = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0x3b1, 0x3b1 + 161)]
 BOS, EOS = 256, 257
@@ -58,7 +66,7 @@ class ServerProcess:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        e = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        e = dict(os.environ, PYTHONPATH=package_root() + os.pathsep + os.environ.get("PYTHONPATH", ""))
         e.update(env or {})
         self.proc = subprocess.Popen([sys.executable, "-m", "llmkern.cli", command, "--port", str(self.port), *args],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=e)

@@ -32,7 +32,10 @@ KERNEL_MODULES = ("test_attention.py", "test_attention_cuda.py", "test_kvcache.p
 
 def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "sitecustomize.py").write_text(BLOCKER)
-    path = os.pathsep.join([str(tmp_path), os.path.join(ROOT, "python"), os.path.join(ROOT, "tests")])
+    import llmkern  # the package these tests run against (source tree or installed wheel)
+
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(llmkern.__file__)))
+    path = os.pathsep.join([str(tmp_path), pkg_root, os.path.join(ROOT, "tests")])
     env = dict(os.environ, PYTHONPATH=path)
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 

@@ -45,7 +45,10 @@ def test_readme_names_the_commands():
 def test_readme_python_example_prints_text():
     from llmkern.engine.outputs import RequestOutput
 
-    for code in readme_blocks("python"):
+    # The runnable examples (the Runtime section's); the others need a server, a cluster or files.
+    examples = [b for b in readme_blocks("python") if b.startswith("from llmkern import LLM")]
+    assert examples, "the README lost its Runtime example"
+    for code in examples:
         ns: dict = {}
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
