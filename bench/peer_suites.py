@@ -31,6 +31,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 HERE = Path(__file__).resolve().parent
 REPO_PY = HERE.parent / "python"
 
+
+def _package_root() -> str:
+    """Where the llmkern that this interpreter imports lives (site-packages for an installed wheel,
+    the source tree's python/ for a development build), so the peer's tests run against it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llmkern")
+    return str(Path(spec.origin).parent.parent) if spec and spec.origin else str(REPO_PY)
+
 # Device: every "cuda" / "cuda:N" literal names the CPU (the simt backend also runs on CPU
 # tensors; the conftest routes the kernels).
 DEVICE_SUBS: List[Tuple[str, str]] = [
@@ -134,7 +143,7 @@ def run(suite_name: str, checkout: Path, backend: str, sample: int, seed: int, k
                    PEER_SUITE_SAMPLE=str(sample), PEER_SUITE_SEED=str(seed),
                    PEER_SUITE_SIDECAR=str(sidecar), PEER_SUITE_SHIMS=str(HERE / "peer_shims"),
                    PEER_SUITE_CHECKOUT=str(checkout))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_PY), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(work),
                "-o", "addopts=", "-W", "ignore", *tests, *extra]
         if keyword:

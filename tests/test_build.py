@@ -31,7 +31,13 @@ def test_cuda_compiled_when_nvcc_present():
 
 
 def test_every_op_is_registered_with_torch_library():
+    # flash-attn's dense and packed variants are views of their arguments passed to the registered
+    # varlen op, so torch.compile and opcheck meet that op; every other op is registered itself.
+    from llmkern.ops import flash_attn_variants
+
     for name in llmkern.ops.__all__:
+        if name in flash_attn_variants.__all__:
+            continue
         assert hasattr(getattr(llmkern.ops, name), "op"), name
         assert hasattr(torch.ops.llmkern, name), name
 

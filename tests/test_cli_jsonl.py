@@ -8,6 +8,9 @@ import json
 
 import pytest
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+
 from llmkern import LLM, SamplingParams, cli
 
 TINY = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

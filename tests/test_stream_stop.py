@@ -7,6 +7,9 @@ import json
 
 import pytest
 
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+
 from llmkern import LLM, SamplingParams
 from llmkern.engine.detokenizer import stop_holdback
 from llmkern.engine.metrics import format_summary, inter_token_latencies
