@@ -15,6 +15,8 @@ Prints llmkern next to the peer, the ratio (> 1: llmkern faster) and the fractio
 matmul roofline (2 x params FLOPs per token)."""
 from __future__ import annotations
 
+SUITE = "standalone"  # several processes / long workloads: run by its own command only
+
 import argparse
 import gc
 import os

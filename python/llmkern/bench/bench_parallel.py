@@ -18,6 +18,8 @@ Run as a script, this sets OMP_WAIT_POLICY=PASSIVE (unless set) before torch loa
 bench_spec.py: spinning OpenMP threads on a shared CPU measure the machine's load)."""
 from __future__ import annotations
 
+SUITE = "standalone"  # several processes / long workloads: run by its own command only
+
 import argparse
 import os
 import sys

@@ -4,6 +4,8 @@ prefix-cache hit rate, TTFT p50/p99, throughput and balance, with `prefix_only` 
 The same as `llmkern bench router`; see llmkern/bench/routing.py for the options."""
 import sys
 
+SUITE = "standalone"  # several processes / long workloads: run by its own command only
+
 
 def main(argv=None) -> int:
     from llmkern.bench.routing import main as router_main

@@ -33,7 +33,8 @@ REGISTRY = {
 }
 SUITES = ("kernels", "e2e", "all")
 # Unlisted modules go to e2e when their name says so (bench_spec*.py: speculative decoding in the
-# runtime), else to kernels; a `SUITE = "..."` line in the module overrides the guess.
+# runtime), else to kernels; a `SUITE = "..."` line in the module overrides the guess
+# ("standalone": run only by its own command, e.g. `llmkern bench router`).
 _E2E_WORDS = ("e2e", "spec", "ngram", "draft", "throughput", "runtime", "engine", "serve", "generate")
 
 
@@ -41,7 +42,7 @@ def _declared_suite(path: str) -> Optional[str]:
     """A module may say which suite it belongs to with a top-level `SUITE = "e2e"` line."""
     try:
         with open(path, encoding="utf-8") as f:
-            m = re.search(r'^SUITE\s*=\s*["\'](kernels|e2e)["\']', f.read(), re.M)
+            m = re.search(r'^SUITE\s*=\s*["\'](kernels|e2e|standalone)["\']', f.read(), re.M)
     except OSError:
         return None
     return m.group(1) if m else None
@@ -56,6 +57,8 @@ def discover(bench_dir: str = HERE) -> dict:
         if not (fn.startswith("bench_") and fn.endswith(".py")) or name in known:
             continue
         group = _declared_suite(os.path.join(bench_dir, fn))
+        if group == "standalone":  # several processes or long runs: its own command, not the suite
+            continue
         if group is None:
             group = "e2e" if any(w in name for w in _E2E_WORDS) else "kernels"
         suites[group].append(name)
