@@ -128,3 +128,85 @@ def test_packed_weight_rows_is_an_embedding_lookup(n, k):
     assert torch.equal(llmkern.packed_weight_rows(p, n, ids.int()[:3]), w[ids[:3]])
     assert llmkern.packed_weight_rows(p, n, ids[:0]).shape == (0, k)
     torch.library.opcheck(llmkern.packed_weight_rows.op, (p, n, ids))
+
+
+# (rows, in_features, inter): decode and prefill row counts on both sides of the 4-row tile switch,
+# SmolLM2's MLP (576 -> 1536), K beyond one 2048 chunk, inter not a multiple of 16.
+GATED_CASES = [(1, 576, 1536), (3, 64, 48), (4, 100, 32), (5, 576, 64), (13, 96, 160), (37, 200, 96),
+               (2, 4100, 32), (9, 4100, 16), (6, 64, 40), (1, 8, 7)]
+
+
+def _gated_ref(x, gate, up):
+    x = x.double()
+    return F.silu(F.linear(x, gate.double())) * F.linear(x, up.double())
+
+
+@pytest.mark.parametrize("rows,k,inter", GATED_CASES)
+def test_packed_silu_mul_matches_torch_and_the_unfused_path(rows, k, inter):
+    x = torch.randn(rows, k)
+    gate, up = torch.randn(inter, k) / k**0.5, torch.randn(inter, k) / k**0.5
+    pairs = llmkern.pack_gate_up_weight(gate, up)
+    assert pairs.shape == (2 * ((inter + 15) // 16), k, 16)
+    out = llmkern.linear_packed_silu_mul(x, pairs, inter)
+    assert out.dtype == torch.float32 and out.shape == (rows, inter)
+    ref = _gated_ref(x, gate, up)
+    err = (out.double() - ref).abs().max().item()
+    same = (F.silu(F.linear(x, gate)) * F.linear(x, up)).double().sub(ref).abs().max().item()  # torch fp32
+    assert err <= 2 * same + 1e-6 * k**0.5
+    # The unfused path: the concatenated weight's GEMM, then silu_and_mul.
+    gu = llmkern.linear_packed(x, llmkern.pack_linear_weight(torch.cat([gate, up])), 2 * inter)
+    unfused = torch.empty(rows, inter)
+    llmkern.silu_and_mul(unfused, gu)
+    if inter % 16 == 0:
+        assert torch.equal(out, unfused)
+    else:  # the unfused panels straddle gate and up: last-bit differences only
+        torch.testing.assert_close(out, unfused, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_silu_mul_layer_errors_and_compile():
+    from llmkern.layers import GateUpLinear, Linear
+    from llmkern.layers.activation import silu_and_mul
+
+    x, gate, up = torch.randn(6, 64), torch.randn(48, 64), torch.randn(48, 64)
+    fused = GateUpLinear(gate, up)
+    assert fused.fused and torch.equal(fused(x), silu_and_mul(Linear(torch.cat([gate, up]))(x)))
+    # bf16 (and any bias) take Linear + silu_and_mul
+    plain = GateUpLinear(gate.bfloat16(), up.bfloat16())
+    assert not plain.fused
+    assert torch.equal(plain(x.bfloat16()), silu_and_mul(Linear(torch.cat([gate, up]).bfloat16())(x.bfloat16())))
+    pairs = llmkern.pack_gate_up_weight(gate, up)
+    assert llmkern.linear_packed_silu_mul(torch.zeros(0, 64), pairs, 48).shape == (0, 48)
+    assert not llmkern.linear_packed_silu_mul(torch.zeros(2, 0), llmkern.pack_gate_up_weight(
+        torch.zeros(48, 0), torch.zeros(48, 0)), 48).any()
+    with pytest.raises(ValueError, match="out_features"):
+        llmkern.linear_packed_silu_mul(x, pairs, 49)
+    with pytest.raises(ValueError, match="weight_pairs"):
+        llmkern.linear_packed_silu_mul(x, llmkern.pack_linear_weight(gate), 48)
+    with pytest.raises(ValueError, match="in_features"):
+        llmkern.linear_packed_silu_mul(torch.randn(2, 63), pairs, 48)
+    with pytest.raises(ValueError, match="up"):
+        llmkern.pack_gate_up_weight(gate, up[:40])
+    torch.library.opcheck(llmkern.linear_packed_silu_mul.op, (x, pairs, 48))
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(x):
+        return llmkern.linear_packed_silu_mul(x * 2, pairs, 48)
+
+    torch.testing.assert_close(f(x), F.silu(F.linear(x * 2, gate)) * F.linear(x * 2, up), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_packed_silu_mul_other_simd_levels(isa):
+    from runtime_helpers import run_python
+
+    code = (
+        "import torch, llmkern\n"
+        "torch.manual_seed(0)\n"
+        f"for rows, k, inter in {GATED_CASES!r}:\n"
+        "    x = torch.randn(rows, k); g = torch.randn(inter, k) / k ** 0.5; u = torch.randn(inter, k) / k ** 0.5\n"
+        "    out = llmkern.linear_packed_silu_mul(x, llmkern.pack_gate_up_weight(g, u), inter)\n"
+        "    gu = llmkern.linear_packed(x, llmkern.pack_linear_weight(torch.cat([g, u])), 2 * inter)\n"
+        "    ref = torch.empty(rows, inter); llmkern.silu_and_mul(ref, gu)\n"
+        "    assert (torch.equal(out, ref) if inter % 16 == 0 else torch.allclose(out, ref, rtol=1e-5, atol=1e-6)), (rows, k, inter)\n"
+    )
+    run_python(code, LLMKERN_CPU_ISA=isa)

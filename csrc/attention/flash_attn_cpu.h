@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "attention/attention_math.h"
+#include "attention/attn_vec_cpu.h"
 
 LLMK_NS_BEGIN
 namespace attn {
@@ -53,6 +54,53 @@ constexpr int kSmallRows = 16;
 
 void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc);
 void attend_small(const AttnParams& p, const Task& t, Scratch& sc);
+// The bf16 decode kernel of AVX-512 builds on AVX512_BF16 CPUs (flash_decode_cpu.cpp), head_dim
+// 32, 64 or 128; returns false, doing nothing, for anything else.
+bool attend_decode(const AttnParams& p, const Task& t, Scratch& sc);
+
+// AVX512_BF16 dot products (vdpbf16ps) for bf16 inputs: the CPU has them and
+// LLMKERN_ATTN_BF16_DOT=0 does not turn them off. Always false outside the AVX-512 build.
+bool cpu_bf16_dot();
+
+#if defined(__AVX512F__)
+// Restores the feature order of rows of a p.v computed on interleaved bf16 V pairs (each 32-wide
+// block is left as {0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31}).
+void unpermute_pv_bf16(float* O, int rows, int dp, int D);
+#endif
+
+// Per-row mask / bias data of a task. Rows r = g * nq + qi: query i = i0 + qi, head kvh*G + g.
+struct Rows {
+  float* lo;     // first visible key
+  float* hi;     // one past the last visible key
+  float* pos;    // i + sk - sq (ALiBi)
+  float* slope;  // ALiBi slope of the row's head (0 without ALiBi)
+  int klo, khi;            // union of the rows' key ranges within the task's split
+  int full_lo, full_hi;    // keys in [full_lo, full_hi) are visible to every row
+};
+
+Rows make_rows(const AttnParams& p, const Task& t, int G, int Mp, float* aux);
+
+template <DType T>
+using E = typename Elem<T>::type;
+
+template <DType T>
+LLMK_ALWAYS_INLINE const E<T>* q_row(const AttnParams& p, int b, int i, int h) {
+  return static_cast<const E<T>*>(p.q) + int64_t(attn_q_start(p, b) + i) * p.q_row_stride +
+         int64_t(h) * p.q_head_stride;
+}
+
+template <DType T>
+LLMK_ALWAYS_INLINE const E<T>* kv_row(const AttnParams& p, bool is_v, int b, int j, int h) {
+  return static_cast<const E<T>*>(is_v ? p.v : p.k) + attn_kv_offset(p, is_v, b, j, h);
+}
+
+// dst[0..dp) = src[0..d) * scale, zero padded (dp = d rounded up to VL).
+template <DType T>
+LLMK_ALWAYS_INLINE void row_to_f32(const E<T>* src, int d, float scale, float* dst) {
+  int c = 0;
+  for (; c + VL <= d; c += VL) storeu(dst + c, load<T>(src + c) * scale);
+  if (c < d) storeu(dst + c, load_tail<T>(src + c, d - c) * scale);
+}
 
 }  // namespace attn
 LLMK_NS_END

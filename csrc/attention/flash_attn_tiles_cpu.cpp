@@ -37,78 +37,14 @@ constexpr int kNR = 2;   // 6 x 2 of 16 registers
 
 LLMK_ALWAYS_INLINE int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-template <DType T>
-using E = typename Elem<T>::type;
-
-template <DType T>
-LLMK_ALWAYS_INLINE const E<T>* q_row(const AttnParams& p, int b, int i, int h) {
-  return static_cast<const E<T>*>(p.q) + int64_t(attn_q_start(p, b) + i) * p.q_row_stride +
-         int64_t(h) * p.q_head_stride;
-}
-
-template <DType T>
-LLMK_ALWAYS_INLINE const E<T>* kv_row(const AttnParams& p, bool is_v, int b, int j, int h) {
-  return static_cast<const E<T>*>(is_v ? p.v : p.k) + attn_kv_offset(p, is_v, b, j, h);
-}
-
-// dst[0..dp) = src[0..d) * scale, zero padded (dp = d rounded up to VL).
-template <DType T>
-LLMK_ALWAYS_INLINE void row_to_f32(const E<T>* src, int d, float scale, float* dst) {
-  int c = 0;
-  for (; c + VL <= d; c += VL) storeu(dst + c, load<T>(src + c) * scale);
-  if (c < d) storeu(dst + c, load_tail<T>(src + c, d - c) * scale);
-}
-
 #if defined(__AVX512F__)
 // AVX512_BF16 (Zen 4, Sapphire Rapids, ...): vdpbf16ps multiplies pairs of bf16 values exactly
 // and accumulates them in fp32, twice the work of an fp32 FMA per instruction and no widening.
 // The build's AVX-512 flags do not include the extension, so only the functions that use it are
 // compiled for it (target attribute) and they run when the CPU reports it.
 // LLMKERN_ATTN_BF16_DOT=0 turns it off (to test the widening path on such CPUs).
-bool has_avx512bf16() {
-  static const bool v = [] {
-    const char* env = getenv("LLMKERN_ATTN_BF16_DOT");
-    return __builtin_cpu_supports("avx512bf16") && !(env && env[0] == '0');
-  }();
-  return v;
-}
 #define LLMK_BF16_TARGET __attribute__((target("avx512bf16")))
 #endif
-
-// Per-row mask / bias data of a task. Rows r = g * nq + qi: query i = i0 + qi, head kvh*G + g.
-struct Rows {
-  float* lo;     // first visible key
-  float* hi;     // one past the last visible key
-  float* pos;    // i + sk - sq (ALiBi)
-  float* slope;  // ALiBi slope of the row's head (0 without ALiBi)
-  int klo, khi;            // union of the rows' key ranges within the task's split
-  int full_lo, full_hi;    // keys in [full_lo, full_hi) are visible to every row
-};
-
-Rows make_rows(const AttnParams& p, const Task& t, int G, int Mp, float* aux) {
-  Rows R{aux, aux + Mp, aux + 2 * Mp, aux + 3 * Mp, 0, 0, 0, 0};
-  const int M = t.nh * G * t.nq;
-  for (int r = 0; r < Mp; ++r) {
-    if (r >= M) {  // vector padding: never visible
-      R.lo[r] = 1e30f, R.hi[r] = -1e30f, R.pos[r] = 0.f, R.slope[r] = 0.f;
-      continue;
-    }
-    const int g = r / t.nq, i = t.i0 + r % t.nq;
-    const KeyRange kr = attn_key_range(i, t.sq, t.sk, p.window_left, p.window_right);
-    R.lo[r] = float(std::max(kr.lo, t.k0));
-    R.hi[r] = float(std::min(kr.hi, t.k1));
-    R.pos[r] = float(i + t.sk - t.sq);
-    R.slope[r] = p.alibi_slopes ? p.alibi_slopes[t.b * p.alibi_batch_stride + t.kvh * G + g] : 0.f;
-  }
-  // Key ranges move monotonically with i: the first and last query bound the union.
-  const KeyRange first = attn_key_range(t.i0, t.sq, t.sk, p.window_left, p.window_right);
-  const KeyRange last = attn_key_range(t.i0 + t.nq - 1, t.sq, t.sk, p.window_left, p.window_right);
-  R.klo = std::max(first.lo, t.k0);
-  R.khi = std::min(last.hi, t.k1);
-  R.full_lo = last.lo;
-  R.full_hi = first.hi;
-  return R;
-}
 
 // ---- GEMM micro-kernels -----------------------------------------------------------------------
 
@@ -511,21 +447,9 @@ LLMK_BF16_TARGET void pv_dot_bf16(const float* S, const uint16_t* const* vr, int
   }
 }
 
-void unpermute_pv_bf16(float* O, int rows, int dp, int D) {
-  const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < D; c += 32) {
-      float* o = O + int64_t(r) * dp + c;
-      const __m512 lo = _mm512_loadu_ps(o), hi = _mm512_loadu_ps(o + 16);
-      _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, i0, hi));
-      _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, i1, hi));
-    }
-}
-
 // The decode kernel takes this path for bf16 inputs on AVX512_BF16 CPUs.
 LLMK_ALWAYS_INLINE bool pv_dot_ok(DType t, int D) {
-  return t == DType::BF16 && D % 32 == 0 && has_avx512bf16();
+  return t == DType::BF16 && D % 32 == 0 && cpu_bf16_dot();
 }
 #endif
 
@@ -540,7 +464,7 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
   bool done = false;
 #if defined(__AVX512F__)
   if constexpr (T == DType::BF16) {
-    if (has_avx512bf16()) {
+    if (cpu_bf16_dot()) {
       qk_dot_bf16<RR>(qsrc, kr, nk, D, scale, S, kn, nn);
       done = true;
     }
@@ -585,39 +509,11 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
     for (int r = 0; r < RR; ++r) storeu(S + r * kBK + jb, hsum_many(tt[r]));
   }
   // Transforms, mask and online softmax, vectorised over keys.
-  vf iota;
-  for (int i = 0; i < VL; ++i) iota[i] = float(i);
   float alpha[RR];
-  const int nkp = round_up(nk, VL);
   for (int r = 0; r < RR; ++r) {
     const int row = r0 + r;
-    const float lo = std::max(R.lo[row], float(j0)), hi = std::min(R.hi[row], float(j0 + nk));
-    const vf pos = splat(R.pos[row]), slope = splat(R.slope[row]);
-    float* srow = S + r * kBK;
-    vf mt = splat(-INFINITY);
-    for (int jb = 0; jb < nkp; jb += VL) {
-      vf s = loadu(srow + jb);
-      if (cap > 0.f) s = cap * vtanh(s * (1.f / cap));
-      const vf jf = iota + float(j0 + jb);
-      if (alibi) {
-        const vf dist = pos - jf;
-        s -= slope * (dist < 0.f ? -dist : dist);
-      }
-      s = ((jf >= lo) & (jf < hi)) ? s : splat(-INFINITY);
-      storeu(srow + jb, s);
-      mt = vmax(mt, s);
-    }
-    SoftmaxState st{m[row], l[row]};
-    alpha[r] = attn_softmax_rescale(st, hmax(mt));
-    const float base = attn_exp_base(st.m);
-    vf sum = splat(0.f);
-    for (int jb = 0; jb < nkp; jb += VL) {
-      const vf e = vexp(loadu(srow + jb) - base);
-      storeu(srow + jb, e);
-      sum += e;
-    }
-    m[row] = st.m;
-    l[row] = st.l + hsum(sum);
+    alpha[r] = softmax_row_tile(S + r * kBK, nk, j0, R.lo[row], R.hi[row], R.pos[row], R.slope[row],
+                                cap, alibi, false, m[row], l[row]);
   }
   // O = alpha * O + P.V, V converted in registers, each load shared by the RR rows.
 #if defined(__AVX512F__)
@@ -731,9 +627,46 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
 
 }  // namespace
 
+bool cpu_bf16_dot() {
+#if defined(__AVX512F__)
+  static const bool v = [] {
+    const char* env = getenv("LLMKERN_ATTN_BF16_DOT");
+    return __builtin_cpu_supports("avx512bf16") && !(env && env[0] == '0');
+  }();
+  return v;
+#else
+  return false;
+#endif
+}
+
+Rows make_rows(const AttnParams& p, const Task& t, int G, int Mp, float* aux) {
+  Rows R{aux, aux + Mp, aux + 2 * Mp, aux + 3 * Mp, 0, 0, 0, 0};
+  const int M = t.nh * G * t.nq;
+  for (int r = 0; r < Mp; ++r) {
+    if (r >= M) {  // vector padding: never visible
+      R.lo[r] = 1e30f, R.hi[r] = -1e30f, R.pos[r] = 0.f, R.slope[r] = 0.f;
+      continue;
+    }
+    const int g = r / t.nq, i = t.i0 + r % t.nq;
+    const KeyRange kr = attn_key_range(i, t.sq, t.sk, p.window_left, p.window_right);
+    R.lo[r] = float(std::max(kr.lo, t.k0));
+    R.hi[r] = float(std::min(kr.hi, t.k1));
+    R.pos[r] = float(i + t.sk - t.sq);
+    R.slope[r] = p.alibi_slopes ? p.alibi_slopes[t.b * p.alibi_batch_stride + t.kvh * G + g] : 0.f;
+  }
+  // Key ranges move monotonically with i: the first and last query bound the union.
+  const KeyRange first = attn_key_range(t.i0, t.sq, t.sk, p.window_left, p.window_right);
+  const KeyRange last = attn_key_range(t.i0 + t.nq - 1, t.sq, t.sk, p.window_left, p.window_right);
+  R.klo = std::max(first.lo, t.k0);
+  R.khi = std::min(last.hi, t.k1);
+  R.full_lo = last.lo;
+  R.full_hi = first.hi;
+  return R;
+}
+
 void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc) {
 #if defined(__AVX512F__)
-  if (p.dtype == DType::BF16 && has_avx512bf16()) return gemm_bf16(p, t, sc);
+  if (p.dtype == DType::BF16 && cpu_bf16_dot()) return gemm_bf16(p, t, sc);
 #endif
   switch (p.dtype) {
     case DType::F16: gemm_impl<DType::F16>(p, t, sc); break;
@@ -743,6 +676,7 @@ void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc) {
 }
 
 void attend_small(const AttnParams& p, const Task& t, Scratch& sc) {
+  if (attend_decode(p, t, sc)) return;
   switch (p.dtype) {
     case DType::F16: small_impl<DType::F16>(p, t, sc); break;
     case DType::BF16: small_impl<DType::BF16>(p, t, sc); break;

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/exp_cpu.h"
 #include "common/vec_cpu.h"
 #include "common/parallel.h"
 
@@ -133,6 +134,19 @@ struct RowBlocks {
   int rows(int64_t b) const { return int(base + (b < extra)); }
 };
 
+LLMK_ALWAYS_INLINE void pack_x(const float* x, int64_t ldx, int64_t M, int64_t K, const RowBlocks& blk, int xs,
+                               float* xpack) {
+  // Packing x is O(M K) against the GEMM's O(M N K); worth threads only for prefill-sized x.
+  parallel_for(blk.n, M * K >= (1 << 18) ? 1 : blk.n, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) pack_x_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K);
+  });
+}
+
+// Pool tasks of >= ~5 us (>= 100 KB of W to read or >= 0.5 MFLOP) hide its wake-up cost.
+LLMK_ALWAYS_INLINE int64_t task_grain(int64_t unit_bytes, int64_t unit_flops) {
+  return std::max<int64_t>(1, std::min((100000 + unit_bytes - 1) / unit_bytes, (500000 + unit_flops - 1) / unit_flops));
+}
+
 // out [M, N] (row stride ldo) = x [M, K] (row stride ldx) W^T + bias, W as packed panels
 // [num_panels(N)][K][16]. xpack: scratch of >= ceil(M / MR) * MR * K floats.
 // x blocks are packed with stride MR, or M when one block holds every row: a decode step's one
@@ -141,20 +155,14 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
                         const float* bias, float* out, int64_t ldo, float* xpack) {
   const RowBlocks blk(M);
   const int xs = blk.n == 1 ? int(M) : MR;
-  // Packing x is O(M K) against the GEMM's O(M N K); worth threads only for prefill-sized x.
-  parallel_for(blk.n, M * K >= (1 << 18) ? 1 : blk.n, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) pack_x_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K);
-  });
+  pack_x(x, ldx, M, K, blk, xs, xpack);
   // A group is the NP panels one tile spans. Up to 4 rows the GEMM is bound by reading W: one
   // panel at a time keeps each thread's reads a single sequential stream (the GEMV measured
   // interleaved weight-row streams ~30% below the read bandwidth).
   const int gw = M <= 4 ? 1 : NP;
   const int64_t npanels = num_panels(N), ngroups = (npanels + gw - 1) / gw;
   const int64_t pstride = K * PW;
-  // A task of >= ~5 us (>= 100 KB of W to read or >= 0.5 MFLOP) hides the pool's wake-up cost.
-  const int64_t group_bytes = K * PW * gw * 4, group_flops = 2 * M * K * PW * gw;
-  const int64_t grain = std::max<int64_t>(1, std::min((100000 + group_bytes - 1) / group_bytes,
-                                                      (500000 + group_flops - 1) / group_flops));
+  const int64_t grain = task_grain(K * PW * gw * 4, 2 * M * K * PW * gw);
   parallel_for(ngroups, grain, [&](int64_t g0, int64_t g1) {
     float cbuf[MR * NP * PW], bbuf[NP * PW];
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -193,6 +201,54 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
           else tile_rows<1>(r, xb, xs, wg, pstride, kc, c, ldc, bp, init, pf);
           if (edge)
             for (int i = 0; i < r; ++i) std::copy_n(cbuf + i * ldc, ncols, out + (m0 + i) * ldo + n0);
+        }
+      }
+    }
+  });
+}
+
+// out [M, N] (row stride ldo) = silu(x Wg^T) * (x Wu^T): the MLP's gate/up projection with the gated
+// SiLU as the epilogue, so the [M, 2N] intermediate is never written. `pairs` holds the packed gate
+// and up panels interleaved ([2 * num_panels(N)][K][16], gate panel i at 2i, up panel i at 2i + 1).
+// Every column is computed by the tile shape gemm_packed gives the concatenated [Wg; Wu] at this M
+// (gw panels per tile, the same row blocks and k chunks), and the epilogue is silu_and_mul's
+// arithmetic, so the result is bit-identical to gemm_packed followed by silu_and_mul whenever N is
+// a multiple of 16 (otherwise the unfused path's panels straddle gate and up: last-bit
+// differences).
+inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t K, const float* pairs, int64_t N,
+                                 float* out, int64_t ldo, float* xpack) {
+  const RowBlocks blk(M);
+  const int xs = blk.n == 1 ? int(M) : MR;
+  pack_x(x, ldx, M, K, blk, xs, xpack);
+  const int gw = M <= 4 ? 1 : NP;
+  const int64_t npairs = num_panels(N), pstride = K * PW;
+  const int64_t grain = task_grain(2 * K * PW * 4, 4 * M * K * PW);
+  parallel_for(npairs, grain, [&](int64_t i0, int64_t i1) {
+    alignas(64) float c[MR * 2 * PW];  // a row block's gate (columns 0..15) and up (16..31) tiles
+    constexpr int ldc = 2 * PW;
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* wp = pairs + 2 * i * pstride;
+      const int ncols = int(std::min<int64_t>(PW, N - i * PW));
+      for (int64_t b = 0; b < blk.n; ++b) {
+        const int r = blk.rows(b);
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+          const int64_t kc = std::min(KC, K - k0);
+          const float* xb = xpack + b * MR * K + k0 * xs;
+          const float* w = wp + k0 * PW;
+          if constexpr (NP == 2) {
+            if (gw == 2) {
+              tile_rows<2>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, k0 == 0, nullptr);
+              continue;
+            }
+          }
+          tile_rows<1>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, k0 == 0, nullptr);
+          tile_rows<1>(r, xb, xs, w + pstride, pstride, kc, c + PW, ldc, nullptr, k0 == 0, nullptr);
+        }
+        float* o = out + blk.start(b) * ldo + i * PW;
+        for (int row = 0; row < r; ++row) {
+          const float* g = c + row * ldc;
+#pragma omp simd
+          for (int j = 0; j < ncols; ++j) o[row * ldo + j] = silu_fast(g[j]) * g[PW + j];
         }
       }
     }

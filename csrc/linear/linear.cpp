@@ -70,6 +70,28 @@ void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features,
   LLMK_RUN_CPU(x, linear_packed, x, weight_packed, out_features, bias ? &*bias : nullptr, out, stream);
 }
 
+void linear_packed_silu_mul(TensorView x, TensorView weight_pairs, int64_t out_features, TensorView out,
+                            int64_t stream) {
+  check_ndim(x, "x", 2, "[rows, in_features]");
+  check_ndim(out, "out", 2, "[rows, out_features]");
+  check_dtype(x, "x", DType::F32);
+  check_dtype(out, "out", DType::F32);
+  check_on_cpu(x, "x");
+  check_on_cpu(out, "out");
+  check_ndim(weight_pairs, "weight_pairs", 3, "[2 * ceil(out_features / 16), in_features, 16]");
+  check_dtype(weight_pairs, "weight_pairs", DType::F32);
+  check_on_cpu(weight_pairs, "weight_pairs");
+  LLMK_CHECK(out_features > 0, ValueError, "out_features: must be positive, got ", out_features);
+  check_shape(weight_pairs, "weight_pairs", {2 * ((out_features + 15) / 16), x.size(1), 16},
+              "[2 * ceil(out_features / 16), in_features, 16]");
+  check_contiguous(weight_pairs, "weight_pairs");
+  check_shape(out, "out", {x.size(0), out_features}, "[rows, out_features]");
+  check_last_dim_contiguous(x, "x");
+  check_last_dim_contiguous(out, "out");
+  if (out.numel() == 0) return;
+  LLMK_RUN_CPU(x, linear_packed_silu_mul, x, weight_pairs, out_features, out, stream);
+}
+
 void packed_weight_rows(TensorView weight_packed, int64_t out_features, TensorView indices, TensorView out,
                         int64_t stream) {
   check_ndim(weight_packed, "weight_packed", 3, "[ceil(out_features / 16), in_features, 16]");

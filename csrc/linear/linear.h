@@ -16,6 +16,12 @@ LLMK_DECLARE_KERNEL(linear_small_m, (const TensorView& x, const TensorView& weig
 LLMK_DECLARE_KERNEL(linear_packed, (const TensorView& x, const TensorView& weight_packed, int64_t out_features,
                                     const TensorView* bias, const TensorView& out, int64_t stream))
 
+// out [M, N] = silu(x Wg^T) * (x Wu^T), fp32: the MLP's gate/up GEMM with the gated SiLU as its
+// epilogue. weight_pairs [2 * ceil(N/16), K, 16]: the packed gate and up panels interleaved (gate
+// panel i at 2i, up panel i at 2i + 1).
+LLMK_DECLARE_KERNEL(linear_packed_silu_mul, (const TensorView& x, const TensorView& weight_pairs,
+                                             int64_t out_features, const TensorView& out, int64_t stream))
+
 // out [T, K] = the rows `indices` [T] of the weight packed in weight_packed (an embedding lookup of
 // a tied LM head).
 LLMK_DECLARE_KERNEL(packed_weight_rows, (const TensorView& weight_packed, const TensorView& indices,
@@ -26,6 +32,8 @@ void packed_weight_rows(TensorView weight_packed, int64_t out_features, TensorVi
                         int64_t stream);
 void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features, std::optional<TensorView> bias,
                    TensorView out, int64_t stream);
+void linear_packed_silu_mul(TensorView x, TensorView weight_pairs, int64_t out_features, TensorView out,
+                            int64_t stream);
 void linear_small_m(TensorView x, TensorView weight, std::optional<TensorView> bias, TensorView out,
                     int64_t stream);
 }  // namespace llmk

@@ -1,6 +1,7 @@
 // CPU projections. linear_small_m: a GEMV for decode, each weight row streamed from memory once and
 // dotted with every row of x while it is in L1; threads split the output features.
-// linear_packed: the register-tiled GEMM of gemm_cpu.h on weights packed at load time.
+// linear_packed: the register-tiled GEMM of gemm_cpu.h on weights packed at load time;
+// linear_packed_silu_mul: the same with the MLP's gated SiLU as the epilogue.
 #include <vector>
 
 #include "common/checks.h"
@@ -110,6 +111,21 @@ void linear_packed(const TensorView& x, const TensorView& weight_packed, int64_t
   if (xpack.size() < need) xpack.resize(need);
   gemm::gemm_packed(x.ptr<const float>(), x.stride(0), M, K, weight_packed.ptr<const float>(), out_features,
                     bias ? bias->ptr<const float>() : nullptr, out.ptr<float>(), out.stride(0), xpack.data());
+}
+
+void linear_packed_silu_mul(const TensorView& x, const TensorView& weight_pairs, int64_t out_features,
+                            const TensorView& out, int64_t /*stream*/) {
+  const int64_t M = x.size(0), K = x.size(1);
+  if (K == 0) {  // gate = up = 0: silu(0) * 0
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < out_features; ++n) out.ptr<float>()[m * out.stride(0) + n] = 0.f;
+    return;
+  }
+  thread_local std::vector<float> xpack;
+  const size_t need = size_t((M + gemm::MR - 1) / gemm::MR) * gemm::MR * size_t(K);
+  if (xpack.size() < need) xpack.resize(need);
+  gemm::gemm_packed_silu_mul(x.ptr<const float>(), x.stride(0), M, K, weight_pairs.ptr<const float>(), out_features,
+                             out.ptr<float>(), out.stride(0), xpack.data());
 }
 
 void packed_weight_rows(const TensorView& weight_packed, const TensorView& indices, const TensorView& out,

@@ -5,8 +5,8 @@ from .activation import silu_and_mul
 from .attention import AttnMetadata, paged_attention
 from .embed_head import compute_logits, embed_tokens
 from .layernorm import RMSNorm
-from .linear import Linear
+from .linear import GateUpLinear, Linear
 from .rotary import RotaryEmbedding, cos_sin_cache
 
-__all__ = ["AttnMetadata", "paged_attention", "RMSNorm", "RotaryEmbedding", "cos_sin_cache", "Linear",
+__all__ = ["AttnMetadata", "paged_attention", "RMSNorm", "RotaryEmbedding", "cos_sin_cache", "GateUpLinear", "Linear",
            "silu_and_mul", "embed_tokens", "compute_logits"]

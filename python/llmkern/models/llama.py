@@ -13,11 +13,10 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from ..layers.activation import silu_and_mul
 from ..layers.attention import AttnMetadata, paged_attention
 from ..layers.embed_head import compute_logits, embed_tokens
 from ..layers.layernorm import RMSNorm
-from ..layers.linear import Linear
+from ..layers.linear import GateUpLinear, Linear
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
 from .hugepages import move_to_hugepages
@@ -29,7 +28,7 @@ class LayerWeights:
     qkv: Linear                     # [(H + 2 Hkv) * D, hidden], optional bias
     o: Linear                       # [hidden, H * D]
     post_norm: RMSNorm
-    gate_up: Linear                 # [2 * inter, hidden]
+    gate_up: GateUpLinear           # hidden -> silu(gate) * up [inter]
     down: Linear                    # [hidden, inter]
 
 
@@ -87,7 +86,7 @@ class LlamaForCausalLM:
                 input_norm=RMSNorm(take(p + "input_layernorm.weight"), eps), qkv=Linear(torch.cat([q, k, v]), bias),
                 o=Linear(take(p + "self_attn.o_proj.weight")),
                 post_norm=RMSNorm(take(p + "post_attention_layernorm.weight"), eps),
-                gate_up=Linear(torch.cat([gate, up])), down=Linear(take(p + "mlp.down_proj.weight"))))
+                gate_up=GateUpLinear(gate, up), down=Linear(take(p + "mlp.down_proj.weight"))))
             del q, k, v, gate, up
         embed = take("model.embed_tokens.weight")
         head = None if config.tie_word_embeddings else take("lm_head.weight", required=False)
@@ -162,7 +161,7 @@ class LlamaForCausalLM:
             if reduce is not None:  # row-parallel o_proj: partial sums over the head shards
                 reduce(hidden)
             L.post_norm.add_(hidden, residual)
-            hidden = L.down(silu_and_mul(L.gate_up(hidden)))
+            hidden = L.down(L.gate_up(hidden))
             if reduce is not None:  # row-parallel down_proj
                 reduce(hidden)
         if not self.is_last_stage:

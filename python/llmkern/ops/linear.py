@@ -7,6 +7,10 @@
   16-feature panels (csrc/linear/gemm_cpu.h), a register-tiled fp32 GEMM that reads W once per call.
   For the small row counts of batched decode (8-64) it runs ~2x torch's (MKL) sgemm.
   ``packed_weight_rows`` reads rows back out of a packed W (a tied embedding's lookup).
+- ``pack_gate_up_weight`` + ``linear_packed_silu_mul``: the MLP's gate/up projection with the gated
+  SiLU as the GEMM's epilogue, ``silu(x Wg^T) * (x Wu^T)`` in one call (the ``[rows, 2 * inter]``
+  intermediate is never written); bit-identical to ``linear_packed`` on ``[Wg; Wu]`` followed by
+  ``silu_and_mul`` when inter is a multiple of 16.
 
 CUDA tensors go to torch (cuBLAS) in linear_small_m; the packed layout is CPU-only."""
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch.nn.functional as F
 from .._args import int_arg, optional_tensor
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 
-__all__ = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows"]
+__all__ = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows", "pack_gate_up_weight",
+           "linear_packed_silu_mul"]
 
 MAX_ROWS = 16
 PANEL = 16  # output features per packed panel
@@ -100,6 +105,39 @@ def linear_packed(x: torch.Tensor, weight_packed: torch.Tensor, out_features: in
 
 @linear_packed.op.register_fake
 def _(x, weight_packed, out_features, bias=None):
+    return x.new_empty(x.shape[0], out_features)
+
+
+def pack_gate_up_weight(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gate``, ``up [inter, in_features]`` -> fp32 panel pairs ``[2 * ceil(inter / 16), in_features, 16]``
+    for ``linear_packed_silu_mul``: ``pack_linear_weight`` of each, gate panel i at 2i, up panel i at 2i + 1."""
+    require_tensor(gate, "gate")
+    require_tensor(up, "up")
+    if gate.dim() != 2 or up.shape != gate.shape:
+        raise ValueError(f"up: expected the shape of gate [inter, in_features] {tuple(gate.shape)}, got {tuple(up.shape)}")
+    g, u = pack_linear_weight(gate), pack_linear_weight(up)
+    return torch.stack([g, u], dim=1).reshape(2 * g.shape[0], g.shape[1], PANEL)
+
+
+@kernel_op("linear_packed_silu_mul")
+def linear_packed_silu_mul(x: torch.Tensor, weight_pairs: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``silu(x @ gate.T) * (x @ up.T)`` with ``weight_pairs = pack_gate_up_weight(gate, up)``, fp32 on
+    CPU, ``x [rows, in_features]`` -> ``[rows, out_features]`` (out_features = inter)."""
+    require_tensor(x, "x")
+    require_tensor(weight_pairs, "weight_pairs")
+    n = int_arg(out_features, "out_features")
+    if weight_pairs.dim() == 3 and n > weight_pairs.shape[0] // 2 * PANEL:
+        raise ValueError(f"weight_pairs: {weight_pairs.shape[0]} panels hold at most {weight_pairs.shape[0] // 2 * PANEL} "
+                         f"gate/up output features, got out_features={n}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor [rows, in_features], got shape {tuple(x.shape)}")
+    out = torch.empty(x.shape[0], max(n, 0), dtype=x.dtype, device=x.device)
+    lib_for(x).linear_packed_silu_mul(dl(x), dl(weight_pairs), n, dl(out), stream_of(x))
+    return out
+
+
+@linear_packed_silu_mul.op.register_fake
+def _(x, weight_pairs, out_features):
     return x.new_empty(x.shape[0], out_features)
 
 
