@@ -35,8 +35,9 @@ def build_connector(spec: dict) -> KVConnector:
     """A connector from a plain spec (what a CLI or server passes through EngineConfig):
     {"kind": "p2p" | "shm", "rank": R, "world_size": W, "master_addr": "127.0.0.1",
      "master_port": N, "group": "default", "timeout_s": 60, "backend": "gloo" | "nccl" (p2p),
-     "shm_dir": "/dev/shm" (shm)}. Rank 0 hosts the store (master_port 0: any free port, see
-    KVConnector.store_port); the others connect to it. master_addr / master_port default to the
+     "shm_dir": "/dev/shm" (shm)}. Rank 0 hosts the store unless "is_master" says otherwise
+    (master_port 0: any free port, see PullConnector.store_port); the others connect to it; or
+    "store": an existing torch.distributed Store object. master_addr / master_port default to the
     MASTER_ADDR / MASTER_PORT environment variables (env:// style)."""
     if not isinstance(spec, dict):
         raise ValueError(f"kv_connector: expected a dict spec, got {type(spec).__name__}")
@@ -44,7 +45,7 @@ def build_connector(spec: dict) -> KVConnector:
     if kind not in ("p2p", "shm"):
         raise ValueError(f"kv_connector: kind must be 'p2p' or 'shm', got {kind!r}")
     known = {"kind", "rank", "world_size", "master_addr", "master_port", "group", "timeout_s", "backend",
-             "shm_dir", "store"}
+             "shm_dir", "store", "is_master"}
     unknown = sorted(set(spec) - known)
     if unknown:
         raise ValueError(f"kv_connector: unknown key(s) {', '.join(unknown)}")
@@ -64,7 +65,7 @@ def build_connector(spec: dict) -> KVConnector:
             port = int(port)
         except (TypeError, ValueError):
             raise ValueError(f"kv_connector: master_port must be a port number, got {port!r}") from None
-        store = dist.TCPStore(addr, port, world, is_master=rank == 0, wait_for_workers=False,
+        store = dist.TCPStore(addr, port, world, is_master=bool(spec.get("is_master", rank == 0)), wait_for_workers=False,
                               timeout=timedelta(seconds=STORE_TIMEOUT_S))
     group = str(spec.get("group", "default"))
     if kind == "p2p":
@@ -108,6 +109,7 @@ class PullConnector(KVConnector):
         self.sends: Dict[str, SendRequest] = {}      # prefill: pinned, not pulled yet
         self.inflight: Dict[str, _Inflight] = {}     # prefill: pulled, bytes on their way
         self.loads: Dict[str, _Load] = {}            # decode: pulls posted, not complete
+        self.dropped: Dict[str, float] = {}          # prefill: aborted sends -> their deadline
         self._pull_in: Dict[int, int] = {}           # prefill: next pull number per decode peer
         self._pull_out: Dict[int, int] = {}          # decode: next pull number per prefill peer
         self.broken: Dict[int, str] = {}             # peers that failed: reason
@@ -229,21 +231,33 @@ class PullConnector(KVConnector):
             if self.role == "prefill":
                 self._serve_pulls()
             self._progress()
+            t = now()
+            for rid, ld in list(self.loads.items()):
+                if ld.aborted and t > ld.req.deadline:
+                    del self.loads[rid]
+            for rid, until in list(self.dropped.items()):
+                if t > until:
+                    del self.dropped[rid]
         except Exception as e:  # noqa: BLE001 - the control store's host died: nothing more can move
             self._fail_all(f"control store unreachable: {_short(e)}")
         ev, self._events = self._events, []
         return ev
 
     def abort(self, request_id: str) -> None:
-        self.sends.pop(request_id, None)
+        req = self.sends.pop(request_id, None)
+        if req is not None and self.role == "prefill":
+            # A decode engine may still pull it: keep polling until its deadline to refuse
+            # the pull at once (a pull left unanswered would hold up that peer's later ones).
+            self.dropped[request_id] = req.deadline
         if request_id in self.inflight:
             self.inflight[request_id].aborted = True  # bytes are a copy; the pull is still answered
         if request_id in self.loads:
             self.loads[request_id].aborted = True     # its payload is still drained, then dropped
 
     def has_pending(self) -> bool:
-        return bool(any(not f.aborted for f in self.inflight.values())
-                    or any(not ld.aborted for ld in self.loads.values()))
+        # An aborted load still has a payload to drain (and, for shared memory, a file to
+        # remove), until its deadline: past it, nothing more is expected from the peer.
+        return bool(any(not f.aborted for f in self.inflight.values()) or self.loads or self.dropped)
 
     def pulls_waiting(self) -> int:
         """Prefill side: pulls posted by peers and not served yet (for tests and diagnostics)."""
