@@ -252,6 +252,25 @@ def test_bad_kv_transfer_params_are_refused(shm_pair):
     assert_baseline(P, D)
 
 
+def test_connector_from_kind_and_options(tmp_path, reference):
+    """The form a command line passes: a kind and options with a HOST:PORT rendezvous."""
+    from distributed_helpers import free_port
+
+    opts = dict(rendezvous=f"127.0.0.1:{free_port()}", world_size=2, shm_dir=str(tmp_path))
+    P = Engine(MODEL, EngineConfig(kv_role="prefill", kv_connector="shm", kv_connector_options=dict(opts, rank=0),
+                                   **ENGINE), load_format="dummy")
+    D = Engine(MODEL, EngineConfig(kv_role="decode", kv_connector="shm", kv_connector_options=dict(opts, rank=1),
+                                   **ENGINE), load_format="dummy")
+    try:
+        (o,) = prefill(P, PROMPTS[1:2])
+        D.add_request(PROMPTS[1], GREEDY, request_id="s", kv_transfer_params=o.kv_transfer_params)
+        assert run_decode(P, D)["s"].outputs[0].token_ids == reference(PROMPTS[1])
+        assert_baseline(P, D)
+    finally:
+        D.shutdown()
+        P.shutdown()
+
+
 # -- torch.distributed point-to-point, two processes ---------------------------------------------
 class Peer:
     """An engine in a child process (tests/pd_peer.py), driven by JSON lines; always reaped."""
