@@ -275,10 +275,10 @@ def test_connector_from_kind_and_options(tmp_path, reference):
 class Peer:
     """An engine in a child process (tests/pd_peer.py), driven by JSON lines; always reaped."""
 
-    def __init__(self, role: str, rank: int, port: int, **engine_kw):
+    def __init__(self, role: str, rank: int, port: int, kind: str = "p2p", conn_kw=None, **engine_kw):
         spec = {"model": MODEL, "engine": dict(ENGINE, kv_role=role, **engine_kw, kv_connector=dict(
-            kind="p2p", rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, is_master=False,
-            timeout_s=20))}
+            kind=kind, rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, is_master=False,
+            timeout_s=20, **(conn_kw or {})))}
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         self.proc = subprocess.Popen([sys.executable, PEER, json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
@@ -317,12 +317,14 @@ class Peer:
             self.kill()
 
 
-def p2p_pair(local_role: str, local_rank: int, **peer_kw):
+def p2p_pair(local_role: str, local_rank: int, kind: str = "p2p", conn_kw=None, **peer_kw):
     """(this process's engine, the peer in a child process); this process hosts the store."""
     store = new_store()
-    peer = Peer("prefill" if local_role == "decode" else "decode", 1 - local_rank, store.port, **peer_kw)
+    peer = Peer("prefill" if local_role == "decode" else "decode", 1 - local_rank, store.port, kind, conn_kw,
+                **peer_kw)
     try:
-        local = engine(local_role, dict(kind="p2p", rank=local_rank, world_size=2, store=store, timeout_s=20))
+        local = engine(local_role, dict(kind=kind, rank=local_rank, world_size=2, store=store, timeout_s=20,
+                                        **(conn_kw or {})))
         assert peer.read()["ready"]
     except BaseException:
         peer.close()
@@ -415,3 +417,18 @@ def test_p2p_decode_killed_mid_transfer():
     finally:
         peer.close()
         P.shutdown()
+
+
+def test_shm_prefill_process_killed(tmp_path):
+    """Same host: the decode side sees its prefill peer's process gone and fails at once."""
+    D, peer = p2p_pair("decode", 0, kind="shm", conn_kw=dict(shm_dir=str(tmp_path)), kv_transfer_timeout_s=300)
+    try:
+        params = remote_prefill(peer, PROMPTS[:1])
+        peer.kill()
+        D.add_request(PROMPTS[0], GREEDY, request_id="k", kv_transfer_params=params[0])
+        d = drain(D)["k"]  # bounded by WAIT_S, far below the 300 s deadline
+        assert d.finish_reason == "error" and "exited" in d.error, d.error
+        assert_baseline(D)
+    finally:
+        peer.close()
+        D.shutdown()
