@@ -20,6 +20,7 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
+from ..engine.kv_transfer import gather_blocks
 from .kv_connectors import NO_KV, PullConnector, _short
 
 _TAG = 7
@@ -64,13 +65,14 @@ class P2PConnector(PullConnector):
             self._threads.append(t)
         return q
 
-    def _send(self, peer, seq, rid, data, hashes) -> None:
+    def _send(self, peer, seq, rid, block_ids, hashes) -> None:
+        data = gather_blocks(self.caches, block_ids)
         if self.device.type == "cuda":  # the gather ran on the engine's stream: done before NCCL reads
             ev = torch.cuda.Event()
             ev.record()
         else:
             ev = None
-        self._worker("send", peer).put((rid, data.reshape(-1).to(self.device), hashes, ev, data.shape[0]))
+        self._worker("send", peer).put((rid, data.to(self.device), hashes, ev, len(block_ids)))
 
     def _send_failure(self, peer, seq, why) -> None:
         self._worker("send", peer).put((None, None, None, None, 0))

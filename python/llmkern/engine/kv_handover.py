@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from .block_pool import chain_block_hashes
 from .kv_transfer import (KVConnector, KVTransferParams, LoadRequest, SendRequest, TransferEvent,
