@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -401,15 +402,28 @@ def test_p2p_two_processes(reference):
         D.shutdown()
 
 
-def test_p2p_prefill_killed_mid_transfer():
+def test_p2p_prefill_hung_then_killed():
     D, peer = p2p_pair("decode", 0)
     try:
-        params = remote_prefill(peer, PROMPTS[:2])
+        params = remote_prefill(peer, PROMPTS[:4])
+        # hung (stopped) prefill engine: the request fails at its deadline, blocks freed ...
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        D.handover.timeout_s = 1.0  # this request's wait only (the engine's kv_transfer_timeout_s)
+        D.add_request(PROMPTS[0], GREEDY, request_id="h", kv_transfer_params=params[0])
+        d = drain(D)["h"]
+        assert d.finish_reason == "error" and "deadline" in d.error, d.error
+        assert_baseline(D)
+        # ... and once it runs again, the pair is still in step: the next hand-over works
+        os.kill(peer.proc.pid, signal.SIGCONT)
+        D.handover.timeout_s = 300.0
+        D.add_request(PROMPTS[1], GREEDY, request_id="ok", kv_transfer_params=params[1])
+        assert drain(D)["ok"].error is None
+        # killed: the receive fails when the peer's socket closes, long before the deadline
         peer.kill()
-        D.add_request(PROMPTS[0], GREEDY, request_id="k", kv_transfer_params=params[0])
-        d = drain(D)["k"]  # the receive fails when the peer's socket closes, not at a deadline
-        assert d.finish_reason == "error" and "rank 1" in d.error, d.error
-        D.add_request(PROMPTS[1], GREEDY, request_id="k2", kv_transfer_params=params[1])
+        D.add_request(PROMPTS[2], GREEDY, request_id="k", kv_transfer_params=params[2])
+        d = drain(D)["k"]
+        assert d.finish_reason == "error" and "rank 1" in d.error and "deadline" not in d.error, d.error
+        D.add_request(PROMPTS[3], GREEDY, request_id="k2", kv_transfer_params=params[3])
         assert "failed earlier" in drain(D)["k2"].error  # later ones fail at once
         assert_baseline(D)
     finally:
