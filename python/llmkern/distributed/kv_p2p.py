@@ -47,12 +47,17 @@ class P2PConnector(PullConnector):
         # Every rank constructs the group; this returns once all have joined (or fails at the timeout).
         pg_store = dist.PrefixStore(f"llmkern/pd/{self.group}/pg/", self.base_store)
         timeout = timedelta(seconds=self.timeout_s)
-        if self.backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
-        else:
-            self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, timeout)
+        try:
+            if self.backend == "nccl":
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = timeout
+                self.pg = dist.ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
+            else:
+                self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"kv_connector: rank {self.rank} of {self.world_size} could not form the "
+                               f"{self.backend} group ({self._group_id}) within timeout_s={self.timeout_s:g}: "
+                               f"{_short(e)}") from None
 
     # -- engine thread side -----------------------------------------------------------------------
     def _worker(self, kind: str, peer: int) -> "queue.Queue":

@@ -5,7 +5,6 @@ and given back through the KVCacheManager."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -190,7 +189,3 @@ class KVHandover:
 
 
 POLL_INTERVAL_S = 0.002  # how often an otherwise idle engine polls transfers
-
-
-def idle_wait() -> None:
-    time.sleep(POLL_INTERVAL_S)
