@@ -188,6 +188,28 @@ def test_shm_prefix_cached_decode_receives_only_the_rest(shm_pair, reference):
     assert_baseline(P, D)
 
 
+def test_shm_logprobs_and_stop_on_first_token(shm_pair):
+    P, D = shm_pair()
+    C = engine()
+    lp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    C.add_request(PROMPTS[1], lp, request_id="c")
+    want = drain(C)["c"].outputs[0]
+    (o,) = prefill(P, PROMPTS[1:2], lp)
+    D.add_request(PROMPTS[1], lp, request_id="d", kv_transfer_params=o.kv_transfer_params)
+    got = run_decode(P, D)["d"].outputs[0]
+    assert got.token_ids == want.token_ids and len(got.logprobs) == len(want.logprobs) == 4
+    for (a, top_a), (b, top_b) in zip(got.logprobs, want.logprobs):  # the first one is the prefill side's
+        assert a == pytest.approx(b, abs=1e-4) and [t for t, _ in top_a] == [t for t, _ in top_b]
+    # the first token already ends the request (a stop token): the decode side only reports it
+    first = want.token_ids[0]
+    (o,) = prefill(P, PROMPTS[1:2], SamplingParams(temperature=0, max_tokens=5, stop_token_ids=[first]), "s")
+    D.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=5, stop_token_ids=[first]), request_id="s",
+                  kv_transfer_params=o.kv_transfer_params)
+    d = run_decode(P, D)["s"]
+    assert d.outputs[0].token_ids == [first] and d.finish_reason == "stop"
+    assert_baseline(P, D)
+
+
 def test_shm_deadline_frees_both_sides(shm_pair):
     P, D = shm_pair(p_kw=dict(kv_transfer_timeout_s=0.5), d_kw=dict(kv_transfer_timeout_s=0.5))
     (o,) = prefill(P, PROMPTS[2:3])
