@@ -21,6 +21,7 @@ from datetime import timedelta
 import pytest
 
 pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
 
 import torch
 import torch.distributed as dist
