@@ -269,6 +269,18 @@ def test_shm_decode_gone_file_removed(shm_pair, tmp_path):
     D.abort("g")
 
 
+def test_shm_stale_files_of_dead_writers_removed(tmp_path):
+    from llmkern.distributed.kv_shm import remove_stale_files
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"llmkern-kv-{dead.pid}-default-0-1-0").write_bytes(b"x")
+    (tmp_path / f"llmkern-kv-{os.getpid()}-default-0-1-0").write_bytes(b"x")  # a live writer's
+    (tmp_path / "other").write_bytes(b"x")
+    assert remove_stale_files(str(tmp_path)) == 1
+    assert sorted(os.listdir(tmp_path)) == sorted([f"llmkern-kv-{os.getpid()}-default-0-1-0", "other"])
+
+
 def test_bad_kv_transfer_params_are_refused(shm_pair):
     P, D = shm_pair()
     (o,) = prefill(P, PROMPTS[1:2])

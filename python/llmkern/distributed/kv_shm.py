@@ -22,6 +22,9 @@ from .kv_connectors import NO_KV, PullConnector, _short
 from ..engine.kv_transfer import gather_blocks, now
 
 
+_PREFIX = "llmkern-kv-"  # then the writer's pid: files of dead writers can be told apart
+
+
 def default_shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
@@ -44,6 +47,7 @@ class ShmConnector(PullConnector):
     def bind(self, role: str, caches, block_size: int) -> None:
         super().bind(role, caches, block_size)
         self.store.set(f"pid/{self.rank}", str(os.getpid()))
+        remove_stale_files(self.dir)
 
     def _gone(self, peer: int) -> Optional[str]:
         """Why the peer cannot answer any more (its process exited), or None."""
@@ -64,7 +68,7 @@ class ShmConnector(PullConnector):
         self.store.set(f"done/{self.rank}/{peer}/{seq}", json.dumps(msg))
 
     def _send(self, peer, seq, rid, block_ids, hashes) -> None:
-        path = os.path.join(self.dir, f"llmkern-kv-{os.getpid()}-{self.group}-{self.rank}-{peer}-{seq}")
+        path = os.path.join(self.dir, f"{_PREFIX}{os.getpid()}-{self.group}-{self.rank}-{peer}-{seq}")
         nbytes = len(block_ids) * self.block_bytes
         try:
             with open(path, "wb") as f:
@@ -144,6 +148,24 @@ class ShmConnector(PullConnector):
             _unlink(path)
         self._files.clear()
         super().close()
+
+
+def remove_stale_files(directory: str) -> int:
+    """Remove the hand-over files of prefill engines that died before their reader came (each
+    file's name carries its writer's pid). Returns how many were removed."""
+    n = 0
+    for name in os.listdir(directory):
+        if not name.startswith(_PREFIX):
+            continue
+        try:
+            pid = int(name[len(_PREFIX):].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _unlink(os.path.join(directory, name))
+            n += 1
+        except (ValueError, PermissionError):
+            pass
+    return n
 
 
 def _read(path: str, nbytes: int) -> torch.Tensor:
