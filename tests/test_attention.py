@@ -230,6 +230,34 @@ def test_kvcache(be, case):
     assert torch.equal(lens, torch.tensor(cache_lens, dtype=torch.int32, device=dev))
 
 
+# Shapes of the CPU bf16 decode kernel (AVX512_BF16, head_dim 32/64/128): more rows per kv head
+# than one chunk of 4, short appends, block size 1, a dense cache, and the score transforms.
+# (batch, s, hq, hkv, d, block_size, causal, window, softcap, alibi)
+BF16_DECODE_CASES = [
+    (3, 1, 9, 3, 64, 16, False, (-1, -1), 0.0, None),
+    (2, 1, 16, 2, 32, 5, False, (-1, -1), 0.0, None),
+    (2, 3, 6, 2, 128, 16, True, (-1, -1), 0.0, None),
+    (2, 1, 6, 3, 64, 0, False, (40, 0), 30.0, "heads"),
+    (1, 2, 5, 1, 64, 1, True, (-1, -1), 0.0, "batch"),
+]
+
+
+@pytest.mark.parametrize("case", BF16_DECODE_CASES)
+def test_kvcache_bf16_decode_shapes(case):
+    batch, s, hq, hkv, d, bs, causal, window, softcap, alibi_kind = case
+    cache_lens = [1000, 77, 130][:batch]
+    q, kc, vc, _, _, lens, table = _kvcache_case("cpu", torch.bfloat16, batch, s, hq, hkv, d, bs, cache_lens, False,
+                                                 garbage=bs in (1, 5))
+    kw = _kw(causal, window, softcap, _alibi(alibi_kind, batch, hq, "cpu"))
+    ref, ref_lse, _, _ = ref_kvcache(q, kc, vc, lens, d ** -0.5, block_table=table, **kw)
+    same, _, _, _ = ref_kvcache(q, kc, vc, lens, d ** -0.5, block_table=table, compute_dtype=torch.bfloat16, **kw)
+    out, lse = llmkern.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, causal=causal,
+                                               window_size=window, softcap=softcap, alibi_slopes=kw["alibi"],
+                                               return_softmax_lse=True)
+    _assert_close(out, ref, same, torch.bfloat16)
+    _assert_lse(lse, ref_lse)
+
+
 def test_kvcache_splits_agree(be):
     """Every num_splits gives the same result (up to fp32 rounding) as no split."""
     dev = be.device

@@ -2,13 +2,24 @@ import torch
 
 import llmkern
 
-OPS = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows"]
+OPS = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows", "pack_gate_up_weight",
+       "linear_packed_silu_mul"]
 r = llmkern.packed_weight_rows
 f = llmkern.linear_small_m
 g = llmkern.linear_packed
 P = llmkern.pack_linear_weight(torch.randn(20, 8))  # 2 panels, in_features 8
+s = llmkern.linear_packed_silu_mul
+GU = llmkern.pack_gate_up_weight(torch.randn(20, 8), torch.randn(20, 8))  # 2 pairs of panels
 
 CASES = [
+    ("gated-x-rank", lambda: s(torch.randn(8), GU, 20), ValueError, "x"),
+    ("gated-k", lambda: s(torch.randn(2, 9), GU, 20), ValueError, "weight_pairs"),
+    ("gated-n", lambda: s(torch.randn(2, 8), GU, 40), ValueError, "weight_pairs"),
+    ("gated-n-zero", lambda: s(torch.randn(2, 8), GU, 0), ValueError, "out_features"),
+    ("gated-unpaired", lambda: s(torch.randn(2, 8), P, 20), ValueError, "weight_pairs"),
+    ("gated-half", lambda: s(torch.randn(2, 8).half(), GU, 20), TypeError, "x"),
+    ("gated-w-dtype", lambda: s(torch.randn(2, 8), GU.double(), 20), TypeError, "weight_pairs"),
+    ("gated-pack-shapes", lambda: llmkern.pack_gate_up_weight(torch.randn(20, 8), torch.randn(20, 9)), ValueError, "up"),
     ("lin-x-rank", lambda: f(torch.randn(2, 3, 8), torch.randn(4, 8)), ValueError, "x"),
     ("lin-w-rank", lambda: f(torch.randn(2, 8), torch.randn(8)), ValueError, "weight"),
     ("lin-k", lambda: f(torch.randn(2, 8), torch.randn(4, 7)), ValueError, "weight"),
