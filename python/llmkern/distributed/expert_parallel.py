@@ -72,7 +72,7 @@ class EPStats:
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     """[n, m] of any dtype -> its [n, m * itemsize] uint8 view."""
-    return t.contiguous().view(torch.uint8).view(t.shape[0], -1)
+    return t.contiguous().view(torch.uint8).view(t.shape[0], t.shape[1] * t.element_size())
 
 
 class ExpertParallel:
