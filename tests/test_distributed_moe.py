@@ -84,3 +84,18 @@ def test_bad_expert_parallel_sizes(models, tmp_path):
     with pytest.raises(ValueError, match=r"expert_parallel_size: 2, but the model \(llama\) has no experts"):
         LLM(str(tmp_path / "dense"), expert_parallel_size=2)
     assert worker_children() == []
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-ep", "0"], "--expert-parallel-size: expected an integer >= 1"),
+    (["-ep", "2", "-tp", "4"], "--expert-parallel-size: 2 must equal tensor_parallel_size 4"),
+    (["-ep", "4"], "--expert-parallel-size: 4 does not divide the model's 6 experts"),
+])
+def test_cli_expert_parallel_errors_are_one_line(argv, needle, models):
+    from llmkern import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--model", models["qwen2_moe"], *argv, "hello"])
+    msg = e.value.code
+    assert isinstance(msg, str) and "\n" not in msg.strip() and needle in msg, msg
+    assert worker_children() == []
