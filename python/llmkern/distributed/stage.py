@@ -15,7 +15,7 @@ from ..layers.attention import AttnMetadata
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
 from .comm import Comm
-from .control import process_io_bytes
+from .control import PendingSends, process_io_bytes
 from .expert_parallel import ExpertParallel
 from .launch import Groups
 from .sharding import check_parallel, local_config, shard_state_dict
@@ -56,6 +56,9 @@ class Stage:
             m.moe_forward = self.ep
         self.model = m
         self.kv = None
+        # Hidden states and logits leave with non-blocking sends, so a stage starts its next
+        # micro-batch while the next stage is still busy with the previous one.
+        self.sends = PendingSends(max_pending=4 * topo.pp)
         self.steps = 0
 
     def stats(self) -> dict:
@@ -92,12 +95,12 @@ class Stage:
             inter = (x[0], x[1])
         out = m.forward(ids, pos, meta, self.kv.caches, inter)
         if not self.is_last:
-            comm.send(torch.stack(out), topo.peer(self.rank, +1), "pp_send")
+            self.sends.add(*comm.isend(torch.stack(out), topo.peer(self.rank, +1), "pp_send"))
             return None
         if rows.numel() == 0:
             return None
         logits = comm.gather_logits(m.compute_logits(out, rows), self.full_config.vocab_size)
         if logits is not None and self.rank != 0:  # the last stage's root hands them to the sampler
-            comm.send(logits, 0, "logits_send")
+            self.sends.add(*comm.isend(logits, 0, "logits_send"))
             return None
         return logits

@@ -47,6 +47,9 @@ class EngineConfig:
     expert_parallel_size: int = 1           # MoE: experts spread over this many ranks per stage
     #   (attention tensor-parallel over the same ranks; equal to tensor_parallel_size when both > 1)
     distributed_timeout_s: float = 60.0     # a collective not complete by then is an error
+    # micro-batches in the pipeline at once (pipeline_parallel_size > 1); None: one per stage, so no
+    # stage idles while another works (vLLM's "virtual engines"); 1: one step at a time
+    pipeline_micro_batches: Optional[int] = None
 
     def __post_init__(self):
         def bad(name, expected):
@@ -83,6 +86,9 @@ class EngineConfig:
             raise ValueError(f"expert_parallel_size: {self.expert_parallel_size} must equal tensor_parallel_size "
                              f"{self.tensor_parallel_size} when both are > 1 (the experts are spread over the "
                              f"ranks that split attention)")
+        v = self.pipeline_micro_batches
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            bad("pipeline_micro_batches", "an integer >= 1 or None")
         if not (isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0):
             bad("distributed_timeout_s", "a number of seconds > 0")
         self._check_device()
