@@ -137,6 +137,9 @@ def pack_moe_weights(w13: torch.Tensor, w2: torch.Tensor) -> MoEWeights:
     """``w13 [E, 2I, H]`` (gate rows then up rows) and ``w2 [E, H, I]`` -> a ``MoEWeights`` for
     ``fused_moe`` on CPU. Call once at load time; the originals can then be dropped."""
     E, H, I = _check_weights(w13, w2)
+    for t, name in ((w13, "w13"), (w2, "w2")):
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     if w13.is_cuda or w2.is_cuda:
         raise ValueError("w13: the packed layout is for the CPU GEMM; pass CPU tensors")
     return MoEWeights(_pack_experts(w13), _pack_experts(w2), E, H, I)
