@@ -205,3 +205,29 @@ def test_opcheck_and_compile():
     tw, ti = llmkern.topk_softmax(g, 2, renormalize=True)
     ref = ref_moe(x, w13, w2, tw, ti)
     assert (block(x, g).double() - 2 * ref).abs().max().item() < 1e-4
+
+
+def test_vllm_compat_names(backend):
+    """compat.vllm_ops: vLLM's in-place topk_softmax / moe_align_block_size and fused_experts."""
+    from llmkern.compat import vllm_ops as ops
+
+    dev = backend.device
+    T, E, H, I, k, B = 6, 4, 32, 24, 2, 4
+    g = torch.stack([(torch.randperm(E) - E / 2) / 4 for _ in range(T)])
+    w = torch.empty(T, k, device=dev)
+    ids = torch.empty(T, k, dtype=torch.int32, device=dev)
+    src = torch.empty(T, k, dtype=torch.int32, device=dev)
+    ops.topk_softmax(w, ids, src, g.to(dev), True)
+    rw, rid = torch.softmax(g.double(), -1).topk(k, -1)
+    assert torch.equal(ids.cpu().long(), rid)
+    assert torch.allclose(w.cpu().double(), rw / rw.sum(-1, keepdim=True), atol=1e-6)
+    assert src.cpu().tolist() == [[t, t + T] for t in range(T)]
+    n_sorted = T * k + E * (B - 1) + 5  # vLLM's buffers may be longer than needed
+    s = torch.empty(n_sorted, dtype=torch.int32, device=dev)
+    blocks = torch.empty(-(-n_sorted // B), dtype=torch.int32, device=dev)
+    npad = torch.empty(1, dtype=torch.int32, device=dev)
+    ops.moe_align_block_size(ids, E, B, s, blocks, npad)
+    rs, rb = ref_align(ids.cpu(), E, B)
+    assert int(npad.item()) == len(rs) and s.cpu().tolist()[:len(rs)] == rs and blocks.cpu().tolist()[:len(rb)] == rb
+    x, w13, w2 = make_moe(T, E, H, I, torch.float32, dev)
+    assert_moe_close(ops.fused_experts(x, w13, w2, w, ids), x, w13, w2, w.cpu(), ids.cpu())

@@ -23,6 +23,10 @@ from .._args import int_arg, optional_tensor
 from .._backend import _C, dl, kernel_op, lib_for, require_tensor, stream_of
 
 __all__ = ["topk_softmax", "moe_align_block_size", "fused_moe", "pack_moe_weights", "MoEWeights"]
+# Not torch.library ops themselves: fused_moe picks one of the registered ops fused_moe_out /
+# fused_moe_packed_out (a MoEWeights cannot cross the dispatcher), pack_moe_weights is torch
+# reshapes, MoEWeights a container; torch.compile traces through all three.
+COMPOSED = ("fused_moe", "pack_moe_weights", "MoEWeights")
 
 PANEL = 16  # output features per packed panel (csrc/linear/gemm_cpu.h)
 ACTIVATIONS = ("silu",)
