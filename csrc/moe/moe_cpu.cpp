@@ -73,6 +73,35 @@ void gemm_rows(const float* X, int64_t M, int64_t K, const T* W, int64_t N, floa
   });
 }
 
+// W [N, K] in its storage dtype -> fp32 panels [ceil(N / 16)][K][16], gemm_cpu.h's layout (the last
+// panel zero-padded): an expert with many rows on unpacked weights is packed per call, which costs
+// a few reads of W and pays for itself once the GEMM, not the weight read, dominates.
+template <DType DT, typename T = vec::elem_t<DT>>
+void pack_panels(const T* W, int64_t N, int64_t K, float* dst) {
+  parallel_for(gemm::num_panels(N), 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* d = dst + p * K * gemm::PW;
+      for (int j = 0; j < gemm::PW; ++j) {
+        const int64_t n = p * gemm::PW + j;
+        if (n < N)
+          for (int64_t k = 0; k < K; ++k) d[k * gemm::PW + j] = vec::to_f32<DT>(W[n * K + k]);
+        else
+          for (int64_t k = 0; k < K; ++k) d[k * gemm::PW + j] = 0.f;
+      }
+    }
+  });
+}
+
+// C [M, N] = X [M, K] W^T on packed panels (xpack: the GEMM's scratch for X, grown as needed).
+inline void gemm_on_panels(const float* X, int64_t M, int64_t K, const float* panels, int64_t N, float* C,
+                           std::vector<float>& xpack) {
+  const size_t need = size_t((M + gemm::MR - 1) / gemm::MR) * gemm::MR * size_t(K);
+  if (xpack.size() < need) xpack.resize(need);
+  gemm::gemm_packed(X, K, M, K, panels, N, nullptr, C, N, xpack.data());
+}
+
+constexpr int64_t kPackRows = 32;  // from this many rows per expert, pack unpacked weights per call
+
 // The per-expert pipeline; gemm(e, X, M, C, which) computes C = X W^T for expert e's w13 (which 0,
 // N = 2I) or w2 (which 1, N = H).
 template <DType DT, typename Gemm, typename T = vec::elem_t<DT>>
@@ -162,9 +191,14 @@ void fused_moe(const TensorView& out, const TensorView& x, const TensorView& w13
     using T = vec::elem_t<DT>;
     const T* a = w13.ptr<const T>();
     const T* b = w2.ptr<const T>();
+    std::vector<float> panels, xpack;
     run_moe<DT>(out, x, E, I, topk_weights, topk_ids, expert_map, [&](int64_t e, const float* X, int64_t M, float* C, int which) {
-      if (which == 0) gemm_rows<DT>(X, M, H, a + e * 2 * I * H, 2 * I, C);
-      else gemm_rows<DT>(X, M, I, b + e * H * I, H, C);
+      const int64_t K = which == 0 ? H : I, N = which == 0 ? 2 * I : H;
+      const T* W = which == 0 ? a + e * 2 * I * H : b + e * H * I;
+      if (M < kPackRows) return gemm_rows<DT>(X, M, K, W, N, C);
+      panels.resize(size_t(gemm::num_panels(N)) * gemm::PW * size_t(K));
+      pack_panels<DT>(W, N, K, panels.data());
+      gemm_on_panels(X, M, K, panels.data(), N, C, xpack);
     });
   });
 }
@@ -178,10 +212,8 @@ void fused_moe_packed(const TensorView& out, const TensorView& x, const TensorVi
   const int64_t sa = w13_packed.numel() / E, sb = w2_packed.numel() / E;
   std::vector<float> xpack;
   auto gemm = [&](int64_t e, const float* X, int64_t M, float* C, int which) {
-    const int64_t K = which == 0 ? H : I, N = which == 0 ? 2 * I : H;
-    const size_t need = size_t((M + gemm::MR - 1) / gemm::MR) * gemm::MR * size_t(K);
-    if (xpack.size() < need) xpack.resize(need);
-    gemm::gemm_packed(X, K, M, K, which == 0 ? a + e * sa : b + e * sb, N, nullptr, C, N, xpack.data());
+    if (which == 0) gemm_on_panels(X, M, H, a + e * sa, 2 * I, C, xpack);
+    else gemm_on_panels(X, M, I, b + e * sb, H, C, xpack);
   };
   vec::dispatch_elem(x.dtype, [&](auto tag) {
     run_moe<decltype(tag)::value>(out, x, E, I, topk_weights, topk_ids, expert_map, gemm);
