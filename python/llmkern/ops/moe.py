@@ -20,18 +20,32 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .._args import int_arg, optional_tensor
-from .._backend import dl, kernel_op, lib_for as _lib_for, require_tensor, stream_of
-from . import _moe_torch
+from .._backend import _C, dl, kernel_op, lib_for, require_tensor, stream_of
 
 __all__ = ["topk_softmax", "moe_align_block_size", "fused_moe", "pack_moe_weights", "MoEWeights"]
+# Not torch.library ops themselves: fused_moe picks one of the registered ops fused_moe_out /
+# fused_moe_packed_out (a MoEWeights cannot cross the dispatcher), pack_moe_weights is torch
+# reshapes, MoEWeights a container; torch.compile traces through all three.
+COMPOSED = ("fused_moe", "pack_moe_weights", "MoEWeights")
 
 PANEL = 16  # output features per packed panel (csrc/linear/gemm_cpu.h)
 ACTIVATIONS = ("silu",)
 
 
-def lib_for(t):
-    lib = _lib_for(t)
-    return lib if hasattr(lib, "fused_moe") else _moe_torch
+def _int32(t, name: str) -> torch.Tensor:
+    """An id tensor as the contiguous int32 the kernels read (int64 ids are narrowed; entries are
+    range-checked by the kernels' front end)."""
+    require_tensor(t, name)
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected an int32 or int64 tensor, got {t.dtype}")
+    return t.to(torch.int32).contiguous()
+
+
+def _float32(t, name: str) -> torch.Tensor:
+    require_tensor(t, name)
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    return t.to(torch.float32).contiguous()
 
 
 @kernel_op("topk_softmax")
@@ -89,6 +103,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: i
     sorted_ids = torch.empty(n_sorted, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     post_pad = torch.empty(1, dtype=torch.int32, device=dev)
+    topk_ids = _int32(topk_ids, "topk_ids")
     lib_for(topk_ids).moe_align_block_size(dl(topk_ids, "topk_ids"), E, B, dl(sorted_ids), dl(expert_ids),
                                            dl(post_pad), stream_of(topk_ids))
     return sorted_ids, expert_ids, post_pad
@@ -126,6 +141,9 @@ def pack_moe_weights(w13: torch.Tensor, w2: torch.Tensor) -> MoEWeights:
     """``w13 [E, 2I, H]`` (gate rows then up rows) and ``w2 [E, H, I]`` -> a ``MoEWeights`` for
     ``fused_moe`` on CPU. Call once at load time; the originals can then be dropped."""
     E, H, I = _check_weights(w13, w2)
+    for t, name in ((w13, "w13"), (w2, "w2")):
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     if w13.is_cuda or w2.is_cuda:
         raise ValueError("w13: the packed layout is for the CPU GEMM; pass CPU tensors")
     return MoEWeights(_pack_experts(w13), _pack_experts(w2), E, H, I)
@@ -146,9 +164,15 @@ def _check_weights(w13, w2) -> Tuple[int, int, int]:
 @kernel_op("fused_moe_out", mutates_args=("out",))
 def _fused_moe_out(out: torch.Tensor, hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                    topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> None:
-    lib_for(hidden_states).fused_moe(dl(out, "out"), dl(hidden_states, "hidden_states"), dl(w13, "w13"),
-                                     dl(w2, "w2"), dl(topk_weights, "topk_weights"), dl(topk_ids, "topk_ids"),
-                                     dl(expert_map, "expert_map"), stream_of(hidden_states))
+    lib = lib_for(hidden_states)
+    workspace = None
+    if lib is not _C or hidden_states.is_cuda:  # the CUDA kernels' intermediates (csrc/moe/moe_workspace.h)
+        E, I2, H = w13.shape
+        nbytes = lib.fused_moe_workspace_bytes(topk_ids.numel(), E, H, I2 // 2, hidden_states.element_size())
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=hidden_states.device)
+    lib.fused_moe(dl(out, "out"), dl(hidden_states, "hidden_states"), dl(w13, "w13"), dl(w2, "w2"),
+                  dl(topk_weights, "topk_weights"), dl(topk_ids, "topk_ids"), dl(expert_map, "expert_map"),
+                  dl(workspace), stream_of(hidden_states))
 
 
 @_fused_moe_out.op.register_fake
@@ -199,6 +223,10 @@ def fused_moe(hidden_states: torch.Tensor, w13: Union[torch.Tensor, MoEWeights],
         H = w13.hidden_size
     else:
         _, H, _ = _check_weights(w13, w2)
+    topk_weights = _float32(topk_weights, "topk_weights")
+    topk_ids = _int32(topk_ids, "topk_ids")
+    if expert_map is not None:
+        expert_map = _int32(expert_map, "expert_map")
     if out is None:
         out = hidden_states.new_empty(hidden_states.shape[0], H)
     else:
