@@ -96,7 +96,7 @@ class ExpertParallel:
         # which ranks each token needs: one copy per rank holding any of its experts
         hit = torch.zeros((n, ep), dtype=torch.bool, device=x.device)
         hit.scatter_(1, ids.long() // moe.num_local, True)
-        dest, rows = hit.t().nonzero(as_tuple=True)       # sorted by destination rank, then token
+        _, rows = hit.t().nonzero(as_tuple=True)          # sorted by destination rank, then token
         send_counts = hit.sum(0)
         send = torch.cat([_as_bytes(xs.index_select(0, rows)), _as_bytes(ids.index_select(0, rows)),
                           _as_bytes(weights.index_select(0, rows))], dim=1)
