@@ -43,15 +43,19 @@ def reference(models):
     return out
 
 
-CASES = [("mixtral", dict(expert_parallel_size=2)), ("qwen2_moe", dict(expert_parallel_size=2)),
-         ("qwen2_moe", dict(tensor_parallel_size=2))]
+# Qwen2-MoE x 2 pipeline stages: layers 0 (sparse) and 1 (dense) on the first, 2 (sparse) on the second
+CASES = {"mixtral-EP2": ("mixtral", dict(expert_parallel_size=2)),
+         "qwen2_moe-EP2": ("qwen2_moe", dict(expert_parallel_size=2)),
+         "qwen2_moe-TP2": ("qwen2_moe", dict(tensor_parallel_size=2)),
+         "qwen2_moe-EP2xPP2": ("qwen2_moe", dict(expert_parallel_size=2, pipeline_parallel_size=2))}
 
 
-@pytest.mark.parametrize("fam,kw", CASES, ids=[f"{f}-{'EP' if 'expert_parallel_size' in k else 'TP'}2" for f, k in CASES])
-def test_greedy_tokens_identical(fam, kw, models, reference):
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_tokens_identical(case, models, reference):
+    fam, kw = CASES[case]
     llm = LLM(models[fam], distributed_timeout_s=120, **kw, **engine_kwargs("qwen2"))
     try:
-        assert len(worker_children()) == 1
+        assert len(worker_children()) == 2 * kw.get("pipeline_parallel_size", 1) - 1
         assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)] == reference[fam]
         m = llm.run_metrics()
         assert m["preemptions"] > 0 and m["prefix_hit_tokens"] > 0
@@ -60,10 +64,14 @@ def test_greedy_tokens_identical(fam, kw, models, reference):
         stats = llm.engine.executor.stats()
         if "expert_parallel_size" in kw:
             moe = [s["moe"] for s in stats]
-            sparse = sum(L.moe is not None for L in llm.engine.model.layers)
             steps = stats[0]["steps"]
             assert steps > 0 and all(s["steps"] == steps for s in stats)
-            assert all(x["layer_calls"] == steps * sparse for x in moe)
+            # each rank runs every sparse layer of its stage once per step
+            topo = llm.engine.executor.topo
+            for r, x in enumerate(moe):
+                first, end = topo.layers(topo.stage_of(r))
+                sparse = sum(llm.engine.model_config.is_moe_layer(i) for i in range(first, end))
+                assert x["layer_calls"] == steps * sparse
             measured = sum(s["comm"]["bytes"]["a2a_dispatch"] + s["comm"]["bytes"]["a2a_combine"] for s in stats)
             assert measured == sum(x["a2a_bytes_computed"] for x in moe) > 0
         else:
