@@ -224,8 +224,8 @@ def _moe_from_hf(cfg: dict, arch: str) -> dict:
     return dict(
         num_experts=n, num_experts_per_tok=_int_field(cfg, "num_experts_per_tok"),
         moe_intermediate_size=_int_field(cfg, "intermediate_size" if arch == "mixtral" else "moe_intermediate_size"),
-        shared_expert_intermediate_size=(_int_field(cfg, "shared_expert_intermediate_size", 0) or 0
-                                         if arch == "qwen2_moe" else 0),
+        shared_expert_intermediate_size=(_int_field(cfg, "shared_expert_intermediate_size", 0)
+                                         if arch == "qwen2_moe" and cfg.get("shared_expert_intermediate_size") else 0),
         norm_topk_prob=True if arch == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
         decoder_sparse_step=_int_field(cfg, "decoder_sparse_step", 1), mlp_only_layers=list(only),
         qk_norm=arch == "qwen3_moe")
@@ -239,5 +239,6 @@ def _moe_from_gguf(meta: dict, p: str, arch: str) -> dict:
         num_experts=_int_field(meta, p + "expert_count"), num_experts_per_tok=_int_field(meta, p + "expert_used_count"),
         moe_intermediate_size=_int_field(meta, p + "expert_feed_forward_length", None)
         or _int_field(meta, p + "feed_forward_length"),
-        shared_expert_intermediate_size=_int_field(meta, p + "expert_shared_feed_forward_length", 0) or 0,
+        shared_expert_intermediate_size=_int_field(meta, p + "expert_shared_feed_forward_length", 0)
+        if meta.get(p + "expert_shared_feed_forward_length") else 0,
         norm_topk_prob=bool(norm) if norm is not None else arch != "qwen2_moe", qk_norm=arch == "qwen3_moe")
