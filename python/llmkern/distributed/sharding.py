@@ -74,11 +74,13 @@ def local_config(cfg: ModelConfig, topo: Topology, rank: int) -> Tuple[ModelConf
     vshard = padded_vocab(cfg.vocab_size, T) // T
     _, hq, _, hkv = head_split(cfg, T, topo.tp_rank_of(rank))
     split_experts = T if topo.ep == 1 else 1  # expert parallelism keeps experts whole
+    per = cfg.num_experts // topo.ep
+    held = (topo.tp_rank_of(rank) * per, per) if topo.ep > 1 else None
     local = dataclasses.replace(
         cfg, num_heads=hq, num_kv_heads=hkv,
         intermediate_size=cfg.intermediate_size // T, vocab_size=vshard, num_layers=end - first,
         moe_intermediate_size=cfg.moe_intermediate_size // split_experts,
-        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // split_experts)
+        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // split_experts, local_experts=held)
     return local, topo.tp_rank_of(rank) * vshard
 
 

@@ -72,6 +72,8 @@ class ModelConfig:
     decoder_sparse_step: int = 1          # layer i is sparse when (i + 1) % step == 0 ...
     mlp_only_layers: List[int] = field(default_factory=list)  # ... and i is not listed here
     qk_norm: bool = False                 # Qwen3: RMSNorm over each query/key head before RoPE
+    # a model-parallel shard's run of experts under expert parallelism: (first, count); None: all
+    local_experts: Optional[Tuple[int, int]] = None
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:

@@ -24,7 +24,7 @@ from ..layers.moe import MoE, SharedExpert
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
 from .hugepages import move_to_hugepages
-from .moe_weights import expert_weight, moe_layout, stack_experts
+from .moe_weights import moe_layout, stack_experts
 
 
 @dataclass
@@ -127,13 +127,10 @@ class LlamaForCausalLM:
 
     @staticmethod
     def _build_moe(config: ModelConfig, sd, take, block: str, names) -> MoE:
-        """A sparse layer from its router, the experts present in sd (all of them, or the
-        contiguous run an expert-parallel rank holds) and Qwen2-MoE's shared expert."""
-        held = [e for e in range(config.num_experts) if expert_weight(block, e, names[0]) in sd]
-        if not held or held != list(range(held[0], held[0] + len(held))):
-            raise ValueError(f"model: the experts of {block[:-1]!r} are missing from the checkpoint or not a "
-                             f"contiguous run (found {held[:8]})")
-        w13, w2 = stack_experts(take, block, names, held[0], len(held))
+        """A sparse layer from its router, its experts (all of them, or the contiguous run an
+        expert-parallel rank holds: config.local_experts) and Qwen2-MoE's shared expert."""
+        first, count = config.local_experts or (0, config.num_experts)
+        w13, w2 = stack_experts(take, block, names, first, count)  # a missing expert: take() names it
         shared = None
         if block + "shared_expert.gate_proj.weight" in sd:
             s = block + "shared_expert."
@@ -141,7 +138,7 @@ class LlamaForCausalLM:
                 Linear(torch.cat([take(s + "gate_proj.weight"), take(s + "up_proj.weight")])),
                 Linear(take(s + "down_proj.weight")), Linear(take(block + "shared_expert_gate.weight")))
         return MoE(Linear(take(block + "gate.weight")), w13, w2, config.num_experts_per_tok, config.norm_topk_prob,
-                   config.num_experts, held[0], shared)
+                   config.num_experts, first, shared)
 
     def _linears(self) -> List[Linear]:
         out = [self.lm_head] + [getattr(L, n) for L in self.layers for n in ("qkv", "o")]
