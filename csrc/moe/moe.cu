@@ -9,7 +9,8 @@
 //   4. sum: out[t] = sum_j topk_weights[t, j] * y[t * k + j] in token order.
 // Tiles with no pairs (past num_tokens_post_pad) return at once: experts nobody picked cost one
 // empty CTA per tile. fp16/bf16 multiply on tensor cores (mma.m16n8k16, ldmatrix fragments, fp32
-// accumulators); fp32 runs the same tiles on FMA units.
+// accumulators); fp32 runs the same tiles on FMA units. Tiles are staged with 16-byte cp.async when
+// the rows allow it (K a multiple of 16 bytes, aligned rows), element by element otherwise.
 #include <cstdint>
 
 #include "common/elem_device.cuh"
@@ -110,7 +111,15 @@ struct GemmArgs {
   const int32_t* npad;
   int numel, topk;
   void* c;              // gate/up: activations [n_sorted, I] (T); down: y [numel, H] fp32
+  bool vec;             // A and W rows are whole 16-byte chunks at 16-byte addresses: cp.async tiles
 };
+
+// Whether the tiles of A (row stride lda) and W can be staged in 16-byte cp.async chunks.
+inline bool vec_ok(const void* a, int64_t lda, const void* w, int K, size_t elem) {
+  const int64_t v = int64_t(16 / elem);
+  return K % v == 0 && lda % v == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
 
 // One CTA: kBlockM grouped rows x kBN weight rows of one expert. Gate: weight rows
 // [c0, c0+32) of gate and of up (c0 = 32 * blockIdx.y), epilogue silu(gate) * up; else rows
@@ -146,15 +155,33 @@ __global__ void grouped_gemm_kernel(GemmArgs p) {
   for (int i = 0; i < 8; ++i) acc[i] = 0.f;
   __syncthreads();
   for (int k0 = 0; k0 < p.K; k0 += kBK) {
-    for (int idx = tid; idx < kBlockM * kBK; idx += kThreads) {
-      const int r = idx / kBK, c = idx % kBK;
-      const int64_t row = sRow[r];
-      sA[r][c] = row >= 0 && k0 + c < p.K ? a[row * p.lda + k0 + c] : st<T>(0.f);
-    }
-    for (int idx = tid; idx < kBN * kBK; idx += kThreads) {
-      const int j = idx / kBK, c = idx % kBK;
-      const int64_t row = wrow(j);
-      sB[j][c] = row >= 0 && k0 + c < p.K ? w[row * p.K + k0 + c] : st<T>(0.f);
+    if (p.vec) {  // 16-byte chunks, zero-filled past the rows and K (K is a whole number of chunks)
+      constexpr int kVec = 16 / sizeof(T), kChunks = kBK / kVec;
+      for (int idx = tid; idx < kBlockM * kChunks; idx += kThreads) {
+        const int r = idx / kChunks, c = idx % kChunks * kVec;
+        const int64_t row = sRow[r];
+        const bool in = row >= 0 && k0 + c < p.K;
+        llmk::simt::cp_async_16(&sA[r][c], in ? a + row * p.lda + k0 + c : a, in ? 16 : 0);
+      }
+      for (int idx = tid; idx < kBN * kChunks; idx += kThreads) {
+        const int j = idx / kChunks, c = idx % kChunks * kVec;
+        const int64_t row = wrow(j);
+        const bool in = row >= 0 && k0 + c < p.K;
+        llmk::simt::cp_async_16(&sB[j][c], in ? w + row * p.K + k0 + c : w, in ? 16 : 0);
+      }
+      llmk::simt::cp_async_commit();
+      llmk::simt::cp_async_wait_all();
+    } else {
+      for (int idx = tid; idx < kBlockM * kBK; idx += kThreads) {
+        const int r = idx / kBK, c = idx % kBK;
+        const int64_t row = sRow[r];
+        sA[r][c] = row >= 0 && k0 + c < p.K ? a[row * p.lda + k0 + c] : st<T>(0.f);
+      }
+      for (int idx = tid; idx < kBN * kBK; idx += kThreads) {
+        const int j = idx / kBK, c = idx % kBK;
+        const int64_t row = wrow(j);
+        sB[j][c] = row >= 0 && k0 + c < p.K ? w[row * p.K + k0 + c] : st<T>(0.f);
+      }
     }
     __syncthreads();
     if constexpr (sizeof(T) == 2) {
@@ -270,10 +297,13 @@ void fused_moe(const TensorView& out, const TensorView& x, const TensorView& w13
                int(L.n_blocks), npad, stream);
   by_dtype(x.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    GemmArgs g{x.data, x.stride(0), w13.data, 2 * int64_t(I), H, I, sorted, blocks, npad, numel, k, ws + L.act};
+    const size_t el = sizeof(T);
+    GemmArgs g{x.data, x.stride(0), w13.data, 2 * int64_t(I), H, I, sorted, blocks, npad, numel, k, ws + L.act,
+               vec_ok(x.data, x.stride(0), w13.data, H, el)};
     LLMK_LAUNCH((grouped_gemm_kernel<T, true>), dim3(unsigned(L.n_blocks), unsigned((I + kBN / 2 - 1) / (kBN / 2))),
                 kThreads, 0, stream)(g);
-    GemmArgs d{ws + L.act, I, w2.data, H, I, H, sorted, blocks, npad, numel, k, ws + L.y};
+    GemmArgs d{ws + L.act, I, w2.data, H, I, H, sorted, blocks, npad, numel, k, ws + L.y,
+               vec_ok(ws + L.act, I, w2.data, I, el)};
     LLMK_LAUNCH((grouped_gemm_kernel<T, false>), dim3(unsigned(L.n_blocks), unsigned((H + kBN - 1) / kBN)),
                 kThreads, 0, stream)(d);
     LLMK_LAUNCH(moe_sum_kernel<T>, unsigned(x.size(0)), 256, 0, stream)(

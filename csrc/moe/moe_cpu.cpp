@@ -42,32 +42,37 @@ Groups group_pairs(const TensorView& topk_ids, const TensorView* expert_map, int
   return g;
 }
 
-// C [M, N] = X [M, K] (fp32) W^T with W [N, K] in its storage dtype: kNB weight rows at a time are
-// converted to fp32 into an L1-sized buffer and dotted with every row of X, so W streams from
-// memory once per call (the decode case this path is for; prefill wants the packed GEMM).
+// C [M, N] = X [M, K] (fp32) W^T with W [N, K] in its storage dtype, for few rows (decode): each
+// weight row is read from memory once, front to back (one sequential stream per thread, what the
+// prefetchers follow best), and dotted with four rows of X per pass while it sits in L1.
 template <DType DT, typename T = vec::elem_t<DT>>
 void gemm_rows(const float* X, int64_t M, int64_t K, const T* W, int64_t N, float* C) {
-  constexpr int kNB = 4;
-  parallel_for((N + kNB - 1) / kNB, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t b0, int64_t b1) {
-    std::vector<float> wf(kNB * K);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * kNB, nb = std::min<int64_t>(kNB, N - n0);
-      for (int64_t i = 0; i < nb; ++i)
-        for (int64_t k = 0; k < K; ++k) wf[i * K + k] = vec::to_f32<DT>(W[(n0 + i) * K + k]);
-      for (int64_t i = nb; i < kNB; ++i) std::fill_n(wf.data() + i * K, K, 0.f);
-      const float *w0 = wf.data(), *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-      for (int64_t m = 0; m < M; ++m) {
-        const float* x = X + m * K;
+  parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* wr = W + n * K;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) {
+        const float *x0 = X + m * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
         float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
         for (int64_t k = 0; k < K; ++k) {
-          s0 += x[k] * w0[k];
-          s1 += x[k] * w1[k];
-          s2 += x[k] * w2[k];
-          s3 += x[k] * w3[k];
+          const float w = vec::to_f32<DT>(wr[k]);
+          s0 += x0[k] * w;
+          s1 += x1[k] * w;
+          s2 += x2[k] * w;
+          s3 += x3[k] * w;
         }
-        const float s[kNB] = {s0, s1, s2, s3};
-        for (int64_t i = 0; i < nb; ++i) C[m * N + n0 + i] = s[i];
+        C[m * N + n] = s0;
+        C[(m + 1) * N + n] = s1;
+        C[(m + 2) * N + n] = s2;
+        C[(m + 3) * N + n] = s3;
+      }
+      for (; m < M; ++m) {
+        const float* xm = X + m * K;
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t k = 0; k < K; ++k) s += xm[k] * vec::to_f32<DT>(wr[k]);
+        C[m * N + n] = s;
       }
     }
   });

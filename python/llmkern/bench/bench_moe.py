@@ -14,6 +14,10 @@ Decode (1 .. 64 tokens) reports GB/s of expert weights read (distinct experts hi
 the layout llmkern reads) against the measured read bandwidth; prefill (512 .. 2048 tokens) reports
 GFLOP/s against the measured matmul FLOP/s.
 
+End to end: batch-1 decode tok/s of a small Mixtral-shaped random model (bench_moe_parallel's
+MODEL), llmkern's engine vs transformers' generate in the same run; skipped with a note when this
+llmkern has no MoE models or transformers is missing.
+
     python bench/bench_moe.py [--quick] [--device cpu]
 """
 from __future__ import annotations
@@ -103,7 +107,34 @@ def run(quick: bool = False, device: str = "cpu") -> list:
                                      "GFLOP/s", flops / t / 1e9, flops_limit,
                                      axes={"seqlen": T, "series": f"{str(dtype)[6:]} {vname} vs {pname}"})
                     records.append(rec)
-    return records
+    return records + (e2e_records(quick) if device == "cpu" else [])
+
+
+def e2e_records(quick: bool) -> list:
+    """Tiny-MoE decode tok/s, llmkern LLM vs HF generate (the model and rate helpers of
+    bench_moe_parallel, the expert-parallel benchmark)."""
+    try:
+        import tempfile
+
+        import transformers
+        from llmkern import LLM
+        from llmkern.bench import bench_moe_parallel as par
+        from llmkern.models.config import ModelConfig
+        from llmkern.models.loader import dummy_state_dict, save_hf_dir
+    except ImportError as e:
+        print(f"moe/e2e: skipped ({e})")
+        return []
+    n = 16 if quick else 64
+    cfg = ModelConfig.from_hf(par.MODEL)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf_dir(cfg, dummy_state_dict(cfg, seed=0, std=0.05), tmp)
+        llm = LLM(tmp, kv_cache_memory_gb=0.25)
+        hf = transformers.MixtralForCausalLM.from_pretrained(tmp).eval()
+        ours = max(par.decode_rate(llm, n) for _ in range(2))
+        peer = max(par.hf_decode_rate(hf, n) for _ in range(2))
+        del llm, hf
+    case = f"mixtral-shaped {cfg.num_layers}L h{cfg.hidden_size} {cfg.num_experts}x top-{cfg.num_experts_per_tok} b=1"
+    return [Record("moe/e2e decode", case, 1 / ours, "HF generate", 1 / peer, "tok/s", ours)]
 
 
 def main(argv=None) -> int:
