@@ -230,7 +230,7 @@ def test_kvcache(be, case):
     assert torch.equal(lens, torch.tensor(cache_lens, dtype=torch.int32, device=dev))
 
 
-# Shapes of the CPU bf16 decode kernel (AVX512_BF16, head_dim 32/64/128): more rows per kv head
+# Shapes of the CPU bf16 decode kernel (AVX512_BF16, head_dim multiples of 32 up to 256): more rows per kv head
 # than one chunk of 4, short appends, block size 1, a dense cache, and the score transforms.
 # (batch, s, hq, hkv, d, block_size, causal, window, softcap, alibi)
 BF16_DECODE_CASES = [
@@ -239,6 +239,9 @@ BF16_DECODE_CASES = [
     (2, 3, 6, 2, 128, 16, True, (-1, -1), 0.0, None),
     (2, 1, 6, 3, 64, 0, False, (40, 0), 30.0, "heads"),
     (1, 2, 5, 1, 64, 1, True, (-1, -1), 0.0, "batch"),
+    (2, 1, 8, 2, 96, 16, False, (-1, -1), 0.0, None),
+    (2, 2, 8, 1, 256, 16, True, (-1, -1), 0.0, None),
+    (1, 1, 4, 2, 80, 16, False, (-1, -1), 0.0, None),  # not a multiple of 32: the generic kernel
 ]
 
 

@@ -54,19 +54,14 @@ constexpr int kSmallRows = 16;
 
 void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc);
 void attend_small(const AttnParams& p, const Task& t, Scratch& sc);
-// The bf16 decode kernel of AVX-512 builds on AVX512_BF16 CPUs (flash_decode_cpu.cpp), head_dim
-// 32, 64 or 128; returns false, doing nothing, for anything else.
+// The bf16 decode kernel of AVX-512 builds on AVX512_BF16 CPUs (flash_decode_cpu.cpp), head_dim a
+// multiple of 32 up to 256; returns false, doing nothing, for anything else.
 bool attend_decode(const AttnParams& p, const Task& t, Scratch& sc);
 
 // AVX512_BF16 dot products (vdpbf16ps) for bf16 inputs: the CPU has them and
 // LLMKERN_ATTN_BF16_DOT=0 does not turn them off. Always false outside the AVX-512 build.
 bool cpu_bf16_dot();
 
-#if defined(__AVX512F__)
-// Restores the feature order of rows of a p.v computed on interleaved bf16 V pairs (each 32-wide
-// block is left as {0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31}).
-void unpermute_pv_bf16(float* O, int rows, int dp, int D);
-#endif
 
 // Per-row mask / bias data of a task. Rows r = g * nq + qi: query i = i0 + qi, head kvh*G + g.
 struct Rows {

@@ -13,8 +13,10 @@
 // rows of the group, and the rows of the next (tile, head) passes are prefetched. Dot products
 // are reduced VL keys at a time by a transposing tree.
 //
-// bf16 on CPUs with AVX512_BF16: both kernels use vdpbf16ps (pairs of bf16 products summed in
+// bf16 on CPUs with AVX512_BF16: the GEMM kernel uses vdpbf16ps (pairs of bf16 products summed in
 // fp32) for q.k and p.v, with P rounded to bf16 for p.v as flash-attn's tensor-core kernels do.
+// Decode at head_dim multiples of 32 goes to flash_decode_cpu.cpp (the same arithmetic); here the
+// other dims use vdpbf16ps for q.k only.
 #include <stdlib.h>
 #include <string.h>
 
@@ -400,59 +402,6 @@ __attribute__((target("avx512bf16"))) void qk_dot_bf16(const uint16_t* const* q,
 
 // Rows r0 .. r0+RR-1 against one key tile (nk keys whose K/V rows are kr[] / vr[]).
 // kn / vn (may be null): rows of the next tile, prefetched while this one is computed.
-#if defined(__AVX512F__)
-// Decode P.V for bf16 inputs with AVX512_BF16 (head_dim % 32 == 0): two keys per instruction,
-// P rounded to bf16 (as in gemm_bf16). Interleaving two V rows with unpack{lo,hi} leaves each
-// 32-wide block of the output in the order {0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31};
-// small_impl restores the order once at the end of the task (unpermute_pv_bf16).
-template <int RR>
-LLMK_BF16_TARGET void pv_dot_bf16(const float* S, const uint16_t* const* vr, int nk, int D,
-                                  float* O, int dp, const float* alpha,
-                                  const uint16_t* const* vn, int nn) {
-  alignas(64) uint16_t pb[RR][kBK];
-  const int nkp = round_up(nk, 16);  // S rows are zero beyond nk up to nkp
-  for (int r = 0; r < RR; ++r)
-    for (int j = 0; j < nkp; j += 16)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pb[r] + j),
-                         (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(S + r * kBK + j)));
-  const int row_bytes = D * 2;
-  for (int c = 0; c < D; c += 32) {
-    __m512 lo[RR], hi[RR];
-    for (int r = 0; r < RR; ++r) {
-      const __m512 a = _mm512_set1_ps(alpha[r]);
-      lo[r] = _mm512_mul_ps(_mm512_loadu_ps(O + r * dp + c), a);
-      hi[r] = _mm512_mul_ps(_mm512_loadu_ps(O + r * dp + c + 16), a);
-    }
-    for (int j = 0; j < nk; j += 2) {
-      if (c == 0) {
-        if (j < nn) prefetch_row(vn[j], row_bytes);
-        if (j + 1 < nn) prefetch_row(vn[j + 1], row_bytes);
-      }
-      const __m512i a = _mm512_loadu_si512(vr[j] + c);
-      const __m512i b = j + 1 < nk ? _mm512_loadu_si512(vr[j + 1] + c) : _mm512_setzero_si512();
-      const __m512bh xl = (__m512bh)_mm512_unpacklo_epi16(a, b);
-      const __m512bh xh = (__m512bh)_mm512_unpackhi_epi16(a, b);
-      for (int r = 0; r < RR; ++r) {
-        uint32_t pair;
-        memcpy(&pair, pb[r] + j, 4);
-        const __m512bh pp = (__m512bh)_mm512_set1_epi32(int(pair));
-        lo[r] = _mm512_dpbf16_ps(lo[r], pp, xl);
-        hi[r] = _mm512_dpbf16_ps(hi[r], pp, xh);
-      }
-    }
-    for (int r = 0; r < RR; ++r) {
-      _mm512_storeu_ps(O + r * dp + c, lo[r]);
-      _mm512_storeu_ps(O + r * dp + c + 16, hi[r]);
-    }
-  }
-}
-
-// The decode kernel takes this path for bf16 inputs on AVX512_BF16 CPUs.
-LLMK_ALWAYS_INLINE bool pv_dot_ok(DType t, int D) {
-  return t == DType::BF16 && D % 32 == 0 && cpu_bf16_dot();
-}
-#endif
-
 // qsrc: the RR rows of q in the input dtype (unscaled), for the bf16 dot-product path.
 template <DType T, int RR>
 void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* kr,
@@ -516,14 +465,6 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
                                 cap, alibi, false, m[row], l[row]);
   }
   // O = alpha * O + P.V, V converted in registers, each load shared by the RR rows.
-#if defined(__AVX512F__)
-  if constexpr (T == DType::BF16) {
-    if (pv_dot_ok(T, D)) {
-      pv_dot_bf16<RR>(S, vr, nk, D, O + r0 * dp, dp, alpha, vn, nn);
-      return;
-    }
-  }
-#endif
   constexpr int NV = kNR;
   int d0 = 0;
   for (; d0 + NV * VL <= dfull; d0 += NV * VL) {
@@ -618,11 +559,6 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
       }
     }
   }
-#if defined(__AVX512F__)
-  if constexpr (T == DType::BF16) {
-    if (pv_dot_ok(T, D)) unpermute_pv_bf16(O, M, dp, D);
-  }
-#endif
 }
 
 }  // namespace

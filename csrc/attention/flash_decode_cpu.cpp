@@ -1,7 +1,7 @@
 // CPU decode kernel for bf16 on AVX512_BF16 CPUs (the AVX-512 build): flash_attn's small-rows
 // tasks (decode steps and short appends: few query rows per kv head; one task per sequence,
-// covering all its kv heads) at head_dim 32, 64 or 128. Other dtypes, dims and CPUs take the
-// generic small-rows kernel (attend_small in flash_attn_tiles_cpu.cpp).
+// covering all its kv heads) at head_dim a multiple of 32 up to 256. Other dtypes, dims and CPUs
+// take the generic small-rows kernel (attend_small in flash_attn_tiles_cpu.cpp).
 //
 // Per tile of kT keys and per kv head, for the head's rows four at a time:
 //   S = q.K^T on bf16 pairs (vdpbf16ps): head_dim unrolled, q held in registers, one vector of
@@ -93,6 +93,13 @@ LLMK_BF16_TARGET void qk_bf16(const uint16_t* const* q, const uint16_t* const* k
   }
 }
 
+// The most 32-wide output blocks (a divisor of np) whose rr x 2 accumulators stay <= 16 registers.
+constexpr int pv_blocks(int np, int rr) {
+  for (int ch = np; ch > 1; --ch)
+    if (np % ch == 0 && rr * 2 * ch <= 16) return ch;
+  return 1;
+}
+
 // O[r] = alpha[r] O[r] + sum_j P[r][j] v_j for RR rows (O stride dp) on pairs of keys: two V rows interleaved by unpack{lo,hi} leave each 32-wide block of
 // the output in the order {0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31}; the task restores
 // it once at the end (unpermute_pv_bf16).
@@ -100,7 +107,7 @@ template <int NP, int RR>
 LLMK_BF16_TARGET void pv_bf16(const float* S, const uint16_t* const* vr, int nk, float* O, int dp,
                               const float* alpha, const uint16_t* const* pf, int npf) {
   constexpr int row_bytes = NP * 64;
-  constexpr int CH = RR * 2 * NP <= 16 ? NP : NP / 2;  // 32-wide blocks per pass
+  constexpr int CH = pv_blocks(NP, RR);  // 32-wide blocks per pass
   alignas(64) uint16_t pb[RR][kT];
   const int nkp = (nk + 15) / 16 * 16;  // S rows are 0 from nk up to nkp (softmax padding)
   for (int r = 0; r < RR; ++r)
@@ -144,6 +151,19 @@ LLMK_BF16_TARGET void pv_bf16(const float* S, const uint16_t* const* vr, int nk,
         _mm512_storeu_ps(O + r * dp + (c0 + c) * 32 + 16, hi[r][c]);
       }
   }
+}
+
+// Restores the feature order of the rows of a p.v computed by pv_bf16.
+void unpermute_pv_bf16(float* O, int rows, int dp, int D) {
+  const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < D; c += 32) {
+      float* o = O + int64_t(r) * dp + c;
+      const __m512 lo = _mm512_loadu_ps(o), hi = _mm512_loadu_ps(o + 16);
+      _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, i0, hi));
+      _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, i1, hi));
+    }
 }
 
 // ---- the task ------------------------------------------------------------------------------
@@ -232,24 +252,17 @@ void decode_impl(const AttnParams& p, const Task& t, Scratch& sc) {
 
 }  // namespace
 
-void unpermute_pv_bf16(float* O, int rows, int dp, int D) {
-  const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < D; c += 32) {
-      float* o = O + int64_t(r) * dp + c;
-      const __m512 lo = _mm512_loadu_ps(o), hi = _mm512_loadu_ps(o + 16);
-      _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, i0, hi));
-      _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, i1, hi));
-    }
-}
-
 bool attend_decode(const AttnParams& p, const Task& t, Scratch& sc) {
   if (p.dtype != DType::BF16 || !cpu_bf16_dot()) return false;
-  switch (p.head_dim) {
+  switch (p.head_dim) {  // every multiple of 32 flash-attn allows
     case 32: decode_impl<1>(p, t, sc); return true;
     case 64: decode_impl<2>(p, t, sc); return true;
+    case 96: decode_impl<3>(p, t, sc); return true;
     case 128: decode_impl<4>(p, t, sc); return true;
+    case 160: decode_impl<5>(p, t, sc); return true;
+    case 192: decode_impl<6>(p, t, sc); return true;
+    case 224: decode_impl<7>(p, t, sc); return true;
+    case 256: decode_impl<8>(p, t, sc); return true;
     default: return false;
   }
 }
