@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -12,8 +9,6 @@ from llmkern.models.config import ModelConfig
 from llmkern.optimize.estimate import (EngineKnobs, ModelShape, SimRequest, concurrency_estimate, simulate,
                                        step_time)
 from llmkern.optimize.profiles import DATASHEETS, HardwareProfile, load, save
-
-from serve_helpers import package_root
 
 # hidden 64, intermediate 128, 2 layers, 4 heads / 2 KV heads of 16, vocab 100
 CFG = ModelConfig(arch="llama", vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -134,25 +129,32 @@ def test_profiles_save_load(tmp_path, monkeypatch):
         load("nope")
 
 
-def _cli(*args, env=None):
-    e = dict(os.environ, PYTHONPATH=package_root() + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "llmkern.cli", "estimate", *args], capture_output=True, text=True,
-                          timeout=120, env=e)
+def _cli(capsys, *args):
+    from llmkern.cli import main
+
+    try:
+        rc = main(["estimate", *args])
+    except SystemExit as e:
+        return str(e.code), ""
+    assert rc == 0
+    return None, capsys.readouterr().out
 
 
-def test_cli_estimate(tmp_path):
+def test_cli_estimate(tmp_path, capsys, monkeypatch):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                                "vocab_size": 100}))
-    out = _cli("--model", str(tmp_path), "--profile", "H100", "--concurrency", "8", "--json")
-    assert out.returncode == 0, out.stderr
-    est = json.loads(out.stdout)
+    err, out = _cli(capsys, "--model", str(tmp_path), "--profile", "H100", "--concurrency", "8", "--json")
+    assert err is None
+    est = json.loads(out)
     assert est["profile"]["calibrated"] is False and est["at_concurrency"]["concurrency"] == 8
-    out = _cli("--model", str(tmp_path), "--profile", "L40S")
-    assert out.returncode == 0 and "UNCALIBRATED" in out.stdout
-    out = _cli("--model", str(tmp_path), env={"LLMKERN_PROFILE_DIR": str(tmp_path / "empty")})
-    assert out.returncode != 0 and "--calibrate" in out.stderr and "Traceback" not in out.stderr
-    out = _cli("--model", str(tmp_path), "--profile", "H100", "--concurrency", "0")
-    assert out.returncode != 0 and "--concurrency" in out.stderr and "Traceback" not in out.stderr
+    err, out = _cli(capsys, "--model", str(tmp_path), "--profile", "L40S")
+    assert err is None and "UNCALIBRATED" in out
+    monkeypatch.setenv("LLMKERN_PROFILE_DIR", str(tmp_path / "empty"))
+    err, _ = _cli(capsys, "--model", str(tmp_path))
+    assert err.startswith("llmkern: estimate:") and "--calibrate" in err
+    err, _ = _cli(capsys, "--model", str(tmp_path), "--profile", "H100", "--concurrency", "0")
+    assert "--concurrency" in err
+    err, _ = _cli(capsys, "--model", str(tmp_path / "missing"), "--profile", "H100")
+    assert "--model" in err and "missing" in err
