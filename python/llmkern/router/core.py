@@ -128,6 +128,9 @@ class Router:
         for i, w in enumerate(ranked):
             w.requests += 1
             w.inflight += 1
+            if req.token_ids and w.kv.synced:
+                new = len(req.token_ids) - int(req.cached_fraction(w) * len(req.token_ids))
+                w.kv.note_routed(req.hashes(w.kv.block_size), new)
             handed_over = False
             try:
                 req_ = self.client.build_request("POST", w.url + path, content=raw, headers=headers)
