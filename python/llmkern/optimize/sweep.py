@@ -129,7 +129,9 @@ def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_to
         hw_now = profiles.remeasure(hw) if a.recalibrate and hw.calibrated else hw
         sim = simulate(_sim_requests(cwl, prompt_tokens, prefix_tokens), shape, hw_now, ek)
         sim.pop("requests")
-        sim["profile_bandwidth_gbs"] = hw_now.bandwidth / 1e9
+        sim["profile_bandwidth_gbs"] = hw_now.bandwidth / 1e9       # the rates this estimate used
+        sim["profile_gemm_gflops"] = hw_now.gemm(shape.dtype) / 1e9
+        sim["profile_attn_decode_gbs"] = hw_now.attn_decode_bw / 1e9
         extra = (["--kv-cache-memory-gb", str(a.kv_cache_memory_gb)] if a.kv_cache_memory_gb else []) + \
                 (["--dtype", a.dtype] if a.dtype else [])
         cmd = knobs_mod.serve_command(a.model, server_knobs, extra)
