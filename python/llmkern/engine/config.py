@@ -45,6 +45,14 @@ class EngineConfig:
     tensor_parallel_size: int = 1           # Megatron-style shards of every layer
     pipeline_parallel_size: int = 1         # contiguous stages of layers
     distributed_timeout_s: float = 60.0     # a collective not complete by then is an error
+    # prefill-decode disaggregation (engine/kv_transfer.py): "both" (co-located), "prefill" (one
+    # token, then the KV blocks are handed over), "decode" (takes requests with kv_transfer_params)
+    kv_role: str = "both"
+    # a KVConnector, or a dict for llmkern.distributed.kv_connectors.build_connector, e.g.
+    # {"kind": "p2p" | "shm", "rank": 0, "world_size": 2, "master_addr": "127.0.0.1", "master_port": N}
+    kv_connector: Optional[object] = None
+    kv_transfer_timeout_s: float = 30.0     # prefill: blocks pinned this long at most; decode: KV wait
+    kv_transfer_fallback: str = "fail"      # decode, transfer failed: "fail" (error) | "recompute" here
 
     def __post_init__(self):
         def bad(name, expected):
@@ -79,6 +87,17 @@ class EngineConfig:
             bad("kv_cache_memory_gb", "a size in GiB > 0")
         if not (isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0):
             bad("distributed_timeout_s", "a number of seconds > 0")
+        if self.kv_role not in ("both", "prefill", "decode"):
+            bad("kv_role", "'both', 'prefill' or 'decode'")
+        if self.kv_role != "both" and self.kv_connector is None:
+            raise ValueError(f"kv_connector: kv_role={self.kv_role!r} needs a KV connector")
+        if self.kv_connector is not None and not hasattr(self.kv_connector, "poll") and \
+                not isinstance(self.kv_connector, dict):
+            bad("kv_connector", "a KVConnector or a dict spec")
+        if not _is_num(self.kv_transfer_timeout_s) or self.kv_transfer_timeout_s <= 0:
+            bad("kv_transfer_timeout_s", "a number of seconds > 0")
+        if self.kv_transfer_fallback not in ("fail", "recompute"):
+            bad("kv_transfer_fallback", "'fail' or 'recompute'")
         self._check_device()
         self._check_memory()
         if not 0 < self.gpu_memory_utilization <= 1:
