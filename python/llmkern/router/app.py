@@ -102,7 +102,10 @@ def build_router_app(router: Router, admin_key: Optional[str] = None) -> FastAPI
     @app.get("/admin/workers")
     async def list_workers(request: Request):
         _admin(request)
-        return {"policy": router.policy.name, "workers": [w.info() for w in router.workers.values()]}
+        role_of = getattr(router, "role_of", None)   # --pd mode: each worker's role too
+        return {"policy": router.policy.name,
+                "workers": [dict(w.info(), role=role_of(w.url)) if role_of else w.info()
+                            for w in router.workers.values()]}
 
     @app.post("/admin/workers")
     async def add_worker(request: Request):

@@ -78,6 +78,8 @@ def add_pd_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-world-size", type=int, default=None, help="how many engines share the rendezvous")
     g.add_argument("--kv-transfer-timeout-s", type=float, default=30.0,
                    help="a hand-over not complete by then fails: both sides free the blocks")
+    g.add_argument("--kv-transfer-fallback", default="recompute", choices=["recompute", "fail"],
+                   help="decode role, a hand-over that failed: prefill the request here, or fail it with an error")
 
 
 def check_pd_args(a) -> Optional[str]:
@@ -98,9 +100,24 @@ def engine_kwargs(a) -> dict:
     role = getattr(a, "role", "both")
     if role == "both":
         return {}
-    return dict(kv_role=role, kv_connector=a.kv_connector or "torch",
-                kv_connector_options=dict(rendezvous=a.kv_rendezvous, rank=a.kv_rank, world_size=a.kv_world_size),
-                kv_transfer_timeout_s=a.kv_transfer_timeout_s)
+    return dict(kv_role=role, kv_connector=connector_spec(a), kv_transfer_timeout_s=a.kv_transfer_timeout_s,
+                kv_transfer_fallback=a.kv_transfer_fallback)
+
+
+def connector_spec(a) -> dict:
+    """The connector's spec for llmkern.distributed.kv_connectors.build_connector."""
+    if a.kv_rendezvous is None or a.kv_rank is None or a.kv_world_size is None:
+        raise ValueError("kv_connector: --role prefill|decode needs --kv-rendezvous HOST:PORT, --kv-rank and "
+                         "--kv-world-size (the same rendezvous for every engine; `serve --pd` sets them)")
+    host, sep, port = a.kv_rendezvous.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"kv_connector: --kv-rendezvous: expected HOST:PORT, got {a.kv_rendezvous!r}")
+    if not 0 <= a.kv_rank < a.kv_world_size:
+        raise ValueError(f"kv_connector: --kv-rank: expected 0 <= rank < --kv-world-size ({a.kv_world_size}), "
+                         f"got {a.kv_rank}")
+    kind = {"torch": "p2p", "shm": "shm"}[a.kv_connector or "torch"]
+    return {"kind": kind, "rank": a.kv_rank, "world_size": a.kv_world_size, "master_addr": host,
+            "master_port": int(port)}
 
 
 def launch_connector_argv(a):
