@@ -1,0 +1,111 @@
+"""KV hand-over between engines on one host through shared memory: the prefill side writes a
+pulled request's blocks into a file in /dev/shm (memory, not disk) and answers the pull in the
+store with the file's name, size and block hashes; the decode side maps the file, checks it and
+copies the blocks into its cache, then removes the file. No thread, no socket of its own: both
+sides act inside poll() on the engine thread, signalling through the torch.distributed store.
+
+A file whose reader never came (decode engine died) is removed by the prefill side once the
+request's deadline has passed."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .kv_connectors import NO_KV, PullConnector, _short
+from ..engine.kv_transfer import now
+
+
+def default_shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class ShmConnector(PullConnector):
+    kind = "shm"
+
+    def __init__(self, store, rank: int, world_size: int, group: str, timeout_s: float,
+                 shm_dir: Optional[str] = None):
+        super().__init__(store, rank, world_size, group, timeout_s)
+        self.dir = shm_dir or default_shm_dir()
+        if not os.path.isdir(self.dir):
+            raise ValueError(f"kv_connector: shm_dir {self.dir!r} is not a directory")
+        self._waiting: Dict[Tuple[int, int], str] = {}   # decode: (peer, pull no.) -> request id
+        self._files: Dict[str, float] = {}               # prefill: written file -> remove after
+
+    def _answer(self, peer: int, seq: int, msg: dict) -> None:
+        self.store.set(f"done/{self.rank}/{peer}/{seq}", json.dumps(msg))
+
+    def _send(self, peer, seq, rid, data, hashes) -> None:
+        path = os.path.join(self.dir, f"llmkern-kv-{os.getpid()}-{self.group}-{self.rank}-{peer}-{seq}")
+        try:
+            with open(path, "wb") as f:
+                f.write(memoryview(data.contiguous().cpu().numpy()).cast("B"))
+        except OSError as e:
+            _unlink(path)
+            self._answer(peer, seq, {"ok": False, "error": f"prefill side: shared memory write failed: {e}"})
+            return self._send_done(rid, f"shared memory write failed: {e}")
+        self._files[path] = now() + self.timeout_s
+        self._answer(peer, seq, {"ok": True, "path": path, "nbytes": data.numel(), "hashes": list(hashes)})
+        self._send_done(rid, None)  # the bytes are handed over: the blocks may go
+
+    def _send_failure(self, peer, seq, why) -> None:
+        self._answer(peer, seq, {"ok": False, "error": why})
+
+    def _begin_recv(self, peer, seq, rid) -> None:
+        self._waiting[(peer, seq)] = rid
+
+    def _progress(self) -> None:
+        t = now()
+        for path, until in list(self._files.items()):
+            if not os.path.exists(path):  # read and removed by the decode side
+                del self._files[path]
+            elif t > until:  # never read: the decode side is gone
+                _unlink(path)
+                del self._files[path]
+        for (peer, seq), rid in list(self._waiting.items()):
+            key = f"done/{peer}/{self.rank}/{seq}"
+            if not self.store.check([key]):
+                continue
+            msg = json.loads(self.store.get(key))
+            self.store.delete_key(key)
+            del self._waiting[(peer, seq)]
+            if not msg.get("ok"):
+                self._recv_done(rid, msg.get("error") or NO_KV)
+                continue
+            path = msg["path"]
+            try:
+                data = _read(path, int(msg["nbytes"]))
+            except (OSError, RuntimeError, ValueError) as e:
+                self._recv_done(rid, f"shared memory read failed: {_short(e)}")
+                continue
+            finally:
+                _unlink(path)
+            self._recv_done(rid, None, [int(h) for h in msg["hashes"]], data)
+
+    def has_pending(self) -> bool:
+        return super().has_pending() or bool(self._files)
+
+    def close(self) -> None:
+        for path in list(self._files):
+            _unlink(path)
+        self._files.clear()
+        super().close()
+
+
+def _read(path: str, nbytes: int) -> torch.Tensor:
+    size = os.path.getsize(path)
+    if size != nbytes:
+        raise ValueError(f"file holds {size} bytes, the prefill side announced {nbytes}")
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.from_file(path, shared=False, size=nbytes, dtype=torch.uint8)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
