@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import signal
 import time
 
@@ -172,12 +173,82 @@ def test_kv_bytes_moved_equal_the_prompts_blocks(servers, model_dir):
     _wait(lambda: _metric(pre, "llmkern:kv_blocks_pinned") == 0, 10, "the prefill side to unpin")
 
 
-# -- failures: a prefill and a decode replica and `llmkern router --pd`, launched one by one ---------------
+# -- failures --------------------------------------------------------------------------------------------
+def _replica_pid(launcher, role) -> int:
+    """The pid of the launcher's `serve --role ROLE` child (Linux /proc)."""
+    pid = launcher.proc.pid
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        kids = [int(x) for x in f.read().split()]
+    for k in kids:
+        with open(f"/proc/{k}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+        if b"--role" in args and args[args.index(b"--role") + 1] == role.encode():
+            return k
+    raise AssertionError(f"no {role} replica among {kids}")
+
+
+async def _one(client, base, i, stream, max_tokens=120):
+    body = {"model": "tiny", "prompt": PROMPTS[i % 3] + f" #{i}", "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": stream}
+    if not stream:
+        r = await client.post(base + "/v1/completions", json=body)
+        return ("done", r.json()["choices"][0]["text"]) if r.status_code == 200 else ("http_error", r.status_code,
+                                                                                     r.json())
+    events = []
+    async with client.stream("POST", base + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            return ("http_error", r.status_code, json.loads(await r.aread()))
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    errors = [json.loads(e) for e in events[:-1] if '"error"' in e]
+    if errors:
+        return ("stream_error", errors[0])
+    return ("done", "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1] if json.loads(e)["choices"]))
+
+
+def test_prefill_replica_killed_mid_run(servers):
+    """The last test on the 1P1D launch: it kills its prefill replica."""
+    co, pd = servers
+    ref = {i: co.client().completions.create(model="tiny", prompt=PROMPTS[i % 3] + f" #{i}", max_tokens=120,
+                                             temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+           for i in range(10)}
+    victim = _replica_pid(pd, "prefill")
+    decode = _replica(pd, "decode")
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=60) as client:
+            tasks = []
+            for i in range(10):
+                tasks.append(asyncio.ensure_future(_one(client, pd.base, i, stream=i % 2 == 0)))
+                await asyncio.sleep(0.05)
+                if i == 3:
+                    os.kill(victim, signal.SIGKILL)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 90)
+
+    results = asyncio.run(scenario())
+    # None lost: every request is answered whole (those not yet prefilled by the decode replica,
+    # co-located), exactly as a co-located server answers it.
+    for i, res in enumerate(results):
+        assert res == ("done", ref[i]), (i, res)
+    m = pd.metrics()
+    assert m[("llmkern_router_pd_fallbacks_total", ())] >= 1
+    r = pd.client().completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5, temperature=0)
+    assert r.choices[0].text == co.client().completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5,
+                                                               temperature=0).choices[0].text
+    _wait(lambda: _metric(decode, "llmkern:kv_cache_usage_perc") == 0
+          and _metric(decode, "llmkern:num_requests_waiting_for_kv") == 0, 15, "decode blocks freed")
+
+
 class _Cluster:
-    def __init__(self, model_dir, timeout_s=3.0):
+    """A prefill and a decode replica and `llmkern router --pd`, launched one by one (the multi-machine
+    way), with the shared-memory connector."""
+
+    def __init__(self, model_dir, timeout_s=3.0, connector="shm"):
         rdv = f"127.0.0.1:{free_port()}"
-        common = ["--model", model_dir, *ENGINE_ARGS, "--kv-rendezvous", rdv, "--kv-world-size", "2",
-                  "--kv-transfer-timeout-s", str(timeout_s)]
+        common = ["--model", model_dir, *ENGINE_ARGS, "--kv-connector", connector, "--kv-rendezvous", rdv,
+                  "--kv-world-size", "2", "--kv-transfer-timeout-s", str(timeout_s)]
         self.procs = []
         try:
             self.prefill = self._add(ServerProcess([*common, "--role", "prefill", "--kv-rank", "0"], wait=False))
@@ -207,56 +278,6 @@ def cluster(model_dir):
         yield c
     finally:
         c.close()
-
-
-async def _one(client, base, i, stream, max_tokens=120):
-    body = {"model": "tiny", "prompt": PROMPTS[i % 3] + f" #{i}", "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": stream}
-    if not stream:
-        r = await client.post(base + "/v1/completions", json=body)
-        return ("done", r.json()["choices"][0]["text"]) if r.status_code == 200 else ("http_error", r.status_code,
-                                                                                     r.json())
-    events = []
-    async with client.stream("POST", base + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            return ("http_error", r.status_code, json.loads(await r.aread()))
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-    assert events[-1] == "[DONE]"
-    errors = [json.loads(e) for e in events[:-1] if '"error"' in e]
-    if errors:
-        return ("stream_error", errors[0])
-    return ("done", "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1] if json.loads(e)["choices"]))
-
-
-def test_prefill_replica_killed_mid_run(cluster, servers):
-    co, _ = servers
-    ref = {i: co.client().completions.create(model="tiny", prompt=PROMPTS[i % 3] + f" #{i}", max_tokens=120,
-                                             temperature=0, extra_body={"ignore_eos": True}).choices[0].text
-           for i in range(10)}
-
-    async def scenario():
-        async with httpx.AsyncClient(timeout=60) as client:
-            tasks = []
-            for i in range(10):
-                tasks.append(asyncio.ensure_future(_one(client, cluster.router.base, i, stream=i % 2 == 0)))
-                await asyncio.sleep(0.05)
-                if i == 3:
-                    cluster.prefill.signal(signal.SIGKILL)
-            return await asyncio.wait_for(asyncio.gather(*tasks), 90)
-
-    results = asyncio.run(scenario())
-    # None lost: every request is answered whole (by the decode replica, co-located), as a co-located
-    # server answers it.
-    for i, res in enumerate(results):
-        assert res == ("done", ref[i]), (i, res)
-    m = cluster.router.metrics()
-    assert m[("llmkern_router_pd_fallbacks_total", ())] >= 1
-    r = cluster.router.client().completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5, temperature=0)
-    assert r.choices[0].text == co.client().completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5,
-                                                               temperature=0).choices[0].text
-    _wait(lambda: _metric(cluster.decode.base, "llmkern:kv_cache_usage_perc") == 0, 15, "decode blocks freed")
 
 
 def test_decode_replica_killed_mid_run(cluster):

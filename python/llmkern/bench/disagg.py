@@ -99,7 +99,7 @@ def _metric_sums(url: str, names) -> Dict[str, float]:
     import httpx
 
     out = {n: 0.0 for n in names}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(url + "/metrics", timeout=120).text.splitlines():   # a busy 1-CPU replica is slow
         for n in names:
             if line.startswith(n + "{") or line.startswith(n + " "):
                 out[n] += float(line.split()[-1])
@@ -128,7 +128,7 @@ def run_system(system: str, a, reqs: List[Req], model_name: str) -> dict:
     try:
         replicas = []
         if system == "pd":
-            replicas = [w["url"] for w in httpx.get(srv.base + "/admin/workers", timeout=10).json()["workers"]]
+            replicas = [w["url"] for w in httpx.get(srv.base + "/admin/workers", timeout=60).json()["workers"]]
         asyncio.run(drive(srv.base, model_name, [Req(0.0, "Hello", 4)], a.timeout))   # warm-up
         before = [_metric_sums(u, _KV) for u in replicas]
         results, wall = asyncio.run(drive(srv.base, model_name, reqs, a.timeout))
