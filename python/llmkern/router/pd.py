@@ -148,6 +148,12 @@ class PDRouter:
                            code="decode_unavailable") from None
         if out[0] >= 500:
             self.decode_errors += 1
+        elif out[0] == 400 and b'"kv_transfer_params"' in out[2]:
+            # The decode side cannot use the hand-over (expired, other geometry, peer unreachable):
+            # not the client's fault, so it is served whole there instead.
+            self.fallbacks += 1
+            log.warning("llmkern router: decode replica refused the hand-over: request served co-located")
+            return await self.decode.forward(path, raw, headers, req.route, stream)
         return out
 
     # -- what /metrics reads ----------------------------------------------------------------------

@@ -116,8 +116,11 @@ def connector_spec(a) -> dict:
         raise ValueError(f"kv_connector: --kv-rank: expected 0 <= rank < --kv-world-size ({a.kv_world_size}), "
                          f"got {a.kv_rank}")
     kind = {"torch": "p2p", "shm": "shm"}[a.kv_connector or "torch"]
-    return {"kind": kind, "rank": a.kv_rank, "world_size": a.kv_world_size, "master_addr": host,
+    spec = {"kind": kind, "rank": a.kv_rank, "world_size": a.kv_world_size, "master_addr": host,
             "master_port": int(port)}
+    if kind == "p2p" and (getattr(a, "device", None) or "").startswith("cuda"):
+        spec["backend"] = "nccl"    # GPU to GPU; gloo (the default) stages through host memory
+    return spec
 
 
 def launch_connector_argv(a):
