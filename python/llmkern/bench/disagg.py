@@ -168,7 +168,8 @@ def run_bench(a) -> dict:
         row = run_system(system, a, reqs, model_name)
         rows.append(row)
         print(f"[pd] {system}: {json.dumps(row)}", file=sys.stderr, flush=True)
-    report = {"args": {k: v for k, v in vars(a).items() if not callable(v)}, "cpus": os.cpu_count(), "rows": rows}
+    args = {k: v for k, v in vars(a).items() if not callable(v)}
+    report = {"args": args, "cpus": os.cpu_count(), "rows": rows}
     by = {r["system"]: r for r in rows}
     if "colocated" in by and "pd" in by:
         c, d = by["colocated"], by["pd"]
