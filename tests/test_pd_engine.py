@@ -252,14 +252,33 @@ def test_bad_kv_transfer_params_are_refused(shm_pair):
     assert_baseline(P, D)
 
 
+def test_connector_from_kind_and_options(tmp_path, reference):
+    """The form a command line passes: a kind and options with a HOST:PORT rendezvous."""
+    from distributed_helpers import free_port
+
+    opts = dict(rendezvous=f"127.0.0.1:{free_port()}", world_size=2, shm_dir=str(tmp_path))
+    P = Engine(MODEL, EngineConfig(kv_role="prefill", kv_connector="shm", kv_connector_options=dict(opts, rank=0),
+                                   **ENGINE), load_format="dummy")
+    D = Engine(MODEL, EngineConfig(kv_role="decode", kv_connector="shm", kv_connector_options=dict(opts, rank=1),
+                                   **ENGINE), load_format="dummy")
+    try:
+        (o,) = prefill(P, PROMPTS[1:2])
+        D.add_request(PROMPTS[1], GREEDY, request_id="s", kv_transfer_params=o.kv_transfer_params)
+        assert run_decode(P, D)["s"].outputs[0].token_ids == reference(PROMPTS[1])
+        assert_baseline(P, D)
+    finally:
+        D.shutdown()
+        P.shutdown()
+
+
 # -- torch.distributed point-to-point, two processes ---------------------------------------------
 class Peer:
     """An engine in a child process (tests/pd_peer.py), driven by JSON lines; always reaped."""
 
-    def __init__(self, role: str, rank: int, port: int, **engine_kw):
+    def __init__(self, role: str, rank: int, port: int, kind: str = "p2p", conn_kw=None, **engine_kw):
         spec = {"model": MODEL, "engine": dict(ENGINE, kv_role=role, **engine_kw, kv_connector=dict(
-            kind="p2p", rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, is_master=False,
-            timeout_s=20))}
+            kind=kind, rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, is_master=False,
+            timeout_s=20, **(conn_kw or {})))}
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         self.proc = subprocess.Popen([sys.executable, PEER, json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
@@ -298,12 +317,14 @@ class Peer:
             self.kill()
 
 
-def p2p_pair(local_role: str, local_rank: int, **peer_kw):
+def p2p_pair(local_role: str, local_rank: int, kind: str = "p2p", conn_kw=None, **peer_kw):
     """(this process's engine, the peer in a child process); this process hosts the store."""
     store = new_store()
-    peer = Peer("prefill" if local_role == "decode" else "decode", 1 - local_rank, store.port, **peer_kw)
+    peer = Peer("prefill" if local_role == "decode" else "decode", 1 - local_rank, store.port, kind, conn_kw,
+                **peer_kw)
     try:
-        local = engine(local_role, dict(kind="p2p", rank=local_rank, world_size=2, store=store, timeout_s=20))
+        local = engine(local_role, dict(kind=kind, rank=local_rank, world_size=2, store=store, timeout_s=20,
+                                        **(conn_kw or {})))
         assert peer.read()["ready"]
     except BaseException:
         peer.close()
@@ -396,3 +417,18 @@ def test_p2p_decode_killed_mid_transfer():
     finally:
         peer.close()
         P.shutdown()
+
+
+def test_shm_prefill_process_killed(tmp_path):
+    """Same host: the decode side sees its prefill peer's process gone and fails at once."""
+    D, peer = p2p_pair("decode", 0, kind="shm", conn_kw=dict(shm_dir=str(tmp_path)), kv_transfer_timeout_s=300)
+    try:
+        params = remote_prefill(peer, PROMPTS[:1])
+        peer.kill()
+        D.add_request(PROMPTS[0], GREEDY, request_id="k", kv_transfer_params=params[0])
+        d = drain(D)["k"]  # bounded by WAIT_S, far below the 300 s deadline
+        assert d.finish_reason == "error" and "exited" in d.error, d.error
+        assert_baseline(D)
+    finally:
+        peer.close()
+        D.shutdown()

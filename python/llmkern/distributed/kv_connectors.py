@@ -33,17 +33,24 @@ STORE_TIMEOUT_S = 30.0
 
 def build_connector(spec: dict) -> KVConnector:
     """A connector from a plain spec (what a CLI or server passes through EngineConfig):
-    {"kind": "p2p" | "shm", "rank": R, "world_size": W, "master_addr": "127.0.0.1",
+    {"kind": "p2p" (alias "torch") | "shm", "rank": R, "world_size": W, "master_addr": "127.0.0.1",
      "master_port": N, "group": "default", "timeout_s": 60, "backend": "gloo" | "nccl" (p2p),
      "shm_dir": "/dev/shm" (shm)}. Rank 0 hosts the store unless "is_master" says otherwise
     (master_port 0: any free port, see PullConnector.store_port); the others connect to it; or
-    "store": an existing torch.distributed Store object. master_addr / master_port default to the
+    "store": an existing torch.distributed Store object; "rendezvous": "HOST:PORT" stands for
+    master_addr and master_port; keys set to None take their defaults. master_addr / master_port default to the
     MASTER_ADDR / MASTER_PORT environment variables (env:// style)."""
     if not isinstance(spec, dict):
         raise ValueError(f"kv_connector: expected a dict spec, got {type(spec).__name__}")
-    kind = spec.get("kind")
+    spec = {k: v for k, v in spec.items() if v is not None}  # unset CLI options: the defaults
+    kind = {"torch": "p2p"}.get(spec.get("kind"), spec.get("kind"))
     if kind not in ("p2p", "shm"):
-        raise ValueError(f"kv_connector: kind must be 'p2p' or 'shm', got {kind!r}")
+        raise ValueError(f"kv_connector: kind must be 'p2p' (or 'torch') or 'shm', got {kind!r}")
+    if "rendezvous" in spec:  # "HOST:PORT"
+        host, _, port = str(spec.pop("rendezvous")).rpartition(":")
+        if not host:
+            raise ValueError(f"kv_connector: rendezvous must be HOST:PORT, got {host}:{port}")
+        spec.update(master_addr=host, master_port=port)
     known = {"kind", "rank", "world_size", "master_addr", "master_port", "group", "timeout_s", "backend",
              "shm_dir", "store", "is_master"}
     unknown = sorted(set(spec) - known)

@@ -103,7 +103,12 @@ class P2PConnector(PullConnector):
         if self.device.type == "cuda":  # NCCL's wait orders streams; the host must see the bytes
             torch.cuda.current_stream(self.device).synchronize()
 
+    def _thread_device(self) -> None:
+        if self.device.type == "cuda":  # a new thread starts on device 0
+            torch.cuda.set_device(self.device)
+
     def _sender(self, peer: int, q: "queue.Queue") -> None:
+        self._thread_device()
         broken = None
         while True:
             rid, data, hashes, ev, nblocks = q.get()
@@ -133,6 +138,7 @@ class P2PConnector(PullConnector):
                     self._done.put(("send", rid, broken))
 
     def _receiver(self, peer: int, q: "queue.Queue") -> None:
+        self._thread_device()
         broken = None
         while True:
             rid = q.get()

@@ -4,14 +4,17 @@ store with the file's name, size and block hashes; the decode side maps the file
 copies the blocks into its cache, then removes the file. No thread, no socket of its own: both
 sides act inside poll() on the engine thread, signalling through the torch.distributed store.
 
-A file whose reader never came (decode engine died) is removed by the prefill side once the
-request's deadline has passed."""
+Both ends are on one host, so each publishes its process id in the store and checks its peer's:
+a decode engine waiting on a prefill engine that died fails the request at once (not at its
+deadline), and a prefill engine removes the files written for a decode engine that died. A file
+whose reader never came for another reason is removed once the request's deadline has passed."""
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from typing import Dict, List, Optional, Tuple
+import time
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -33,7 +36,28 @@ class ShmConnector(PullConnector):
         if not os.path.isdir(self.dir):
             raise ValueError(f"kv_connector: shm_dir {self.dir!r} is not a directory")
         self._waiting: Dict[Tuple[int, int], str] = {}   # decode: (peer, pull no.) -> request id
-        self._files: Dict[str, float] = {}               # prefill: written file -> remove after
+        self._files: Dict[str, Tuple[float, int]] = {}   # prefill: written file -> (remove after, reader)
+        self._pids: Dict[int, int] = {}                  # peer rank -> its process id
+        self._checked = 0.0
+
+    def bind(self, role: str, caches, block_size: int) -> None:
+        super().bind(role, caches, block_size)
+        self.store.set(f"pid/{self.rank}", str(os.getpid()))
+
+    def _gone(self, peer: int) -> Optional[str]:
+        """Why the peer cannot answer any more (its process exited), or None."""
+        pid = self._pids.get(peer)
+        if pid is None:
+            if not self.store.check([f"pid/{peer}"]):
+                return None
+            pid = self._pids[peer] = int(self.store.get(f"pid/{peer}"))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"the engine of rank {peer} (pid {pid}) exited"
+        except PermissionError:
+            pass
+        return None
 
     def _answer(self, peer: int, seq: int, msg: dict) -> None:
         self.store.set(f"done/{self.rank}/{peer}/{seq}", json.dumps(msg))
@@ -47,7 +71,7 @@ class ShmConnector(PullConnector):
             _unlink(path)
             self._answer(peer, seq, {"ok": False, "error": f"prefill side: shared memory write failed: {e}"})
             return self._send_done(rid, f"shared memory write failed: {e}")
-        self._files[path] = now() + self.timeout_s
+        self._files[path] = (now() + self.timeout_s, peer)
         self._answer(peer, seq, {"ok": True, "path": path, "nbytes": data.numel(), "hashes": list(hashes)})
         self._send_done(rid, None)  # the bytes are handed over: the blocks may go
 
@@ -59,15 +83,24 @@ class ShmConnector(PullConnector):
 
     def _progress(self) -> None:
         t = now()
-        for path, until in list(self._files.items()):
+        check = time.monotonic() - self._checked > 0.05  # peers' liveness, at most 20 times a second
+        if check:
+            self._checked = time.monotonic()
+        gone = {}
+        for path, (until, peer) in list(self._files.items()):
             if not os.path.exists(path):  # read and removed by the decode side
                 del self._files[path]
-            elif t > until:  # never read: the decode side is gone
+            elif t > until or (check and gone.setdefault(peer, self._gone(peer))):  # its reader is not coming
                 _unlink(path)
                 del self._files[path]
         for (peer, seq), rid in list(self._waiting.items()):
             key = f"done/{peer}/{self.rank}/{seq}"
             if not self.store.check([key]):
+                why = (gone.setdefault(peer, self._gone(peer)) or self.broken.get(peer)) if check else None
+                if why:  # the prefill engine died: this answer will never come
+                    self._peer_failed(peer, why)
+                    del self._waiting[(peer, seq)]
+                    self._recv_done(rid, why)
                 continue
             msg = json.loads(self.store.get(key))
             self.store.delete_key(key)

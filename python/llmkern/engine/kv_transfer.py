@@ -258,7 +258,9 @@ class KVConnector(ABC):
 
     def save_kv_layer(self, layer: int, requests: List[SendRequest]) -> None:
         """Optional per-layer hook: layer `layer`'s KV of `requests` is final in the cache (for a
-        connector that pushes layer by layer while later layers compute)."""
+        connector that pushes layer by layer while later layers compute). Not called yet: the
+        engine hands requests over whole (request_finished), which is what both connectors in
+        llmkern.distributed need, since they send when the decode side pulls."""
 
     # -- decode side ------------------------------------------------------------------------------
     @abstractmethod
@@ -268,7 +270,8 @@ class KVConnector(ABC):
         abort(). Raise nothing for a transfer problem: report FAILED from poll()."""
 
     def load_kv_layer(self, layer: int) -> None:
-        """Optional per-layer hook before layer `layer` runs (layer-wise loading)."""
+        """Optional per-layer hook before layer `layer` runs (layer-wise loading). Not called yet:
+        a request is scheduled only once all its KV is in place."""
 
     # -- both -------------------------------------------------------------------------------------
     @abstractmethod
