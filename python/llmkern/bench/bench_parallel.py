@@ -180,3 +180,7 @@ def pipeline_rates(rounds: int, n_req: int, n_tokens: int) -> dict:
         return out
     finally:
         llm.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
