@@ -70,6 +70,9 @@ def add_pd_args(p: argparse.ArgumentParser) -> None:
                    help="how KV blocks move between prefill and decode engines: torch.distributed "
                         "point-to-point (gloo on CPU, NCCL on CUDA; several machines) or shared memory (one "
                         "machine) (default with --role/--pd: torch)")
+    g.add_argument("--kv-torch-backend", default="gloo", choices=["gloo", "nccl"],
+                   help="--kv-connector torch: gloo works everywhere (GPU caches staged through host memory); "
+                        "nccl sends GPU to GPU (each engine on its own GPU)")
     g.add_argument("--kv-rendezvous", default=None, metavar="HOST:PORT",
                    help="the connectors' rendezvous address (a torch.distributed TCPStore; with --pd: a free "
                         "loopback port)")
@@ -118,8 +121,8 @@ def connector_spec(a) -> dict:
     kind = {"torch": "p2p", "shm": "shm"}[a.kv_connector or "torch"]
     spec = {"kind": kind, "rank": a.kv_rank, "world_size": a.kv_world_size, "master_addr": host,
             "master_port": int(port)}
-    if kind == "p2p" and (getattr(a, "device", None) or "").startswith("cuda"):
-        spec["backend"] = "nccl"    # GPU to GPU; gloo (the default) stages through host memory
+    if kind == "p2p":
+        spec["backend"] = getattr(a, "kv_torch_backend", "gloo")
     return spec
 
 
