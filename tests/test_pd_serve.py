@@ -8,6 +8,7 @@ by its context manager, also on failure."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import math
 import os
@@ -267,7 +268,16 @@ class _Cluster:
         return p
 
     def close(self):
+        """SIGTERM first (a server drains, then releases its engine's connector: groups, files),
+        SIGKILL whatever is still running after 20 s."""
         for p in self.procs:
+            if p.proc.poll() is None:
+                p.signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except Exception:  # noqa: BLE001 - killed below
+                pass
             p.__exit__(None, None, None)
 
 
@@ -288,6 +298,7 @@ def test_decode_replica_killed_mid_run(cluster):
             await asyncio.get_running_loop().run_in_executor(None, lambda: _wait(
                 lambda: _metric(cluster.decode.base, "llmkern:num_requests_running") >= 3, 30, "decoding"))
             cluster.decode.signal(signal.SIGKILL)
+            cluster.decode.wait(10)         # reaped, as a launcher or service manager would
             return await asyncio.wait_for(asyncio.gather(*tasks), 90)
 
     results = asyncio.run(scenario())
@@ -312,6 +323,13 @@ def test_decode_replica_killed_mid_run(cluster):
     # The prefill replica gives back the blocks it held for hand-overs nobody took (deadline 3 s).
     _wait(lambda: _metric(cluster.prefill.base, "llmkern:kv_blocks_pinned") == 0, 20, "prefill blocks unpinned")
     assert _metric(cluster.prefill.base, "llmkern:kv_cache_usage_perc") == 0
+    # Nothing the shared-memory connector wrote is left behind once the prefill server has exited.
+    pid = cluster.prefill.proc.pid
+    cluster.close()
+    assert cluster.prefill.proc.returncode == 0
+    from llmkern.distributed.kv_shm import default_shm_dir
+
+    assert not glob.glob(os.path.join(default_shm_dir(), f"llmkern-kv-{pid}-*"))
 
 
 def test_cli_errors():
