@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from datetime import timedelta
 import pytest
 
 pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
 
 import torch
 import torch.distributed as dist
@@ -131,6 +133,25 @@ def prefill(P, prompts, params=GREEDY, prefix="r"):
     return [outs[i] for i in ids]
 
 
+def test_gather_scatter_blocks_roundtrip():
+    """The flat layout against plain indexing: any block order, runs and single blocks, mixed dtypes."""
+    from llmkern.engine.kv_transfer import gather_blocks, kv_cache_geometry, scatter_blocks
+
+    g = torch.Generator().manual_seed(0)
+    src = [(torch.randn(12, BS, 2, 8, generator=g), torch.randn(12, BS, 2, 8, generator=g)),
+           (torch.randn(12, BS, 1, 4, generator=g).half(), torch.randn(12, BS, 1, 4, generator=g).half())]
+    dst = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in src]
+    ids, into = [7, 8, 9, 2, 11, 0, 1], [3, 4, 10, 5, 6, 7, 8]
+    data = gather_blocks(src, ids)
+    assert data.dtype == torch.uint8 and data.numel() == len(ids) * kv_cache_geometry(src)[0]
+    scatter_blocks(dst, into, data)
+    for (sk, sv), (dk, dv) in zip(src, dst):
+        for s_, d_ in ((sk, dk), (sv, dv)):
+            assert torch.equal(d_[into], s_[ids])
+            rest = [b for b in range(12) if b not in into]
+            assert not d_[rest].any()
+
+
 # -- shared memory, both engines in this process ------------------------------------------------
 def test_shm_greedy_identical_and_bytes(shm_pair, reference, tmp_path):
     P, D = shm_pair()
@@ -165,6 +186,28 @@ def test_shm_prefix_cached_decode_receives_only_the_rest(shm_pair, reference):
     d = run_decode(P, D)["x"]
     assert d.outputs[0].token_ids == reference(prompt)
     assert d.metrics.kv_transfer_bytes == (kv_blocks(len(prompt)) - 3) * BLOCK_BYTES
+    assert_baseline(P, D)
+
+
+def test_shm_logprobs_and_stop_on_first_token(shm_pair):
+    P, D = shm_pair()
+    C = engine()
+    lp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    C.add_request(PROMPTS[1], lp, request_id="c")
+    want = drain(C)["c"].outputs[0]
+    (o,) = prefill(P, PROMPTS[1:2], lp)
+    D.add_request(PROMPTS[1], lp, request_id="d", kv_transfer_params=o.kv_transfer_params)
+    got = run_decode(P, D)["d"].outputs[0]
+    assert got.token_ids == want.token_ids and len(got.logprobs) == len(want.logprobs) == 4
+    for (a, top_a), (b, top_b) in zip(got.logprobs, want.logprobs):  # the first one is the prefill side's
+        assert a == pytest.approx(b, abs=1e-4) and [t for t, _ in top_a] == [t for t, _ in top_b]
+    # the first token already ends the request (a stop token): the decode side only reports it
+    first = want.token_ids[0]
+    (o,) = prefill(P, PROMPTS[1:2], SamplingParams(temperature=0, max_tokens=5, stop_token_ids=[first]), "s")
+    D.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=5, stop_token_ids=[first]), request_id="s",
+                  kv_transfer_params=o.kv_transfer_params)
+    d = run_decode(P, D)["s"]
+    assert d.outputs[0].token_ids == [first] and d.finish_reason == "stop"
     assert_baseline(P, D)
 
 
@@ -226,6 +269,18 @@ def test_shm_decode_gone_file_removed(shm_pair, tmp_path):
     D.abort("g")
 
 
+def test_shm_stale_files_of_dead_writers_removed(tmp_path):
+    from llmkern.distributed.kv_shm import remove_stale_files
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"llmkern-kv-{dead.pid}-default-0-1-0").write_bytes(b"x")
+    (tmp_path / f"llmkern-kv-{os.getpid()}-default-0-1-0").write_bytes(b"x")  # a live writer's
+    (tmp_path / "other").write_bytes(b"x")
+    assert remove_stale_files(str(tmp_path)) == 1
+    assert sorted(os.listdir(tmp_path)) == sorted([f"llmkern-kv-{os.getpid()}-default-0-1-0", "other"])
+
+
 def test_bad_kv_transfer_params_are_refused(shm_pair):
     P, D = shm_pair()
     (o,) = prefill(P, PROMPTS[1:2])
@@ -278,7 +333,7 @@ class Peer:
     def __init__(self, role: str, rank: int, port: int, kind: str = "p2p", conn_kw=None, **engine_kw):
         spec = {"model": MODEL, "engine": dict(ENGINE, kv_role=role, **engine_kw, kv_connector=dict(
             kind=kind, rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, is_master=False,
-            timeout_s=20, **(conn_kw or {})))}
+            timeout_s=90, **(conn_kw or {})))}
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         self.proc = subprocess.Popen([sys.executable, PEER, json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
@@ -323,7 +378,7 @@ def p2p_pair(local_role: str, local_rank: int, kind: str = "p2p", conn_kw=None, 
     peer = Peer("prefill" if local_role == "decode" else "decode", 1 - local_rank, store.port, kind, conn_kw,
                 **peer_kw)
     try:
-        local = engine(local_role, dict(kind=kind, rank=local_rank, world_size=2, store=store, timeout_s=20,
+        local = engine(local_role, dict(kind=kind, rank=local_rank, world_size=2, store=store, timeout_s=90,
                                         **(conn_kw or {})))
         assert peer.read()["ready"]
     except BaseException:
@@ -382,15 +437,28 @@ def test_p2p_two_processes(reference):
         D.shutdown()
 
 
-def test_p2p_prefill_killed_mid_transfer():
+def test_p2p_prefill_hung_then_killed():
     D, peer = p2p_pair("decode", 0)
     try:
-        params = remote_prefill(peer, PROMPTS[:2])
+        params = remote_prefill(peer, PROMPTS[:4])
+        # hung (stopped) prefill engine: the request fails at its deadline, blocks freed ...
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        D.handover.timeout_s = 1.0  # this request's wait only (the engine's kv_transfer_timeout_s)
+        D.add_request(PROMPTS[0], GREEDY, request_id="h", kv_transfer_params=params[0])
+        d = drain(D)["h"]
+        assert d.finish_reason == "error" and "deadline" in d.error, d.error
+        assert_baseline(D)
+        # ... and once it runs again, the pair is still in step: the next hand-over works
+        os.kill(peer.proc.pid, signal.SIGCONT)
+        D.handover.timeout_s = 300.0
+        D.add_request(PROMPTS[1], GREEDY, request_id="ok", kv_transfer_params=params[1])
+        assert drain(D)["ok"].error is None
+        # killed: the receive fails when the peer's socket closes, long before the deadline
         peer.kill()
-        D.add_request(PROMPTS[0], GREEDY, request_id="k", kv_transfer_params=params[0])
-        d = drain(D)["k"]  # the receive fails when the peer's socket closes, not at a deadline
-        assert d.finish_reason == "error" and "rank 1" in d.error, d.error
-        D.add_request(PROMPTS[1], GREEDY, request_id="k2", kv_transfer_params=params[1])
+        D.add_request(PROMPTS[2], GREEDY, request_id="k", kv_transfer_params=params[2])
+        d = drain(D)["k"]
+        assert d.finish_reason == "error" and "rank 1" in d.error and "deadline" not in d.error, d.error
+        D.add_request(PROMPTS[3], GREEDY, request_id="k2", kv_transfer_params=params[3])
         assert "failed earlier" in drain(D)["k2"].error  # later ones fail at once
         assert_baseline(D)
     finally:

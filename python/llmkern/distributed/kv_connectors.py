@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Dict, List, Optional
 
@@ -173,12 +173,9 @@ class PullConnector(KVConnector):
             self._events.append(TransferEvent(rid, "send", TransferState.FAILED,
                                               error=f"bad pull: blocks {first}+{count} of {len(req.block_ids)}"))
             return self._send_failure(peer, seq, "bad block range")
-        from ..engine.kv_transfer import gather_blocks
-
         ids = req.block_ids[first:first + count]
-        data = gather_blocks(self.caches, ids) if ids else torch.empty((0, self.block_bytes), dtype=torch.uint8)
-        self.inflight[rid] = _Inflight(time.perf_counter(), data.numel())
-        self._send(peer, seq, rid, data, req.block_hashes[first:first + count])
+        self.inflight[rid] = _Inflight(time.perf_counter(), len(ids) * self.block_bytes)
+        self._send(peer, seq, rid, ids, req.block_hashes[first:first + count])
 
     def _send_done(self, rid: str, error: Optional[str]) -> None:
         """A transport finished sending rid's bytes (error None) or gave up."""
@@ -290,7 +287,8 @@ class PullConnector(KVConnector):
         self._closed = True
 
     # -- transport --------------------------------------------------------------------------------
-    def _send(self, peer: int, seq: int, rid: str, data: torch.Tensor, hashes: List[int]) -> None:
+    def _send(self, peer: int, seq: int, rid: str, block_ids: List[int], hashes: List[int]) -> None:
+        """Copy the blocks out (on this thread: they are pinned now) and send the copy."""
         raise NotImplementedError
 
     def _send_failure(self, peer: int, seq: int, why: str) -> None:

@@ -20,6 +20,7 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
+from ..engine.kv_transfer import gather_blocks
 from .kv_connectors import NO_KV, PullConnector, _short
 
 _TAG = 7
@@ -46,12 +47,17 @@ class P2PConnector(PullConnector):
         # Every rank constructs the group; this returns once all have joined (or fails at the timeout).
         pg_store = dist.PrefixStore(f"llmkern/pd/{self.group}/pg/", self.base_store)
         timeout = timedelta(seconds=self.timeout_s)
-        if self.backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
-        else:
-            self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, timeout)
+        try:
+            if self.backend == "nccl":
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = timeout
+                self.pg = dist.ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
+            else:
+                self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"kv_connector: rank {self.rank} of {self.world_size} could not form the "
+                               f"{self.backend} group ({self._group_id}) within timeout_s={self.timeout_s:g}: "
+                               f"{_short(e)}") from None
 
     # -- engine thread side -----------------------------------------------------------------------
     def _worker(self, kind: str, peer: int) -> "queue.Queue":
@@ -64,13 +70,14 @@ class P2PConnector(PullConnector):
             self._threads.append(t)
         return q
 
-    def _send(self, peer, seq, rid, data, hashes) -> None:
+    def _send(self, peer, seq, rid, block_ids, hashes) -> None:
+        data = gather_blocks(self.caches, block_ids)
         if self.device.type == "cuda":  # the gather ran on the engine's stream: done before NCCL reads
             ev = torch.cuda.Event()
             ev.record()
         else:
             ev = None
-        self._worker("send", peer).put((rid, data.reshape(-1).to(self.device), hashes, ev, data.shape[0]))
+        self._worker("send", peer).put((rid, data.to(self.device), hashes, ev, len(block_ids)))
 
     def _send_failure(self, peer, seq, why) -> None:
         self._worker("send", peer).put((None, None, None, None, 0))

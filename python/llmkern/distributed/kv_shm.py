@@ -19,7 +19,10 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .kv_connectors import NO_KV, PullConnector, _short
-from ..engine.kv_transfer import now
+from ..engine.kv_transfer import gather_blocks, now
+
+
+_PREFIX = "llmkern-kv-"  # then the writer's pid: files of dead writers can be told apart
 
 
 def default_shm_dir() -> str:
@@ -39,10 +42,12 @@ class ShmConnector(PullConnector):
         self._files: Dict[str, Tuple[float, int]] = {}   # prefill: written file -> (remove after, reader)
         self._pids: Dict[int, int] = {}                  # peer rank -> its process id
         self._checked = 0.0
+        self._buf: Optional[torch.Tensor] = None         # prefill: staging for gathers
 
     def bind(self, role: str, caches, block_size: int) -> None:
         super().bind(role, caches, block_size)
         self.store.set(f"pid/{self.rank}", str(os.getpid()))
+        remove_stale_files(self.dir)
 
     def _gone(self, peer: int) -> Optional[str]:
         """Why the peer cannot answer any more (its process exited), or None."""
@@ -62,18 +67,35 @@ class ShmConnector(PullConnector):
     def _answer(self, peer: int, seq: int, msg: dict) -> None:
         self.store.set(f"done/{self.rank}/{peer}/{seq}", json.dumps(msg))
 
-    def _send(self, peer, seq, rid, data, hashes) -> None:
-        path = os.path.join(self.dir, f"llmkern-kv-{os.getpid()}-{self.group}-{self.rank}-{peer}-{seq}")
+    def _send(self, peer, seq, rid, block_ids, hashes) -> None:
+        path = os.path.join(self.dir, f"{_PREFIX}{os.getpid()}-{self.group}-{self.rank}-{peer}-{seq}")
+        nbytes = len(block_ids) * self.block_bytes
         try:
             with open(path, "wb") as f:
-                f.write(memoryview(data.contiguous().cpu().numpy()).cast("B"))
-        except OSError as e:
+                if nbytes:
+                    f.write(memoryview(self._gather(block_ids, nbytes).numpy()))
+        except (OSError, RuntimeError) as e:
             _unlink(path)
             self._answer(peer, seq, {"ok": False, "error": f"prefill side: shared memory write failed: {e}"})
             return self._send_done(rid, f"shared memory write failed: {e}")
         self._files[path] = (now() + self.timeout_s, peer)
-        self._answer(peer, seq, {"ok": True, "path": path, "nbytes": data.numel(), "hashes": list(hashes)})
+        self._answer(peer, seq, {"ok": True, "path": path, "nbytes": nbytes, "hashes": list(hashes)})
         self._send_done(rid, None)  # the bytes are handed over: the blocks may go
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        """A reused host buffer for the blocks on their way into a file: gathering into memory
+        already touched and write()-ing it costs a fraction of filling a new mapping of the
+        file page fault by page fault."""
+        if self._buf is None or self._buf.numel() < nbytes:
+            pin = self.caches[0][0].is_cuda
+            self._buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        return self._buf[:nbytes]
+
+    def _gather(self, block_ids, nbytes: int) -> torch.Tensor:
+        buf = self._staging(nbytes)
+        if self.caches[0][0].is_cuda:
+            return buf.copy_(gather_blocks(self.caches, block_ids))
+        return gather_blocks(self.caches, block_ids, out=buf)
 
     def _send_failure(self, peer, seq, why) -> None:
         self._answer(peer, seq, {"ok": False, "error": why})
@@ -126,6 +148,24 @@ class ShmConnector(PullConnector):
             _unlink(path)
         self._files.clear()
         super().close()
+
+
+def remove_stale_files(directory: str) -> int:
+    """Remove the hand-over files of prefill engines that died before their reader came (each
+    file's name carries its writer's pid). Returns how many were removed."""
+    n = 0
+    for name in os.listdir(directory):
+        if not name.startswith(_PREFIX):
+            continue
+        try:
+            pid = int(name[len(_PREFIX):].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _unlink(os.path.join(directory, name))
+            n += 1
+        except (ValueError, PermissionError):
+            pass
+    return n
 
 
 def _read(path: str, nbytes: int) -> torch.Tensor:

@@ -5,9 +5,8 @@ and given back through the KVCacheManager."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from .block_pool import chain_block_hashes
 from .kv_transfer import (KVConnector, KVTransferParams, LoadRequest, SendRequest, TransferEvent,
@@ -190,7 +189,3 @@ class KVHandover:
 
 
 POLL_INTERVAL_S = 0.002  # how often an otherwise idle engine polls transfers
-
-
-def idle_wait() -> None:
-    time.sleep(POLL_INTERVAL_S)
