@@ -8,6 +8,7 @@
     llmkern router --worker URL [--worker URL ...]          the router alone, in front of replicas anywhere
     llmkern bench throughput                                end-to-end benchmark vs HF transformers
     llmkern bench serve                                     serving benchmark (policies, HF's server)
+    llmkern explore [--db runs.sqlite] [--serve]            Performance Explorer page over a runs database
 
 `bench` subcommands come from the BENCH_COMMANDS registry below (add an entry to plug in more)."""
 from __future__ import annotations
@@ -311,6 +312,12 @@ def _cmd_serve(a) -> int:
     return run_server(engine, cfg, cfg.served_model_name or default_model_name(a.model), a.log_level)
 
 
+def _cmd_explore(a) -> int:
+    from .explore.cli import run
+
+    return run(a)
+
+
 def _cmd_router(a) -> int:
     try:
         from .router.core import Router
@@ -462,6 +469,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("router", help="KV-cache-aware router in front of llmkern serve replicas")
     _add_router_args(r)
     r.set_defaults(func=_cmd_router)
+
+    from .explore.cli import add_args as add_explore_args
+
+    x = sub.add_parser("explore", help="Performance Explorer: an interactive HTML page over a runs database "
+                                       "(needs the explore extra)", formatter_class=_HelpFormatter)
+    add_explore_args(x)
+    x.set_defaults(func=_cmd_explore)
 
     b = sub.add_parser("bench", help="benchmarks: throughput (end-to-end vs HF), kernels, e2e, all, report "
                                      "(llmkern bench SUBCOMMAND --help)")

@@ -13,9 +13,11 @@ import tempfile
 from typing import List, Optional, Tuple
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-# --no-sandbox: Chromium's sandbox refuses to start as root (CI runs as root).
+# --no-sandbox: Chromium's sandbox refuses to start as root (CI runs as root). No host name resolves:
+# the page is self-contained, so a request to the network would be a bug and shows up as a console error.
 BASE_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-              "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--mute-audio"]
+              "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--mute-audio",
+              "--host-resolver-rules=MAP * ~NOTFOUND"]
 
 
 class BrowserError(RuntimeError):

@@ -36,9 +36,11 @@ window.__exploreErrors = [];
     record(Array.prototype.map.call(arguments, String).join(' '));
     return original.apply(console, arguments);
   };
-  window.addEventListener('error', function (e) {
-    record('uncaught: ' + e.message + ' at ' + e.filename + ':' + e.lineno);
-  });
+  window.addEventListener('error', function (e) {  // capturing: also sees resources that failed to load
+    var t = e.target;
+    if (t && t !== window && (t.src || t.href)) record('failed to load ' + (t.src || t.href));
+    else record('uncaught: ' + e.message + ' at ' + e.filename + ':' + e.lineno);
+  }, true);
   window.addEventListener('unhandledrejection', function (e) {
     record('unhandled rejection: ' + (e.reason && e.reason.stack || e.reason));
   });

@@ -15,9 +15,18 @@
   var DIMS = [['model', 'Model'], ['machine', 'Machine'], ['workload', 'Workload']];
   var PLOT_CONFIG = {displaylogo: false, responsive: true};
 
-  var state = {sel: {}, stat: 'p50', color: 'workload', compare: []};
+  // Each Pareto group (model / machine / workload) has its own colour; points take it too by default.
+  var PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f',
+                 '#bcbd22', '#17becf'];
+  var GROUP = 'group';
+  var state = {sel: {}, stat: 'p50', color: GROUP, compare: []};
   var byId = {};
   RUNS.forEach(function (r) { byId[r.id] = r; });
+  var GROUP_COLOR = {};
+  RUNS.forEach(function (r) {
+    var g = groupKey(r);
+    if (!(g in GROUP_COLOR)) GROUP_COLOR[g] = PALETTE[Object.keys(GROUP_COLOR).length % PALETTE.length];
+  });
 
   // ---- values and filters -------------------------------------------------------------------
   function valueKey(v) {
@@ -25,6 +34,7 @@
     return String(v);
   }
   function fieldOf(r, key) {
+    if (key === GROUP) return groupLabel(r);
     return key.indexOf('knob.') === 0 ? (r.knobs || {})[key.slice(5)] : r[key];
   }
   function labelOf(key, vk) {
@@ -35,6 +45,7 @@
     return DIMS.map(function (d) { return d[0]; }).concat(KNOBS.map(function (k) { return 'knob.' + k; }));
   }
   function filterTitle(key) {
+    if (key === GROUP) return 'Model / machine / workload';
     for (var i = 0; i < DIMS.length; i++) if (DIMS[i][0] === key) return DIMS[i][1];
     return key.slice(5);
   }
@@ -93,7 +104,7 @@
       var fs = el('fieldset', {'class': 'filter', 'data-key': key});
       fs.appendChild(el('legend', {}, filterTitle(key)));
       vals.forEach(function (v) {
-        var lab = el('label');
+        var lab = el('label', {title: labelOf(key, v)});
         var cb = el('input', {type: 'checkbox', value: v});
         cb.checked = !state.sel[key] || !!state.sel[key][v];
         cb.addEventListener('change', function () { readFilters(); render(); });
@@ -105,7 +116,7 @@
     });
     var color = document.getElementById('color-by');
     color.textContent = '';
-    filterKeys().forEach(function (key) {
+    [GROUP].concat(filterKeys()).forEach(function (key) {
       var o = el('option', {value: key}, filterTitle(key));
       if (key === state.color) o.selected = true;
       color.appendChild(o);
@@ -127,7 +138,7 @@
       boxes.forEach(function (cb) { if (cb.checked) on[cb.value] = true; else all = false; });
       if (!all) state.sel[key] = on;
     });
-    state.color = document.getElementById('color-by').value || 'workload';
+    state.color = document.getElementById('color-by').value || GROUP;
     state.stat = document.getElementById('stat').value || 'p50';
   }
 
@@ -144,7 +155,7 @@
       }
     });
     if (q.get('stat') && STATS.some(function (s) { return s[0] === q.get('stat'); })) state.stat = q.get('stat');
-    if (q.get('color') && filterKeys().indexOf(q.get('color')) >= 0) state.color = q.get('color');
+    if (q.get('color') && [GROUP].concat(filterKeys()).indexOf(q.get('color')) >= 0) state.color = q.get('color');
     if (q.get('compare')) {
       state.compare = q.get('compare').split(',').filter(function (id) { return byId[id]; });
     }
@@ -155,7 +166,7 @@
       Object.keys(state.sel[key]).forEach(function (v) { q.append(key, v); });
     });
     if (state.stat !== 'p50') q.set('stat', state.stat);
-    if (state.color !== 'workload') q.set('color', state.color);
+    if (state.color !== GROUP) q.set('color', state.color);
     if (state.compare.length) q.set('compare', state.compare.join(','));
     var s = q.toString();
     try { history.replaceState(null, '', s ? '#' + s : window.location.pathname + window.location.search); }
@@ -168,12 +179,12 @@
     KNOBS.forEach(function (k) { lines.push(k + ' = ' + valueKey((r.knobs || {})[k])); });
     return lines.join('<br>');
   }
-  function emptyLayout(title, xt, yt, n) {
+  function emptyLayout(title, xt, yt, n, why) {
     var lay = {title: {text: title, font: {size: 14}, x: 0.01, xanchor: 'left'},
                xaxis: {title: {text: xt}}, yaxis: {title: {text: yt}}, modebar: {orientation: 'v'},
-               margin: {l: 60, r: 30, t: 36, b: 40}, hovermode: 'closest', height: 420,
-               legend: {font: {size: 10}, orientation: 'h', x: 0, y: -0.18, yanchor: 'top'}};
-    if (!n) lay.annotations = [{text: 'No runs match the filters', showarrow: false, xref: 'paper',
+               margin: {l: 60, r: 30, t: 36, b: 40}, hovermode: 'closest', height: 460,
+               legend: {font: {size: 10}, orientation: 'h'}};
+    if (!n) lay.annotations = [{text: why, showarrow: false, xref: 'paper',
                                 yref: 'paper', x: 0.5, y: 0.5, font: {size: 14}}];
     return lay;
   }
@@ -195,12 +206,15 @@
     colorOrder.forEach(function (ck) {
       var pts = byColor[ck];
       n += pts.length;
-      traces.push({type: 'scatter', mode: 'markers', meta: 'runs', name: filterTitle(state.color) + ' ' + labelOf(state.color, ck),
+      var marker = {size: 9, opacity: 0.8};
+      if (state.color === GROUP) marker.color = GROUP_COLOR[groupKey(pts[0].run)];
+      traces.push({type: 'scatter', mode: 'markers', meta: 'runs',
+                   name: state.color === GROUP ? ck : filterTitle(state.color) + ' ' + labelOf(state.color, ck),
                    x: pts.map(function (p) { return p.lat; }), y: pts.map(function (p) { return p.tput; }),
                    customdata: pts.map(function (p) { return p.run.id; }),
                    text: pts.map(function (p) { return hoverText(p.run); }),
                    hovertemplate: '%{text}<br>' + name + ' %{x:.3g} ms<br>%{y:.4g} tok/s<extra></extra>',
-                   marker: {size: 9, opacity: 0.8}});
+                   marker: marker});
     });
     groupOrder.forEach(function (gk) {
       var front = paretoFront(groups[gk]);
@@ -208,7 +222,8 @@
                    name: 'Pareto front' + (groupOrder.length > 1 ? ': ' + groupLabel(groups[gk][0].run) : ''),
                    x: front.map(function (p) { return p.lat; }), y: front.map(function (p) { return p.tput; }),
                    customdata: front.map(function (p) { return p.run.id; }),
-                   line: {dash: 'dot', width: 1.5, shape: 'hv'}, marker: {symbol: 'star', size: 12, color: '#222'},
+                   line: {dash: 'dot', width: 1.5, shape: 'hv', color: GROUP_COLOR[gk]},
+                   marker: {symbol: 'star', size: 12, color: GROUP_COLOR[gk], line: {width: 1, color: '#222'}},
                    hoverinfo: 'skip'});
     });
     var chosen = runs.filter(function (r) { return state.compare.indexOf(r.id) >= 0 && metric(r, name) !== null && metric(r, 'throughput') !== null; });
@@ -219,7 +234,8 @@
                    customdata: chosen.map(function (r) { return r.id; }), hoverinfo: 'skip',
                    marker: {size: 18, symbol: 'circle-open', color: '#d62728', line: {width: 2.5}}});
     }
-    return {traces: traces, n: n, title: FAMILIES.filter(function (f) { return f[0] === family; })[0][1] + ' ' + state.stat + ' vs throughput'};
+    return {traces: traces, n: n, why: runs.length ? 'No run shown has this latency' : 'No runs match the filters',
+            title: FAMILIES.filter(function (f) { return f[0] === family; })[0][1] + ' ' + state.stat + ' vs throughput'};
   }
   function estimateTraces(runs, key, label) {
     var pts = runs.filter(function (r) { return metric(r, key) !== null && estimate(r, key) !== null; });
@@ -237,7 +253,8 @@
       var errs = pts.map(function (r) { return Math.abs(estimate(r, key) / metric(r, key) - 1); }).sort(function (a, b) { return a - b; });
       title += ' (median |error| ' + (100 * errs[Math.floor((errs.length - 1) / 2)]).toFixed(0) + '%)';
     }
-    return {traces: traces, n: pts.length, title: title};
+    return {traces: traces, n: pts.length, title: title,
+            why: runs.length ? 'No run shown has both an estimate and a measurement' : 'No runs match the filters'};
   }
 
   var PLOTS = [];
@@ -256,7 +273,7 @@
       xt = 'measured';
       yt = 'estimated';
     }
-    return Plotly.react(gd, t.traces, emptyLayout(t.title, xt, yt, t.n), PLOT_CONFIG).then(function () {
+    return Plotly.react(gd, t.traces, emptyLayout(t.title, xt, yt, t.n, t.why), PLOT_CONFIG).then(function () {
       if (!gd.__exploreClick) {
         gd.__exploreClick = true;
         gd.on('plotly_click', function (ev) {
@@ -423,7 +440,7 @@
 
   function start() {
     document.getElementById('reset').addEventListener('click', function () {
-      state.sel = {}; state.compare = []; state.stat = 'p50'; state.color = 'workload';
+      state.sel = {}; state.compare = []; state.stat = 'p50'; state.color = GROUP;
       buildFilters(); render();
     });
     document.getElementById('color-by').addEventListener('change', function () { readFilters(); render(); });

@@ -1,0 +1,127 @@
+"""`llmkern explore`: the Performance Explorer over a runs database.
+
+    llmkern explore                                  page over the shipped database -> ./llmkern-explorer.html
+    llmkern explore --db runs.sqlite --out page.html a database of your own sweeps
+    llmkern explore --serve [--port 8050]            serve it on 127.0.0.1 (rebuilt on every reload)
+    llmkern explore --screenshot page.png            a PNG of the page (headless Chromium)
+    llmkern explore --view "workload=chat&stat=p95"  the view a fresh page opens with (its URL fragment)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+DEFAULT_OUT = "llmkern-explorer.html"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=None, help="runs database written by `llmkern optimize` "
+                                              "(default: the one shipped with llmkern, real runs on a CPU machine)")
+    p.add_argument("--out", default=None, help=f"HTML file to write (default: ./{DEFAULT_OUT}; with --serve or "
+                                               "--screenshot only when given)")
+    p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 until Ctrl-C")
+    p.add_argument("--port", type=int, default=8050, help="port for --serve (0: any free port)")
+    p.add_argument("--screenshot", default=None, metavar="PNG", help="write a screenshot of the page (needs Chromium)")
+    p.add_argument("--view", default=None, metavar="FRAGMENT",
+                   help="initial filters as the page's URL fragment, e.g. 'workload=chat&knob.max_num_seqs=8&stat=p95'")
+
+
+def _fail(msg: str) -> None:
+    raise SystemExit(f"llmkern explore: {msg}")
+
+
+def _db_path(a) -> str:
+    if a.db is not None:
+        return a.db
+    from ..optimize.db import default_db_path
+
+    return default_db_path()
+
+
+def build_page(db_path: str, allow_empty: bool = False) -> str:
+    """The page's HTML for the database at db_path (explore.data.ExploreError when it cannot be shown)."""
+    from . import data, page
+
+    return page.render(data.load(db_path, allow_empty=allow_empty))
+
+
+def run(a) -> int:
+    from . import browser
+    from .data import ExploreError
+
+    if not 0 <= a.port <= 65535:
+        _fail(f"--port: expected 0..65535, got {a.port}")
+    db = _db_path(a)
+    try:
+        html = build_page(db)
+    except ExploreError as e:
+        _fail(f"--db: {e}" if a.db is not None else f"the shipped database: {e} (pass --db FILE)")
+    except RuntimeError as e:  # plotly missing
+        _fail(str(e))
+    out = a.out or (None if (a.serve or a.screenshot) else DEFAULT_OUT)
+    if out:
+        try:
+            with open(out, "w", encoding="utf-8") as f:
+                f.write(html)
+        except OSError as e:
+            _fail(f"--out: cannot write {out}: {e.strerror or e}")
+        print(f"llmkern explore: wrote {out} ({len(html) / 1e6:.1f} MB, open it in a browser)")
+    if a.screenshot:
+        _screenshot(html, out, a.screenshot, a.view or "", browser)
+    if a.serve:
+        return _serve(db, a.port, a.view or "")
+    return 0
+
+
+def _screenshot(html: str, out, png: str, view: str, browser) -> None:
+    png_dir = os.path.dirname(os.path.abspath(png))
+    if not os.path.isdir(png_dir):
+        _fail(f"--screenshot: folder {png_dir} does not exist")
+    if not browser.find_chromium():
+        _fail("--screenshot: needs Chromium (Debian: apt-get install chromium; or set LLMKERN_CHROMIUM to its path)")
+    tmp = None
+    if not out:
+        fd, tmp = tempfile.mkstemp(suffix=".html", prefix="llmkern-explorer-")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+    try:
+        browser.screenshot(browser.file_url(out or tmp, view), png)
+    except browser.BrowserError as e:
+        _fail(f"--screenshot: {e}")
+    finally:
+        if tmp:
+            os.remove(tmp)
+    print(f"llmkern explore: wrote {png}")
+
+
+def _serve(db: str, port: int, view: str) -> int:
+    from .data import ExploreError
+    from .serve import HOST, make_server
+
+    def page() -> str:
+        try:
+            return build_page(db, allow_empty=True)
+        except ExploreError as e:
+            raise RuntimeError(str(e)) from None
+
+    try:
+        server = make_server(page, port)
+    except OSError as e:
+        _fail(f"--port: cannot listen on {HOST}:{port}: {e.strerror or e}")
+    url = f"http://{HOST}:{server.server_address[1]}/" + (f"#{view.lstrip('#')}" if view else "")
+    print(f"llmkern explore: serving {url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="llmkern explore", description="The Performance Explorer over a runs database.")
+    add_args(ap)
+    return run(ap.parse_args(sys.argv[1:] if argv is None else argv))

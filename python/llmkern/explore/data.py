@@ -1,0 +1,104 @@
+"""The Explorer's view of a runs database: what page.render embeds (its docstring has the shape).
+
+Reads through the optimiser's read API (llmkern.optimize.db) and renames its metrics to the page's
+short names, latencies in milliseconds: output_throughput -> throughput, ttft_median -> ttft_p50,
+e2e_latency_p95 -> e2e_p95, and so on.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Dict, List, Optional
+
+from ..optimize import db as runs_db
+
+FAMILIES = {"ttft": "ttft", "itl": "itl", "e2e_latency": "e2e"}
+STATS = {"mean": "mean", "median": "p50", "p95": "p95", "p99": "p99"}
+ESTIMATED = ("throughput", "ttft_p50", "itl_p50")
+
+
+class ExploreError(ValueError):
+    """A database the Explorer cannot show (missing, not a runs database, or holding no runs)."""
+
+
+def page_metrics(metrics: Dict[str, Optional[float]]) -> Dict[str, float]:
+    """The database's metric names and units (seconds) -> the page's (ms); non-finite values dropped."""
+    out = {}
+    if _finite(metrics.get("output_throughput")):
+        out["throughput"] = float(metrics["output_throughput"])
+    for fam, short in FAMILIES.items():
+        for stat, s in STATS.items():
+            v = metrics.get(f"{fam}_{stat}")
+            if _finite(v):
+                out[f"{short}_{s}"] = 1000.0 * float(v)
+    return out
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def machine_label(m: dict) -> str:
+    cores = f"{m['cpu_cores']} cores" if m.get("cpu_cores") else "? cores"
+    return f"{m.get('cpu_model') or 'unknown CPU'} ({cores}{', ' + m['gpu'] if m.get('gpu') else ', no GPU'})"
+
+
+def model_label(model: str) -> str:
+    """A model path shows as its file or folder name; a plain name as itself."""
+    if os.sep in model or model.endswith(".gguf"):
+        return os.path.basename(model.rstrip(os.sep)) or model
+    return model
+
+
+def open_readonly(path: str) -> "runs_db.RunsDB":
+    """The database at path, read-only, or ExploreError saying what is wrong with it."""
+    if not os.path.exists(path):
+        raise ExploreError(f"no such file: {path}")
+    if os.path.isdir(path):
+        raise ExploreError(f"{path} is a folder, not a runs database file")
+    try:
+        return runs_db.open_db(path, readonly=True)
+    except runs_db.SchemaError as e:
+        raise ExploreError(str(e)) from None
+    except Exception as e:  # sqlite3 errors, permissions
+        raise ExploreError(f"cannot read {path}: {e}") from None
+
+
+def load(path: str, allow_empty: bool = False) -> dict:
+    """The page data for the database at path (successful results only). ExploreError when the file
+    is missing, not a runs database, or (unless allow_empty) holds no successful result."""
+    db = open_readonly(path)
+    try:
+        machines = {str(m["id"]): {"label": machine_label(m), "details": {
+            "cpu": m.get("cpu_model"), "cores": m.get("cpu_cores"), "gpu": m.get("gpu"), "memory_gb": m.get("memory_gb"),
+            "measured limits": m.get("limits") or {}, "notes": m.get("notes") or ""}} for m in db.machines()}
+        workloads = db.workloads()
+        sweeps = {s["id"]: s for s in db.sweeps()}
+        results = list(db.iter_results(status="ok"))
+    except Exception as e:
+        raise ExploreError(f"cannot read {path}: {e}") from None
+    finally:
+        db.close()
+    if not results and not allow_empty:
+        raise ExploreError(f"{path} holds no successful runs yet (fill it with `llmkern optimize`)")
+    names = [w["name"] for w in workloads]
+    # Two workloads may share a name with different specs: the id tells them apart then.
+    wl_label = {w["id"]: w["name"] + (f" #{w['id']}" if names.count(w["name"]) > 1 else "") for w in workloads}
+    knobs: List[str] = []
+    runs = []
+    for r in results:
+        for k in r["knobs"]:
+            if k not in knobs:
+                knobs.append(k)
+        sweep = sweeps.get(r["sweep_id"], {})
+        est = page_metrics(r.get("estimate") or {})
+        runs.append({"id": str(r["id"]), "model": model_label(r["model"]), "machine": str(r["machine_id"]),
+                     "workload": wl_label.get(r["workload_id"], r.get("workload_name")),
+                     "workload_kind": r.get("workload_kind"), "knobs": r["knobs"], "metrics": page_metrics(r["metrics"]),
+                     "estimate": {k: v for k, v in est.items() if k in ESTIMATED}, "command": r.get("serve_command") or "",
+                     "sweep": r["sweep_id"], "constraints": sweep.get("constraints", ""),
+                     "llmkern_version": r.get("llmkern_version")})
+    return {"title": "llmkern Performance Explorer", "source": os.path.basename(path),
+            "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "knobs": knobs,
+            "machines": machines, "runs": runs}

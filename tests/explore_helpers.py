@@ -1,0 +1,124 @@
+"""Helpers for the Explorer tests: a synthetic runs database written through the optimiser's
+database API, and what the page must show for it, computed from the file with plain SQL (not
+through llmkern.explore) and a brute-force Pareto front."""
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from typing import Dict, List, Optional
+
+KNOBS = {"max_num_seqs": [8, 32, 128], "max_num_batched_tokens": [256, 1024], "speculative": [None, "ngram:4"]}
+# page plot id -> database metric (x) it plots against output_throughput, or the estimated metric.
+PARETO = {"pareto-ttft": "ttft", "pareto-itl": "itl", "pareto-e2e": "e2e_latency"}
+ESTIMATE = {"estimate-throughput": "output_throughput", "estimate-itl_p50": "itl_median",
+            "estimate-ttft_p50": "ttft_median"}
+STAT_NAMES = {"p50": "median", "mean": "mean", "p95": "p95", "p99": "p99"}
+
+
+def _serve_metrics(rng: random.Random) -> Dict[str, float]:
+    m = {"output_throughput": rng.uniform(20, 400), "request_throughput": rng.uniform(0.1, 4)}
+    for fam, lo, hi in (("ttft", 0.02, 0.9), ("itl", 0.005, 0.08), ("e2e_latency", 0.5, 6.0)):
+        base = rng.uniform(lo, hi)
+        m.update({f"{fam}_median": base, f"{fam}_mean": base * rng.uniform(1.0, 1.3),
+                  f"{fam}_p95": base * rng.uniform(1.3, 2.0), f"{fam}_p99": base * rng.uniform(2.0, 3.0)})
+    return m
+
+
+def build_db(path: str, seed: int = 0) -> str:
+    """Two machines, two models, a serve workload (chat) and an offline one (throughput only), the
+    full KNOBS grid on the first model, a few failed results and results without an estimate."""
+    from llmkern.optimize import db as runs_db
+
+    rng = random.Random(seed)
+    with runs_db.open_db(path) as db:
+        cpu = db.add_machine("Test CPU 2-core", 2, None, 8.0, {"bandwidth_gbs": 10.0}, notes="synthetic")
+        gpu = db.add_machine("Test CPU 16-core", 16, "Test GPU 80GB", 128.0, {"bandwidth_gbs": 3000.0})
+        chat = db.add_workload("chat", "serve", {"requests": 16, "rate": 2.0}, 16)
+        offline = db.add_workload("offline", "offline", {"requests": 32}, 32)
+        grid = [dict(max_num_seqs=s, max_num_batched_tokens=t, speculative=sp)
+                for s in KNOBS["max_num_seqs"] for t in KNOBS["max_num_batched_tokens"] for sp in KNOBS["speculative"]]
+        plan = [("SmolLM2-135M-Instruct", cpu, chat, grid), ("SmolLM2-135M-Instruct", gpu, chat, grid[:6]),
+                ("/models/tiny-llama", cpu, chat, grid[:5]), ("SmolLM2-135M-Instruct", cpu, offline, grid[:4])]
+        n = 0
+        for model, machine, workload, configs in plan:
+            sweep = db.start_sweep(model, machine, workload, "0.1.0", sweep_spec="synthetic",
+                                   constraints="ttft:p95<500ms")
+            for knobs in configs:
+                n += 1
+                cmd = "llmkern serve --max-num-seqs {max_num_seqs} --max-num-batched-tokens {max_num_batched_tokens}".format(**knobs)
+                cmd += f" --speculative {knobs['speculative']}" if knobs["speculative"] else ""
+                if n % 7 == 3:   # a failed configuration: not shown in the plots
+                    db.record_result(sweep, knobs, "failed", {}, error="server did not start", serve_command=cmd)
+                    continue
+                m = _serve_metrics(rng)
+                if workload == offline:   # offline runs measure throughput only
+                    m = {"output_throughput": m["output_throughput"]}
+                est = None if n % 5 == 0 else {"output_throughput": m["output_throughput"] * rng.uniform(0.7, 1.3),
+                                               "itl_median": m.get("itl_median", 0.01) * rng.uniform(0.7, 1.3),
+                                               "decode_step_time": 0.01}
+                db.record_result(sweep, knobs, "ok", m, estimate=est, serve_command=cmd,
+                                 latencies=[{"ok": True, "ttft": 0.1, "e2e_latency": 1.0, "itl_mean": 0.01,
+                                             "output_tokens": 10, "prompt_tokens": 5, "itls": [0.01] * 9}])
+            db.finish_sweep(sweep)
+    return path
+
+
+def build_empty_db(path: str) -> str:
+    from llmkern.optimize import db as runs_db
+
+    with runs_db.open_db(path):
+        pass
+    return path
+
+
+# ---- what the page must show, straight from the file ---------------------------------------------
+def ok_results(path: str, where: Optional[Dict[str, List]] = None) -> List[dict]:
+    """Successful results as {id, model, machine_id, workload, knobs, measured: {}, estimate: {}};
+    where: {"workload": [names], "model": [model strings], "knob.NAME": [values]} (any of each list)."""
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    rows = con.execute("SELECT r.id, r.serve_command, s.model, s.machine_id, w.name AS workload, c.knobs_json "
+                       "FROM results r JOIN sweeps s ON s.id = r.sweep_id JOIN workloads w ON w.id = s.workload_id "
+                       "JOIN configurations c ON c.id = r.config_id WHERE r.status = 'ok' ORDER BY r.id").fetchall()
+    out = []
+    for r in rows:
+        d = dict(r)
+        d["knobs"] = json.loads(d.pop("knobs_json"))
+        d["measured"], d["estimate"] = {}, {}
+        for m in con.execute("SELECT source, name, value FROM metrics WHERE result_id = ?", (r["id"],)):
+            if m["value"] is not None:
+                d["measured" if m["source"] == "measured" else "estimate"][m["name"]] = m["value"]
+        keep = True
+        for key, allowed in (where or {}).items():
+            val = d["knobs"].get(key[5:]) if key.startswith("knob.") else d[key]
+            keep &= val in allowed
+        if keep:
+            out.append(d)
+    con.close()
+    return out
+
+
+def pareto_size(points: List[tuple]) -> int:
+    """Points (latency, throughput) not dominated by another: one with throughput >= and
+    latency <=, better in at least one (brute force)."""
+    def dominated(p):
+        return any(q[0] <= p[0] and q[1] >= p[1] and (q[0] < p[0] or q[1] > p[1]) for q in points)
+
+    return sum(not dominated(p) for p in points)
+
+
+def expected_counts(results: List[dict], stat: str = "p50") -> Dict[str, dict]:
+    """Per plot id: {"points": n, "pareto": n} the page must hold for these results."""
+    out = {}
+    for plot, fam in PARETO.items():
+        name = f"{fam}_{STAT_NAMES[stat]}"
+        pts = [r for r in results if name in r["measured"] and "output_throughput" in r["measured"]]
+        groups: Dict[tuple, list] = {}
+        for r in pts:
+            groups.setdefault((r["model"], r["machine_id"], r["workload"]), []).append(
+                (r["measured"][name], r["measured"]["output_throughput"]))
+        out[plot] = {"points": len(pts), "pareto": sum(pareto_size(g) for g in groups.values())}
+    for plot, name in ESTIMATE.items():
+        out[plot] = {"points": sum(name in r["measured"] and name in r["estimate"] for r in results), "pareto": 0}
+    return out

@@ -1,0 +1,189 @@
+"""`llmkern explore` without a browser: the page's embedded data against the database read with plain
+SQL, the page is self-contained (no network), hostile names cannot break out of it, and every bad
+database or option is a one-line error naming the option. The browser test is test_explore_browser.py."""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("plotly", reason="the explorer needs plotly (pip install 'llmkern[explore]')")
+
+from explore_helpers import build_db, build_empty_db, ok_results  # noqa: E402
+
+from llmkern import cli  # noqa: E402
+from llmkern.explore import data, page  # noqa: E402
+from llmkern.explore.cli import build_page  # noqa: E402
+from llmkern.explore.serve import make_server  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    return build_db(str(tmp_path_factory.mktemp("explore") / "runs.sqlite"))
+
+
+def embedded(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="explore-data">(.*?)</script>', html, re.S)
+    assert m, "no embedded data in the page"
+    return json.loads(m.group(1))
+
+
+def one_line_error(argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    msg = e.value.code
+    assert isinstance(msg, str), f"exit code {msg!r} instead of an error message"
+    assert "\n" not in msg.strip() and msg.startswith("llmkern explore:"), msg
+    return msg
+
+
+def test_page_data_matches_database(db):
+    d = data.load(db)
+    expected = ok_results(db)
+    assert [r["id"] for r in d["runs"]] == [str(r["id"]) for r in expected]
+    for run, ref in zip(d["runs"], expected):
+        assert run["knobs"] == ref["knobs"] and run["command"] == ref["serve_command"]
+        assert run["machine"] == str(ref["machine_id"]) and run["workload"] == ref["workload"]
+        assert run["model"] == ref["model"].rstrip("/").split("/")[-1]
+        m = ref["measured"]
+        assert run["metrics"].get("throughput") == m.get("output_throughput")
+        for db_name, page_name in (("ttft_median", "ttft_p50"), ("itl_p95", "itl_p95"), ("e2e_latency_p99", "e2e_p99"),
+                                   ("ttft_mean", "ttft_mean")):
+            if db_name in m:
+                assert run["metrics"][page_name] == pytest.approx(1000 * m[db_name]), db_name  # seconds -> ms
+            else:
+                assert page_name not in run["metrics"]
+        assert run["estimate"].get("throughput") == ref["estimate"].get("output_throughput")
+        if "itl_median" in ref["estimate"]:
+            assert run["estimate"]["itl_p50"] == pytest.approx(1000 * ref["estimate"]["itl_median"])
+        assert "decode_step_time" not in run["estimate"]  # estimator-only names are not plotted
+    knob_names = {k for r in expected for k in r["knobs"]}
+    assert set(d["knobs"]) == knob_names
+    con = sqlite3.connect(db)
+    assert set(d["machines"]) == {str(i) for (i,) in con.execute("SELECT id FROM machines")}
+    con.close()
+    assert "no GPU" in d["machines"]["1"]["label"] and "Test GPU 80GB" in d["machines"]["2"]["label"]
+
+
+def test_page_is_self_contained(db):
+    html = build_page(db)
+    assert embedded(html)["runs"] == data.load(db)["runs"]
+    assert "<script src=" not in html and "<link" not in html  # nothing fetched: plotly is inlined
+    assert page.plotly_js()[:2000] in html
+    for tag in ("pareto-ttft", "pareto-itl", "pareto-e2e", "estimate-throughput", "explore-status", "explore-errors"):
+        assert f'id="{tag}"' in html
+
+
+def test_hostile_names_stay_inside_the_page(tmp_path):
+    from llmkern.optimize import db as runs_db
+
+    evil = '</script><script>alert(1)</script><!--'
+    path = str(tmp_path / "evil.sqlite")
+    with runs_db.open_db(path) as db:
+        m = db.add_machine(evil, 2)
+        w = db.add_workload(evil, "serve", {})
+        s = db.start_sweep(evil, m, w, "0.1.0")
+        db.record_result(s, {"knob": evil}, "ok", {"output_throughput": 1.0, "ttft_median": 0.1},
+                         serve_command="llmkern serve " + evil)
+    html = build_page(path)
+    assert evil not in html
+    assert html.count("</script>") == 4  # the page's own four script elements, none closed early
+    d = embedded(html)
+    assert d["runs"][0]["workload"] == evil and d["runs"][0]["knobs"] == {"knob": evil}
+
+
+def test_cli_writes_page(db, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    assert cli.main(["explore", "--db", db, "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    assert embedded(out.read_text())["runs"] == data.load(db)["runs"]
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: None, "no such file"),
+    (lambda p: p.mkdir(), "is a folder"),
+    (lambda p: p.write_text("not a database at all\n" * 50), "not an SQLite runs database"),
+    (lambda p: sqlite3.connect(str(p)).execute("CREATE TABLE other(x)").connection.commit(), "not a llmkern runs database"),
+])
+def test_bad_db_is_a_clear_error(tmp_path, make, needle):
+    path = tmp_path / "bad.sqlite"
+    make(path)
+    msg = one_line_error(["explore", "--db", str(path), "--out", str(tmp_path / "x.html")])
+    assert msg.startswith("llmkern explore: --db:") and needle in msg
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_newer_schema_is_a_clear_error(tmp_path):
+    path = str(build_empty_db(str(tmp_path / "new.sqlite")))
+    con = sqlite3.connect(path)
+    con.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    assert "schema version 999" in one_line_error(["explore", "--db", path, "--out", str(tmp_path / "x.html")])
+
+
+def test_empty_db_says_so(tmp_path):
+    path = build_empty_db(str(tmp_path / "empty.sqlite"))
+    msg = one_line_error(["explore", "--db", path, "--out", str(tmp_path / "x.html")])
+    assert "holds no successful runs" in msg and "llmkern optimize" in msg
+
+
+def test_only_failed_runs_count_as_empty(tmp_path):
+    from llmkern.optimize import db as runs_db
+
+    path = str(tmp_path / "failed.sqlite")
+    with runs_db.open_db(path) as db:
+        s = db.start_sweep("m", db.add_machine("cpu", 2), db.add_workload("chat", "serve", {}), "0.1.0")
+        db.record_result(s, {"max_num_seqs": 8}, "failed", {}, error="boom")
+    assert "holds no successful runs" in one_line_error(["explore", "--db", path])
+
+
+def test_bad_options(db, tmp_path, monkeypatch):
+    assert "--port" in one_line_error(["explore", "--db", db, "--serve", "--port", "70000"])
+    assert "--out" in one_line_error(["explore", "--db", db, "--out", str(tmp_path / "no" / "dir" / "p.html")])
+    assert "--screenshot" in one_line_error(["explore", "--db", db, "--screenshot", str(tmp_path / "no" / "s.png")])
+    monkeypatch.setattr("llmkern.explore.browser.find_chromium", lambda: None)
+    msg = one_line_error(["explore", "--db", db, "--screenshot", str(tmp_path / "s.png")])
+    assert "--screenshot" in msg and "Chromium" in msg
+
+
+def test_serve_on_loopback(db):
+    server = make_server(lambda: build_page(db, allow_empty=True), port=0)
+    host, port = server.server_address[:2]
+    assert host == "127.0.0.1"
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+            assert embedded(r.read().decode())["runs"] == data.load(db)["runs"]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=30)
+        assert e.value.code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join(timeout=10)
+    assert not t.is_alive()
+
+
+def test_serve_reports_unreadable_db(tmp_path):
+    def broken():
+        raise RuntimeError(f"--db: no such file: {tmp_path / 'gone.sqlite'}")
+
+    server = make_server(broken, port=0)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=30)
+        assert e.value.code == 500 and b"no such file" in e.value.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join(timeout=10)
