@@ -187,3 +187,13 @@ def test_serve_reports_unreadable_db(tmp_path):
         server.shutdown()
         server.server_close()
         t.join(timeout=10)
+
+
+def test_report_notes_a_missing_browser(db, tmp_path, monkeypatch):
+    from llmkern.bench import report
+
+    monkeypatch.setattr("llmkern.explore.browser.find_chromium", lambda: None)
+    paths = report.write_report({"records": [], "machine": {}, "limits": {}}, str(tmp_path), explorer_db=db)
+    md = open(paths["markdown"]).read()
+    assert "## Performance Explorer" in md and "Chromium was not found" in md
+    assert not (tmp_path / report.EXPLORER_PNG).exists()

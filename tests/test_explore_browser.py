@@ -2,10 +2,12 @@
 reads the DOM back. It fails on any console error (hooks in the page write them into the DOM;
 Chromium's own log of console messages is checked too) and checks that every plot holds, as plotly
 data and as drawn SVG markers, the number of points and Pareto-front points computed here from the
-database with plain SQL. Skipped only where Chromium is absent (CI installs Debian's `chromium`)."""
+database with plain SQL. Skipped only where Chromium is absent (CI installs Debian's `chromium` and sets LLMKERN_REQUIRE_CHROMIUM=1,
+which turns the skip into a failure)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 
@@ -18,8 +20,13 @@ from explore_helpers import build_db, expected_counts, ok_results  # noqa: E402
 from llmkern import cli  # noqa: E402
 from llmkern.explore import browser  # noqa: E402
 
-pytestmark = pytest.mark.skipif(browser.find_chromium() is None,
-                                reason="Chromium is not installed (apt-get install chromium); CI installs it")
+
+@pytest.fixture(autouse=True, scope="module")
+def chromium():
+    if browser.find_chromium() is None:
+        if os.environ.get("LLMKERN_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("LLMKERN_REQUIRE_CHROMIUM=1 but Chromium is not installed")
+        pytest.skip("Chromium is not installed (apt-get install chromium); CI installs it")
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +120,14 @@ def test_screenshot(site, tmp_path):
     width, height = struct.unpack(">II", head[16:24])
     assert (width, height) == (1400, 2000)
     assert png.stat().st_size > 50_000  # plots and tables, not a blank page
+
+
+def test_benchmark_report_shows_the_explorer(site, tmp_path):
+    from llmkern.bench import report
+
+    db, _ = site
+    paths = report.write_report({"records": [], "machine": {}, "limits": {}}, str(tmp_path), explorer_db=db)
+    md = open(paths["markdown"]).read()
+    png = tmp_path / report.EXPLORER_PNG
+    assert f"![Performance Explorer]({report.EXPLORER_PNG})" in md and f"{len(ok_results(db))} optimiser runs" in md
+    assert str(png) in paths["plots"] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -98,3 +98,14 @@ def screenshot(url: str, png_path: str, width: int = 1400, height: int = 2000, b
     if rc != 0 or not os.path.exists(png_path):
         raise BrowserError(f"Chromium exited with code {rc} without writing {png_path}: {err.strip()[-500:]}")
     return png_path
+
+
+def screenshot_html(html: str, png_path: str, fragment: str = "", **kw) -> str:
+    """screenshot() of a page given as HTML text (written to a temporary file, removed after)."""
+    fd, tmp = tempfile.mkstemp(suffix=".html", prefix="llmkern-page-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        return screenshot(file_url(tmp, fragment), png_path, **kw)
+    finally:
+        os.remove(tmp)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 DEFAULT_OUT = "llmkern-explorer.html"
 
@@ -47,12 +46,28 @@ def build_page(db_path: str, allow_empty: bool = False) -> str:
     return page.render(data.load(db_path, allow_empty=allow_empty))
 
 
+def screenshot_db(db_path: str, png_path: str, view: str = "") -> int:
+    """A screenshot of the page over db_path (for reports); returns how many runs it shows. Raises
+    data.ExploreError, browser.BrowserError, or RuntimeError (plotly missing)."""
+    from . import browser, data, page
+
+    d = data.load(db_path)
+    browser.screenshot_html(page.render(d), png_path, view)
+    return len(d["runs"])
+
+
 def run(a) -> int:
     from . import browser
     from .data import ExploreError
 
     if not 0 <= a.port <= 65535:
         _fail(f"--port: expected 0..65535, got {a.port}")
+    if a.screenshot:  # checked before any work
+        png_dir = os.path.dirname(os.path.abspath(a.screenshot))
+        if not os.path.isdir(png_dir):
+            _fail(f"--screenshot: folder {png_dir} does not exist")
+        if not browser.find_chromium():
+            _fail("--screenshot: needs Chromium (Debian: apt-get install chromium; or set LLMKERN_CHROMIUM to its path)")
     db = _db_path(a)
     try:
         html = build_page(db)
@@ -76,23 +91,13 @@ def run(a) -> int:
 
 
 def _screenshot(html: str, out, png: str, view: str, browser) -> None:
-    png_dir = os.path.dirname(os.path.abspath(png))
-    if not os.path.isdir(png_dir):
-        _fail(f"--screenshot: folder {png_dir} does not exist")
-    if not browser.find_chromium():
-        _fail("--screenshot: needs Chromium (Debian: apt-get install chromium; or set LLMKERN_CHROMIUM to its path)")
-    tmp = None
-    if not out:
-        fd, tmp = tempfile.mkstemp(suffix=".html", prefix="llmkern-explorer-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html)
     try:
-        browser.screenshot(browser.file_url(out or tmp, view), png)
+        if out:
+            browser.screenshot(browser.file_url(out, view), png)
+        else:
+            browser.screenshot_html(html, png, view)
     except browser.BrowserError as e:
         _fail(f"--screenshot: {e}")
-    finally:
-        if tmp:
-            os.remove(tmp)
     print(f"llmkern explore: wrote {png}")
 
 
