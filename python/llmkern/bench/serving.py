@@ -73,12 +73,12 @@ def workload(n: int, rate: float, seed: int, long_frac: float = 0.2) -> List[Req
     return out
 
 
-async def _one(client, url: str, model: str, r: Req, t0: float, headers: dict) -> Result:
+async def _one(client, url: str, model: str, r: Req, t0: float, headers: dict, extra: Optional[dict] = None) -> Result:
     res = Result()
     await asyncio.sleep(max(0.0, t0 + r.arrival - time.perf_counter()))
     start = t0 + r.arrival
     body = {"model": model, "messages": [{"role": "user", "content": r.prompt}], "max_tokens": r.max_tokens,
-            "temperature": 0.0, "stream": True}
+            "temperature": 0.0, "stream": True, **(extra or {})}
     last = None
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
