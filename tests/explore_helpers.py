@@ -12,7 +12,10 @@ KNOBS = {"max_num_seqs": [8, 32, 128], "max_num_batched_tokens": [256, 1024], "s
 # page plot id -> database metric (x) it plots against output_throughput, or the estimated metric.
 PARETO = {"pareto-ttft": "ttft", "pareto-itl": "itl", "pareto-e2e": "e2e_latency"}
 ESTIMATE = {"estimate-throughput": "output_throughput", "estimate-itl_p50": "itl_median",
-            "estimate-ttft_p50": "ttft_median"}
+            "estimate-ttft_p50": "ttft_median", "estimate-e2e_p50": "e2e_latency_median"}
+# Each sweep's constraints as the optimiser writes them, and the same read by hand: (metric, limit in s).
+SLOS = {"ttft:p95<500ms": [("ttft_p95", 0.5)], "itl:p95<50ms;ttft:p95<800ms": [("itl_p95", 0.05), ("ttft_p95", 0.8)],
+        "": []}
 STAT_NAMES = {"p50": "median", "mean": "mean", "p95": "p95", "p99": "p99"}
 
 
@@ -38,12 +41,13 @@ def build_db(path: str, seed: int = 0) -> str:
         offline = db.add_workload("offline", "offline", {"requests": 32}, 32)
         grid = [dict(max_num_seqs=s, max_num_batched_tokens=t, speculative=sp)
                 for s in KNOBS["max_num_seqs"] for t in KNOBS["max_num_batched_tokens"] for sp in KNOBS["speculative"]]
-        plan = [("SmolLM2-135M-Instruct", cpu, chat, grid), ("SmolLM2-135M-Instruct", gpu, chat, grid[:6]),
-                ("/models/tiny-llama", cpu, chat, grid[:5]), ("SmolLM2-135M-Instruct", cpu, offline, grid[:4])]
+        plan = [("SmolLM2-135M-Instruct", cpu, chat, grid, "ttft:p95<500ms"),
+                ("SmolLM2-135M-Instruct", gpu, chat, grid[:6], "ttft:p95<500ms"),
+                ("/models/tiny-llama", cpu, chat, grid[:5], "itl:p95<50ms;ttft:p95<800ms"),
+                ("SmolLM2-135M-Instruct", cpu, offline, grid[:4], "")]
         n = 0
-        for model, machine, workload, configs in plan:
-            sweep = db.start_sweep(model, machine, workload, "0.1.0", sweep_spec="synthetic",
-                                   constraints="ttft:p95<500ms")
+        for model, machine, workload, configs, slo in plan:
+            sweep = db.start_sweep(model, machine, workload, "0.1.0", sweep_spec="synthetic", constraints=slo)
             for knobs in configs:
                 n += 1
                 cmd = "llmkern serve --max-num-seqs {max_num_seqs} --max-num-batched-tokens {max_num_batched_tokens}".format(**knobs)
@@ -56,6 +60,7 @@ def build_db(path: str, seed: int = 0) -> str:
                     m = {"output_throughput": m["output_throughput"]}
                 est = None if n % 5 == 0 else {"output_throughput": m["output_throughput"] * rng.uniform(0.7, 1.3),
                                                "itl_median": m.get("itl_median", 0.01) * rng.uniform(0.7, 1.3),
+                                               "e2e_latency_median": m.get("e2e_latency_median", 1.0) * rng.uniform(0.7, 1.3),
                                                "decode_step_time": 0.01}
                 db.record_result(sweep, knobs, "ok", m, estimate=est, serve_command=cmd,
                                  latencies=[{"ok": True, "ttft": 0.1, "e2e_latency": 1.0, "itl_mean": 0.01,
@@ -74,11 +79,14 @@ def build_empty_db(path: str) -> str:
 
 # ---- what the page must show, straight from the file ---------------------------------------------
 def ok_results(path: str, where: Optional[Dict[str, List]] = None) -> List[dict]:
-    """Successful results as {id, model, machine_id, workload, knobs, measured: {}, estimate: {}};
-    where: {"workload": [names], "model": [model strings], "knob.NAME": [values]} (any of each list)."""
+    """Successful results as {id, sweep_id, model, machine_id, workload, knobs, measured: {}, estimate: {},
+    meets (its sweep's constraints), best (its sweep's pick: most output throughput among the runs
+    meeting the constraints)}; where: {"workload": [names], "model": [model strings], "machine_id": [ids],
+    "knob.NAME": [values]} keeps the results matching any value of each list."""
     con = sqlite3.connect(path)
     con.row_factory = sqlite3.Row
-    rows = con.execute("SELECT r.id, r.serve_command, s.model, s.machine_id, w.name AS workload, c.knobs_json "
+    rows = con.execute("SELECT r.id, r.serve_command, r.sweep_id, s.constraints, s.model, s.machine_id, "
+                       "w.name AS workload, c.knobs_json "
                        "FROM results r JOIN sweeps s ON s.id = r.sweep_id JOIN workloads w ON w.id = s.workload_id "
                        "JOIN configurations c ON c.id = r.config_id WHERE r.status = 'ok' ORDER BY r.id").fetchall()
     out = []
@@ -89,14 +97,19 @@ def ok_results(path: str, where: Optional[Dict[str, List]] = None) -> List[dict]
         for m in con.execute("SELECT source, name, value FROM metrics WHERE result_id = ?", (r["id"],)):
             if m["value"] is not None:
                 d["measured" if m["source"] == "measured" else "estimate"][m["name"]] = m["value"]
-        keep = True
-        for key, allowed in (where or {}).items():
-            val = d["knobs"].get(key[5:]) if key.startswith("knob.") else d[key]
-            keep &= val in allowed
-        if keep:
-            out.append(d)
+        slo = SLOS[d["constraints"]]
+        d["meets"] = bool(slo) and all(d["measured"].get(k, float("inf")) < lim for k, lim in slo)
+        out.append(d)
     con.close()
-    return out
+    for d in out:
+        mates = [x["measured"]["output_throughput"] for x in out if x["sweep_id"] == d["sweep_id"] and x["meets"]]
+        d["best"] = d["meets"] and d["measured"]["output_throughput"] == max(mates)
+
+    def keep(d):
+        return all((d["knobs"].get(k[5:]) if k.startswith("knob.") else d[k]) in allowed
+                   for k, allowed in (where or {}).items())
+
+    return [d for d in out if keep(d)]
 
 
 def pareto_size(points: List[tuple]) -> int:
@@ -118,7 +131,9 @@ def expected_counts(results: List[dict], stat: str = "p50") -> Dict[str, dict]:
         for r in pts:
             groups.setdefault((r["model"], r["machine_id"], r["workload"]), []).append(
                 (r["measured"][name], r["measured"]["output_throughput"]))
-        out[plot] = {"points": len(pts), "pareto": sum(pareto_size(g) for g in groups.values())}
+        out[plot] = {"points": len(pts), "pareto": sum(pareto_size(g) for g in groups.values()),
+                     "best": sum(r["best"] for r in pts)}
     for plot, name in ESTIMATE.items():
-        out[plot] = {"points": sum(name in r["measured"] and name in r["estimate"] for r in results), "pareto": 0}
+        out[plot] = {"points": sum(name in r["measured"] and name in r["estimate"] for r in results), "pareto": 0,
+                     "best": 0}
     return out

@@ -62,6 +62,8 @@ def test_page_data_matches_database(db):
         if "itl_median" in ref["estimate"]:
             assert run["estimate"]["itl_p50"] == pytest.approx(1000 * ref["estimate"]["itl_median"])
         assert "decode_step_time" not in run["estimate"]  # estimator-only names are not plotted
+        assert run["slo"] == ("no SLO" if not ref["constraints"] else "meets" if ref["meets"] else "misses")
+        assert run["best"] == ref["best"]
     knob_names = {k for r in expected for k in r["knobs"]}
     assert set(d["knobs"]) == knob_names
     con = sqlite3.connect(db)

@@ -61,6 +61,7 @@ def check_counts(status: dict, results: list, stat: str = "p50") -> None:
         assert got["points"] == w["points"], (plot, got, w)
         assert got["drawn_points"] == w["points"], (plot, got, w)  # SVG markers plotly actually drew
         assert got["pareto"] == w["pareto"], (plot, got, w)
+        assert got["best"] == w["best"], (plot, got, w)
 
 
 def test_all_runs(site):
@@ -69,6 +70,7 @@ def test_all_runs(site):
     results = ok_results(db)
     assert status["runs_total"] == len(results)
     assert status["plots"]["pareto-ttft"]["points"] > 0 and status["plots"]["estimate-throughput"]["points"] > 0
+    assert status["plots"]["pareto-ttft"]["best"] > 0
     check_counts(status, results)
 
 

@@ -2,7 +2,9 @@
 
 Reads through the optimiser's read API (llmkern.optimize.db) and renames its metrics to the page's
 short names, latencies in milliseconds: output_throughput -> throughput, ttft_median -> ttft_p50,
-e2e_latency_p95 -> e2e_p95, and so on.
+e2e_latency_p95 -> e2e_p95, and so on. Each run also says whether it meets its sweep's constraints
+("slo": meets | misses | no SLO) and whether it is the optimiser's pick of its sweep ("best": the most
+throughput under the constraints), both decided by the optimiser's own grammar and report code.
 """
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ import time
 from typing import Dict, List, Optional
 
 from ..optimize import db as runs_db
+from ..optimize.grammar import parse_constraints
+from ..optimize.report import best
 
 FAMILIES = {"ttft": "ttft", "itl": "itl", "e2e_latency": "e2e"}
 STATS = {"mean": "mean", "median": "p50", "p95": "p95", "p99": "p99"}
-ESTIMATED = ("throughput", "ttft_p50", "itl_p50")
+ESTIMATED = ("throughput", "ttft_p50", "itl_p50", "e2e_p50")
+RATES = ("goodput", "request_throughput")  # req/s, shown as they are
 
 
 class ExploreError(ValueError):
@@ -27,6 +32,9 @@ def page_metrics(metrics: Dict[str, Optional[float]]) -> Dict[str, float]:
     out = {}
     if _finite(metrics.get("output_throughput")):
         out["throughput"] = float(metrics["output_throughput"])
+    for name in RATES:
+        if _finite(metrics.get(name)):
+            out[name] = float(metrics[name])
     for fam, short in FAMILIES.items():
         for stat, s in STATS.items():
             v = metrics.get(f"{fam}_{stat}")
@@ -37,6 +45,14 @@ def page_metrics(metrics: Dict[str, Optional[float]]) -> Dict[str, float]:
 
 def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _constraints(spec: Optional[str]) -> Optional[list]:
+    """A sweep's constraints; None when it has none or they no longer parse (shown as "no SLO")."""
+    try:
+        return parse_constraints(spec or "") or None
+    except ValueError:
+        return None
 
 
 def machine_label(m: dict) -> str:
@@ -85,6 +101,13 @@ def load(path: str, allow_empty: bool = False) -> dict:
     names = [w["name"] for w in workloads]
     # Two workloads may share a name with different specs: the id tells them apart then.
     wl_label = {w["id"]: w["name"] + (f" #{w['id']}" if names.count(w["name"]) > 1 else "") for w in workloads}
+    slo = {sid: _constraints(s.get("constraints")) for sid, s in sweeps.items()}
+    # The optimiser's pick per sweep: most throughput among the runs meeting the sweep's constraints.
+    best_ids = set()
+    for sid in sweeps:
+        pick = best([r for r in results if r["sweep_id"] == sid], slo[sid] or ())
+        if pick is not None and slo[sid]:
+            best_ids.add(pick["id"])
     knobs: List[str] = []
     runs = []
     for r in results:
@@ -92,12 +115,15 @@ def load(path: str, allow_empty: bool = False) -> dict:
             if k not in knobs:
                 knobs.append(k)
         sweep = sweeps.get(r["sweep_id"], {})
+        cons = slo.get(r["sweep_id"])
+        meets = "no SLO" if not cons else ("meets" if all(c.ok(r["metrics"]) for c in cons) else "misses")
         est = page_metrics(r.get("estimate") or {})
         runs.append({"id": str(r["id"]), "model": model_label(r["model"]), "machine": str(r["machine_id"]),
                      "workload": wl_label.get(r["workload_id"], r.get("workload_name")),
                      "workload_kind": r.get("workload_kind"), "knobs": r["knobs"], "metrics": page_metrics(r["metrics"]),
                      "estimate": {k: v for k, v in est.items() if k in ESTIMATED}, "command": r.get("serve_command") or "",
-                     "sweep": r["sweep_id"], "constraints": sweep.get("constraints", ""),
+                     "sweep": r["sweep_id"], "constraints": ";".join(str(c) for c in cons or ()), "slo": meets,
+                     "best": r["id"] in best_ids,
                      "llmkern_version": r.get("llmkern_version")})
     return {"title": "llmkern Performance Explorer", "source": os.path.basename(path),
             "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "knobs": knobs,

@@ -5,9 +5,11 @@ The embedded data (`explore.data.load` builds it) is a dict:
     {"title", "source", "generated", "knobs": [knob names, in display order],
      "machines": {id: {"label": str, "details": dict}},
      "runs": [{"id": str, "model", "machine" (an id of machines), "workload",
-               "knobs": {name: value}, "metrics": {"throughput": output tok/s,
-               "ttft_p50"|"ttft_mean"|"ttft_p95"|"ttft_p99", same for "itl_" and "e2e_" (ms)},
-               "estimate": {"throughput", "itl_p50", "ttft_p50"}, "command": "llmkern serve ..."}]}
+               "knobs": {name: value}, "metrics": {"throughput": output tok/s, "goodput",
+               "request_throughput" (req/s), "ttft_p50"|"ttft_mean"|"ttft_p95"|"ttft_p99", same for
+               "itl_" and "e2e_" (ms)}, "estimate": {"throughput", "itl_p50", "ttft_p50", "e2e_p50"},
+               "command": "llmkern serve ...", "constraints": str, "slo": "meets"|"misses"|"no SLO",
+               "best": bool (the sweep's pick under its constraints)}]}
 
 A missing metric is absent or null; the page leaves such a run out of the plots that need it.
 """
@@ -116,7 +118,8 @@ def render(data: dict) -> str:
 <div id="command"><code class="command">(choose a configuration)</code></div>
 <h2>Estimate vs measured</h2>
 <div class="grid">
-<div class="plot" id="estimate-throughput"></div><div class="plot" id="estimate-itl_p50"></div><div class="plot" id="estimate-ttft_p50"></div>
+<div class="plot" id="estimate-throughput"></div><div class="plot" id="estimate-itl_p50"></div>
+<div class="plot" id="estimate-ttft_p50"></div><div class="plot" id="estimate-e2e_p50"></div>
 </div>
 <h2>Runs</h2>
 <div id="runs"></div>

@@ -11,8 +11,9 @@
   var MACHINES = D.machines || {};
   var STATS = [['p50', 'median'], ['mean', 'mean'], ['p95', 'p95'], ['p99', 'p99']];
   var FAMILIES = [['ttft', 'TTFT'], ['itl', 'ITL'], ['e2e', 'E2E latency']];
-  var ESTIMATES = [['throughput', 'Throughput (tok/s)'], ['itl_p50', 'ITL p50 (ms)'], ['ttft_p50', 'TTFT p50 (ms)']];
-  var DIMS = [['model', 'Model'], ['machine', 'Machine'], ['workload', 'Workload']];
+  var ESTIMATES = [['throughput', 'Throughput (tok/s)'], ['itl_p50', 'ITL p50 (ms)'], ['ttft_p50', 'TTFT p50 (ms)'],
+                   ['e2e_p50', 'E2E latency p50 (ms)']];
+  var DIMS = [['model', 'Model'], ['machine', 'Machine'], ['workload', 'Workload'], ['slo', 'Sweep constraints (SLO)']];
   var PLOT_CONFIG = {displaylogo: false, responsive: true};
 
   // Each Pareto group (model / machine / workload) has its own colour; points take it too by default.
@@ -183,7 +184,7 @@
     var lay = {title: {text: title, font: {size: 14}, x: 0.01, xanchor: 'left'},
                xaxis: {title: {text: xt}}, yaxis: {title: {text: yt}}, modebar: {orientation: 'v'},
                margin: {l: 60, r: 30, t: 36, b: 40}, hovermode: 'closest', height: 460,
-               legend: {font: {size: 10}, orientation: 'h'}};
+               legend: {font: {size: 10}, orientation: 'h', x: 0, y: -0.18, yanchor: 'top'}};
     if (!n) lay.annotations = [{text: why, showarrow: false, xref: 'paper',
                                 yref: 'paper', x: 0.5, y: 0.5, font: {size: 14}}];
     return lay;
@@ -206,7 +207,8 @@
     colorOrder.forEach(function (ck) {
       var pts = byColor[ck];
       n += pts.length;
-      var marker = {size: 9, opacity: 0.8};
+      var marker = {size: 9, opacity: 0.8, line: {width: 1.5},
+                    symbol: pts.map(function (p) { return p.run.slo === 'misses' ? 'circle-open' : 'circle'; })};
       if (state.color === GROUP) marker.color = GROUP_COLOR[groupKey(pts[0].run)];
       traces.push({type: 'scatter', mode: 'markers', meta: 'runs',
                    name: state.color === GROUP ? ck : filterTitle(state.color) + ' ' + labelOf(state.color, ck),
@@ -226,6 +228,14 @@
                    marker: {symbol: 'star', size: 12, color: GROUP_COLOR[gk], line: {width: 1, color: '#222'}},
                    hoverinfo: 'skip'});
     });
+    var picks = runs.filter(function (r) { return r.best && metric(r, name) !== null && metric(r, 'throughput') !== null; });
+    if (picks.length) {
+      traces.push({type: 'scatter', mode: 'markers', meta: 'best', name: 'best under its sweep\'s SLO',
+                   x: picks.map(function (r) { return metric(r, name); }),
+                   y: picks.map(function (r) { return metric(r, 'throughput'); }),
+                   customdata: picks.map(function (r) { return r.id; }), hoverinfo: 'skip',
+                   marker: {size: 20, symbol: 'diamond-open', color: '#e6a700', line: {width: 3}}});
+    }
     var chosen = runs.filter(function (r) { return state.compare.indexOf(r.id) >= 0 && metric(r, name) !== null && metric(r, 'throughput') !== null; });
     if (chosen.length) {
       traces.push({type: 'scatter', mode: 'markers', meta: 'chosen', name: 'compared',
@@ -310,7 +320,8 @@
     box.textContent = '';
     var table = el('table', {'class': 'runs'});
     var head = el('tr');
-    ['compare', 'workload', 'model'].concat(KNOBS).concat(['tok/s', 'TTFT ' + state.stat, 'ITL ' + state.stat, 'E2E ' + state.stat, 'TTFT front'])
+    ['compare', 'workload', 'model'].concat(KNOBS).concat(['tok/s', 'TTFT ' + state.stat, 'ITL ' + state.stat, 'E2E ' + state.stat,
+                                                          'TTFT front', 'SLO', 'sweep pick'])
       .forEach(function (h) { head.appendChild(el('th', {}, h)); });
     table.appendChild(head);
     var front = onFronts(runs);
@@ -325,7 +336,8 @@
         tr.appendChild(td);
         [r.workload, r.model].concat(KNOBS.map(function (k) { return valueKey((r.knobs || {})[k]); }))
           .concat([metric(r, 'throughput'), metric(r, 'ttft_' + state.stat), metric(r, 'itl_' + state.stat),
-                   metric(r, 'e2e_' + state.stat), front[r.id] ? '\u2605' : ''])
+                   metric(r, 'e2e_' + state.stat), front[r.id] ? '\u2605' : '',
+                   r.slo === 'meets' ? '\u2713' : (r.slo === 'misses' ? '\u2717' : '-'), r.best ? '\u25c6' : ''])
           .forEach(function (v) { tr.appendChild(el('td', {}, fmt(v))); });
         table.appendChild(tr);
       });
@@ -354,10 +366,14 @@
                 ['machine', function (r) { return labelOf('machine', valueKey(r.machine)); }]];
     KNOBS.forEach(function (k) { rows.push([k, function (r) { return valueKey((r.knobs || {})[k]); }]); });
     rows.push(['throughput (tok/s)', function (r) { return metric(r, 'throughput'); }]);
+    rows.push(['throughput (req/s)', function (r) { return metric(r, 'request_throughput'); }]);
+    rows.push(['throughput: goodput (req/s meeting the SLO)', function (r) { return metric(r, 'goodput'); }]);
     FAMILIES.forEach(function (f) {
       STATS.forEach(function (s) { rows.push([f[1] + ' ' + s[1] + ' (ms)', function (r) { return metric(r, f[0] + '_' + s[0]); }]); });
     });
     ESTIMATES.forEach(function (e) { rows.push(['estimated ' + e[1], function (r) { return estimate(r, e[0]); }]); });
+    rows.push(['sweep constraints', function (r) { return (r.constraints || 'none') + ' (' + r.slo + ')'; }]);
+    rows.push(['sweep pick', function (r) { return r.best ? 'yes: most throughput under the constraints' : 'no'; }]);
     var head = el('tr');
     head.appendChild(el('th', {}, ''));
     chosen.forEach(function (r, i) {
@@ -415,13 +431,14 @@
     var out = {runs_total: RUNS.length, runs_shown: runs.length, compared: state.compare.length, stat: state.stat, plots: {}};
     PLOTS.forEach(function (p) {
       var gd = document.getElementById(p.id);
-      var c = {points: 0, pareto: 0, drawn_points: 0, traces: (gd.data || []).length};
+      var c = {points: 0, pareto: 0, best: 0, drawn_points: 0, traces: (gd.data || []).length};
       var layers = gd.querySelectorAll('.scatterlayer .trace');
       (gd.data || []).forEach(function (t, i) {
         var n = (t.x || []).length;
         var drawn = layers[i] ? layers[i].querySelectorAll('.points path').length : 0;
         if (t.meta === 'runs') { c.points += n; c.drawn_points += drawn; }
         if (t.meta === 'pareto') c.pareto += n;
+        if (t.meta === 'best') c.best += n;
       });
       out.plots[p.id] = c;
     });
