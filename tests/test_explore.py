@@ -199,3 +199,38 @@ def test_report_notes_a_missing_browser(db, tmp_path, monkeypatch):
     md = open(paths["markdown"]).read()
     assert "## Performance Explorer" in md and "Chromium was not found" in md
     assert not (tmp_path / report.EXPLORER_PNG).exists()
+
+
+def test_cli_serve_process(db):
+    """`llmkern explore --serve --port 0` in its own process: prints its loopback URL, serves the
+    page, and is stopped and reaped by the test."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import llmkern
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(llmkern.__file__))))
+    proc = subprocess.Popen([sys.executable, "-m", "llmkern.cli", "explore", "--db", db, "--serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        line = ""
+        timer = threading.Timer(120, proc.kill)  # a hung start cannot block readline forever
+        timer.start()
+        try:
+            line = proc.stdout.readline()
+        finally:
+            timer.cancel()
+        m = re.search(r"serving (http://127\.0\.0\.1:\d+/)", line)
+        assert m, f"no URL printed: {line!r}"
+        with urllib.request.urlopen(m.group(1), timeout=60) as r:
+            assert embedded(r.read().decode())["runs"] == data.load(db)["runs"]
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean exit
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()

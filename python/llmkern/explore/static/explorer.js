@@ -32,7 +32,7 @@
   // ---- values and filters -------------------------------------------------------------------
   function valueKey(v) {
     if (v === null || v === undefined || v === '') return 'none';
-    return String(v);
+    return typeof v === 'object' ? JSON.stringify(v) : String(v);  // a list-valued knob shows as JSON
   }
   function fieldOf(r, key) {
     if (key === GROUP) return groupLabel(r);
