@@ -69,8 +69,8 @@ def run(a) -> int:
         if not browser.find_chromium():
             _fail("--screenshot: needs Chromium (Debian: apt-get install chromium; or set LLMKERN_CHROMIUM to its path)")
     db = _db_path(a)
-    try:
-        html = build_page(db)
+    try:  # --serve may watch a database a sweep is about to fill: empty is fine there
+        html = build_page(db, allow_empty=a.serve and not (a.out or a.screenshot))
     except ExploreError as e:
         _fail(f"--db: {e}" if a.db is not None else f"the shipped database: {e} (pass --db FILE)")
     except RuntimeError as e:  # plotly missing

@@ -114,7 +114,6 @@ def load(path: str, allow_empty: bool = False) -> dict:
         for k in r["knobs"]:
             if k not in knobs:
                 knobs.append(k)
-        sweep = sweeps.get(r["sweep_id"], {})
         cons = slo.get(r["sweep_id"])
         meets = "no SLO" if not cons else ("meets" if all(c.ok(r["metrics"]) for c in cons) else "misses")
         est = page_metrics(r.get("estimate") or {})
