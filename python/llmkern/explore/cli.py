@@ -52,6 +52,10 @@ def screenshot_db(db_path: str, png_path: str, view: str = "") -> int:
     from . import browser, data, page
 
     d = data.load(db_path)
+    if not view:  # show the comparison too: each sweep's pick, else the two fastest runs
+        picks = [r["id"] for r in d["runs"] if r.get("best")][:3] or [
+            r["id"] for r in sorted(d["runs"], key=lambda r: -(r["metrics"].get("throughput") or 0))[:2]]
+        view = "compare=" + ",".join(picks)
     browser.screenshot_html(page.render(d), png_path, view)
     return len(d["runs"])
 

@@ -248,6 +248,7 @@
             title: FAMILIES.filter(function (f) { return f[0] === family; })[0][1] + ' ' + state.stat + ' vs throughput'};
   }
   function estimateTraces(runs, key, label) {
+    var axes = null;
     var pts = runs.filter(function (r) { return metric(r, key) !== null && estimate(r, key) !== null; });
     var traces = [{type: 'scatter', mode: 'markers', meta: 'runs', name: 'runs',
                    x: pts.map(function (r) { return metric(r, key); }), y: pts.map(function (r) { return estimate(r, key); }),
@@ -258,12 +259,18 @@
     if (pts.length) {
       var all = pts.map(function (r) { return metric(r, key); }).concat(pts.map(function (r) { return estimate(r, key); }));
       var lo = Math.min.apply(null, all), hi = Math.max.apply(null, all);
+      // Estimates off by an order of magnitude would squash the rest: both axes go logarithmic then,
+      // over one shared range, so the diagonal stays the diagonal.
+      if (lo > 0 && hi / lo > 20) {
+        var pad = 0.1 * (Math.log10(hi) - Math.log10(lo));
+        axes = {type: 'log', range: [Math.log10(lo) - pad, Math.log10(hi) + pad]};
+      }
       traces.push({type: 'scatter', mode: 'lines', meta: 'reference', name: 'estimate = measured',
                    x: [lo, hi], y: [lo, hi], line: {dash: 'dash', color: '#888'}, hoverinfo: 'skip'});
       var errs = pts.map(function (r) { return Math.abs(estimate(r, key) / metric(r, key) - 1); }).sort(function (a, b) { return a - b; });
       title += ' (median |error| ' + (100 * errs[Math.floor((errs.length - 1) / 2)]).toFixed(0) + '%)';
     }
-    return {traces: traces, n: pts.length, title: title,
+    return {traces: traces, n: pts.length, title: title, axes: axes,
             why: runs.length ? 'No run shown has both an estimate and a measurement' : 'No runs match the filters'};
   }
 
@@ -283,7 +290,12 @@
       xt = 'measured';
       yt = 'estimated';
     }
-    return Plotly.react(gd, t.traces, emptyLayout(t.title, xt, yt, t.n, t.why), PLOT_CONFIG).then(function () {
+    var layout = emptyLayout(t.title, xt, yt, t.n, t.why);
+    if (t.axes) {
+      Object.assign(layout.xaxis, t.axes, {title: {text: xt + ' (log)'}});
+      Object.assign(layout.yaxis, t.axes, {title: {text: yt + ' (log)'}});
+    }
+    return Plotly.react(gd, t.traces, layout, PLOT_CONFIG).then(function () {
       if (!gd.__exploreClick) {
         gd.__exploreClick = true;
         gd.on('plotly_click', function (ev) {
