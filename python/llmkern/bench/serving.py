@@ -165,15 +165,19 @@ class Server:
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env or os.environ.copy())
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name}: exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                if httpx.get(self.base + health, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        try:
+            while time.monotonic() < end:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{name}: exited with {self.proc.returncode}: {self.tail()}")
+                try:
+                    if httpx.get(self.base + health, timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        except BaseException:   # Ctrl-C while waiting: the caller never gets the object to close
+            self.close()
+            raise
         self.close()
         raise RuntimeError(f"{name}: not ready after {timeout} s: {self.tail()}")
 

@@ -167,22 +167,39 @@ def _runtime_overheads(device: str):
     return max(0.0, t1 - per_seq), per_seq
 
 
-def calibrate(name: str = "cpu", device: str = "cpu", quick: bool = True, notes: str = "") -> HardwareProfile:
-    """Measure this machine's rates (a few seconds with quick) and return a calibrated profile."""
+def _rates(device: str, quick: bool) -> dict:
+    """Fresh measurements of the rates a shared machine's load moves (not the suite's cached ones)."""
     import torch
 
     from ..bench import common
 
-    common.configure(quick=quick)
     min_time = 0.2 if quick else 0.5
-    bw = common.read_bandwidth(device, nbytes=(128 << 20) if quick else (256 << 20))
-    gemm = {"float32": common.matmul_flops(torch.float32, device)}
+    common.configure(quick=quick)
+    bw = common.read_bandwidth.__wrapped__(device, nbytes=(128 << 20) if quick else (256 << 20))
+    gemm = {"float32": common.matmul_flops.__wrapped__(torch.float32, device)}
     if not quick:
-        gemm["bfloat16"] = common.matmul_flops(torch.bfloat16, device)
+        gemm["bfloat16"] = common.matmul_flops.__wrapped__(torch.bfloat16, device)
     dec_bw, pre_flops = _attention_rates(device, min_time)
+    return dict(bandwidth=bw, gemm_flops=gemm, attn_decode_bw=dec_bw, attn_prefill_flops=pre_flops)
+
+
+def remeasure(p: HardwareProfile) -> HardwareProfile:
+    """p with its bandwidth, GEMM and attention rates measured again now (a second or two); the
+    runtime overheads are kept."""
+    from dataclasses import replace
+
+    r = _rates(p.device, quick=True)
+    r["gemm_flops"] = dict(p.gemm_flops, **r["gemm_flops"])
+    return replace(p, measured_at=time.time(), **r)
+
+
+def calibrate(name: str = "cpu", device: str = "cpu", quick: bool = True, notes: str = "") -> HardwareProfile:
+    """Measure this machine's rates (a few seconds with quick) and return a calibrated profile."""
+    import torch
+
+    rates = _rates(device, quick)
     step_oh, seq_oh = _runtime_overheads(device)
-    return HardwareProfile(name=name, device=device, calibrated=True, bandwidth=bw, gemm_flops=gemm,
-                           attn_decode_bw=dec_bw, attn_prefill_flops=pre_flops, memory_gb=memory_gb() or 0.0,
+    return HardwareProfile(name=name, device=device, calibrated=True, **rates, memory_gb=memory_gb() or 0.0,
                            step_overhead_s=step_oh, seq_overhead_s=seq_oh, cores=os.cpu_count(),
                            notes=notes or f"{cpu_model()}, {os.cpu_count()} cores, torch threads "
                                           f"{torch.get_num_threads()}", measured_at=time.time())

@@ -126,7 +126,7 @@ def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_to
         server_knobs, client_knobs = knobs_mod.split(c)
         cwl = wl.with_rate(client_knobs.get("request_rate"))
         ek = EngineKnobs.from_knobs(c, kv_cache_tokens(shape, a.kv_cache_memory_gb or 2.0))
-        hw_now = hw if a.profile or not a.recalibrate else profiles.calibrate()
+        hw_now = profiles.remeasure(hw) if a.recalibrate and hw.calibrated else hw
         sim = simulate(_sim_requests(cwl, prompt_tokens, prefix_tokens), shape, hw_now, ek)
         sim.pop("requests")
         sim["profile_bandwidth_gbs"] = hw_now.bandwidth / 1e9
