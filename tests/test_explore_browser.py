@@ -53,9 +53,13 @@ def load(page: str, fragment: str = "") -> tuple:
     return json.loads(status.group(2)), dom
 
 
-def check_counts(status: dict, results: list, stat: str = "p50") -> None:
+def check_counts(status: dict, results: list, stat: str = "p50", everything: list = ()) -> None:
     want = expected_counts(results, stat)
     assert status["runs_shown"] == len(results)
+    # The sweep-picks panel lists each sweep with a run shown, and names a pick where one meets the SLO.
+    sweeps = {r["sweep_id"] for r in results}
+    assert status["sweeps_listed"] == len(sweeps)
+    assert status["picks"] == len({r["sweep_id"] for r in everything or results if r["best"] and r["sweep_id"] in sweeps})
     for plot, w in want.items():
         got = status["plots"][plot]
         assert got["points"] == w["points"], (plot, got, w)
@@ -70,7 +74,7 @@ def test_all_runs(site):
     results = ok_results(db)
     assert status["runs_total"] == len(results)
     assert status["plots"]["pareto-ttft"]["points"] > 0 and status["plots"]["estimate-throughput"]["points"] > 0
-    assert status["plots"]["pareto-ttft"]["best"] > 0
+    assert status["plots"]["pareto-ttft"]["best"] > 0 and status["picks"] > 0
     check_counts(status, results)
 
 
@@ -85,7 +89,7 @@ def test_filtered_views(site, fragment, where, stat):
     db, page = site
     status, _ = load(page, fragment)
     assert status["stat"] == stat
-    check_counts(status, ok_results(db, where), stat)
+    check_counts(status, ok_results(db, where), stat, everything=ok_results(db))
 
 
 def test_compared_configurations_show_their_serve_commands(site):

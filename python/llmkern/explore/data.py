@@ -103,11 +103,17 @@ def load(path: str, allow_empty: bool = False) -> dict:
     wl_label = {w["id"]: w["name"] + (f" #{w['id']}" if names.count(w["name"]) > 1 else "") for w in workloads}
     slo = {sid: _constraints(s.get("constraints")) for sid, s in sweeps.items()}
     # The optimiser's pick per sweep: most throughput among the runs meeting the sweep's constraints.
-    best_ids = set()
-    for sid in sweeps:
-        pick = best([r for r in results if r["sweep_id"] == sid], slo[sid] or ())
-        if pick is not None and slo[sid]:
+    best_ids, sweep_rows = set(), []
+    for sid, sw in sweeps.items():
+        mine = [r for r in results if r["sweep_id"] == sid]
+        pick = best(mine, slo[sid] or ()) if slo[sid] else None
+        if pick is not None:
             best_ids.add(pick["id"])
+        if mine:
+            sweep_rows.append({"id": sid, "model": model_label(sw["model"]), "machine": str(sw["machine_id"]),
+                               "workload": wl_label.get(sw["workload_id"], "?"), "runs": len(mine),
+                               "constraints": ";".join(str(c) for c in slo[sid] or ()),
+                               "pick": None if pick is None else str(pick["id"])})
     knobs: List[str] = []
     runs = []
     for r in results:
@@ -126,4 +132,4 @@ def load(path: str, allow_empty: bool = False) -> dict:
                      "llmkern_version": r.get("llmkern_version")})
     return {"title": "llmkern Performance Explorer", "source": os.path.basename(path),
             "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "knobs": knobs,
-            "machines": machines, "runs": runs}
+            "machines": machines, "sweeps": sweep_rows, "runs": runs}

@@ -4,6 +4,8 @@ The embedded data (`explore.data.load` builds it) is a dict:
 
     {"title", "source", "generated", "knobs": [knob names, in display order],
      "machines": {id: {"label": str, "details": dict}},
+     "sweeps": [{"id", "model", "machine", "workload", "runs": successful runs, "constraints": str,
+                 "pick": id of the run with the most throughput under the constraints, or null}],
      "runs": [{"id": str, "model", "machine" (an id of machines), "workload",
                "knobs": {name: value}, "metrics": {"throughput": output tok/s, "goodput",
                "request_throughput" (req/s), "ttft_p50"|"ttft_mean"|"ttft_p95"|"ttft_p99", same for
@@ -111,6 +113,7 @@ def render(data: dict) -> str:
 <h2>Pareto fronts: throughput vs latency</h2>
 <div class="grid">
 <div class="plot" id="pareto-ttft"></div><div class="plot" id="pareto-itl"></div><div class="plot" id="pareto-e2e"></div>
+<div class="plot" id="picks"></div>
 </div>
 <h2>Compared configurations</h2>
 <div id="compare"></div>

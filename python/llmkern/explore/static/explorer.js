@@ -9,6 +9,7 @@
   var RUNS = D.runs || [];
   var KNOBS = D.knobs || [];
   var MACHINES = D.machines || {};
+  var SWEEPS = D.sweeps || [];
   var STATS = [['p50', 'median'], ['mean', 'mean'], ['p95', 'p95'], ['p99', 'p99']];
   var FAMILIES = [['ttft', 'TTFT'], ['itl', 'ITL'], ['e2e', 'E2E latency']];
   var ESTIMATES = [['throughput', 'Throughput (tok/s)'], ['itl_p50', 'ITL p50 (ms)'], ['ttft_p50', 'TTFT p50 (ms)'],
@@ -184,7 +185,7 @@
     var lay = {title: {text: title, font: {size: 14}, x: 0.01, xanchor: 'left'},
                xaxis: {title: {text: xt}}, yaxis: {title: {text: yt}}, modebar: {orientation: 'v'},
                margin: {l: 60, r: 30, t: 36, b: 40}, hovermode: 'closest', height: 460,
-               legend: {font: {size: 10}, orientation: 'h', x: 0, y: -0.18, yanchor: 'top'}};
+               legend: {font: {size: 10}, orientation: 'h', x: 0, y: -0.1, yanchor: 'top'}};
     if (!n) lay.annotations = [{text: why, showarrow: false, xref: 'paper',
                                 yref: 'paper', x: 0.5, y: 0.5, font: {size: 14}}];
     return lay;
@@ -245,7 +246,7 @@
                    marker: {size: 18, symbol: 'circle-open', color: '#d62728', line: {width: 2.5}}});
     }
     return {traces: traces, n: n, why: runs.length ? 'No run shown has this latency' : 'No runs match the filters',
-            title: FAMILIES.filter(function (f) { return f[0] === family; })[0][1] + ' ' + state.stat + ' vs throughput'};
+            title: FAMILIES.filter(function (f) { return f[0] === family; })[0][1] + ' ' + state.stat + ' (ms, x) vs throughput'};
   }
   function estimateTraces(runs, key, label) {
     var axes = null;
@@ -255,7 +256,7 @@
                    customdata: pts.map(function (r) { return r.id; }), text: pts.map(hoverText),
                    hovertemplate: '%{text}<br>measured %{x:.4g}<br>estimated %{y:.4g}<extra></extra>',
                    marker: {size: 9, opacity: 0.8}}];
-    var title = label + ': estimate vs measured';
+    var title = label + ': estimate vs measured (dashed: equal)';
     if (pts.length) {
       var all = pts.map(function (r) { return metric(r, key); }).concat(pts.map(function (r) { return estimate(r, key); }));
       var lo = Math.min.apply(null, all), hi = Math.max.apply(null, all);
@@ -283,7 +284,7 @@
     var t, xt, yt;
     if (p.kind === 'pareto') {
       t = paretoTraces(runs, p.family);
-      xt = p.family.toUpperCase() + ' ' + state.stat + ' (ms)';
+      xt = '';  // in the title: a horizontal legend below the plot would cover an axis title
       yt = 'throughput (output tok/s)';
     } else {
       t = estimateTraces(runs, p.key, p.label);
@@ -291,6 +292,7 @@
       yt = 'estimated';
     }
     var layout = emptyLayout(t.title, xt, yt, t.n, t.why);
+    if (p.kind === 'estimate') layout.showlegend = false;  // the title names the dashed diagonal
     if (t.axes) {
       Object.assign(layout.xaxis, t.axes, {title: {text: xt + ' (log)'}});
       Object.assign(layout.yaxis, t.axes, {title: {text: yt + ' (log)'}});
@@ -426,6 +428,36 @@
     cmd.textContent = '';
     cmd.appendChild(el('code', {'class': 'command'}, last.command || '(no command recorded)'));
   }
+  // Each sweep's pick (most throughput under its constraints) with its serve command: the optimiser's
+  // answer, for the sweeps with a run among those shown.
+  function picksBox(runs) {
+    var box = document.getElementById('picks');
+    box.textContent = '';
+    box.appendChild(el('h3', {}, 'Sweep picks: most throughput under the sweep\'s SLO'));
+    var shown = {};
+    runs.forEach(function (r) { shown[r.sweep] = true; });
+    var list = el('ul', {'class': 'picks'});
+    SWEEPS.filter(function (sw) { return shown[sw.id]; }).forEach(function (sw) {
+      var li = el('li', {'data-pick': sw.pick || ''});
+      var head = [sw.workload, sw.model, labelOf('machine', sw.machine)].join(' / ') + ' (' + sw.runs + ' runs, ' +
+                 (sw.constraints || 'no constraints') + '): ';
+      li.appendChild(el('b', {}, head));
+      var r = sw.pick && byId[sw.pick];
+      if (!sw.constraints) li.appendChild(document.createTextNode('no SLO given'));
+      else if (!r) li.appendChild(document.createTextNode('no configuration meets the SLO'));
+      else {
+        li.appendChild(document.createTextNode(fmt(metric(r, 'throughput')) + ' tok/s, TTFT p95 ' +
+                                               fmt(metric(r, 'ttft_p95')) + ' ms, ITL p95 ' + fmt(metric(r, 'itl_p95')) + ' ms '));
+        var b = el('button', {type: 'button'}, state.compare.indexOf(r.id) >= 0 ? 'uncompare' : 'compare');
+        b.addEventListener('click', function () { toggleCompare(r.id); });
+        li.appendChild(b);
+        li.appendChild(el('br'));
+        li.appendChild(el('code', {'class': 'command'}, r.command || '-'));
+      }
+      list.appendChild(li);
+    });
+    box.appendChild(list);
+  }
   function machinesBox() {
     var box = document.getElementById('machines');
     box.textContent = '';
@@ -440,7 +472,9 @@
 
   // ---- render and report ----------------------------------------------------------------------
   function report(runs) {
-    var out = {runs_total: RUNS.length, runs_shown: runs.length, compared: state.compare.length, stat: state.stat, plots: {}};
+    var out = {runs_total: RUNS.length, runs_shown: runs.length, compared: state.compare.length, stat: state.stat, plots: {},
+               picks: document.querySelectorAll('#picks li[data-pick]:not([data-pick=""])').length,
+               sweeps_listed: document.querySelectorAll('#picks li').length};
     PLOTS.forEach(function (p) {
       var gd = document.getElementById(p.id);
       var c = {points: 0, pareto: 0, best: 0, drawn_points: 0, traces: (gd.data || []).length};
@@ -464,6 +498,7 @@
     writeHash();
     runsTable(runs);
     compareTable();
+    picksBox(runs);
     return Promise.all(PLOTS.map(function (p) { return drawPlot(p, runs); })).then(function () { report(runs); });
   }
 
