@@ -190,6 +190,9 @@
                                 yref: 'paper', x: 0.5, y: 0.5, font: {size: 14}}];
     return lay;
   }
+  function familyLabel(family) {
+    return FAMILIES.filter(function (f) { return f[0] === family; })[0][1];
+  }
   function paretoTraces(runs, family) {
     var name = family + '_' + state.stat;
     var byColor = {}, colorOrder = [], groups = {}, groupOrder = [];
@@ -229,7 +232,8 @@
                    marker: {symbol: 'star', size: 12, color: GROUP_COLOR[gk], line: {width: 1, color: '#222'}},
                    hoverinfo: 'skip'});
     });
-    var picks = runs.filter(function (r) { return r.best && metric(r, name) !== null && metric(r, 'throughput') !== null; });
+    function plotted(r) { return metric(r, name) !== null && metric(r, 'throughput') !== null; }
+    var picks = runs.filter(function (r) { return r.best && plotted(r); });
     if (picks.length) {
       traces.push({type: 'scatter', mode: 'markers', meta: 'best', name: 'best under its sweep\'s SLO',
                    x: picks.map(function (r) { return metric(r, name); }),
@@ -237,7 +241,7 @@
                    customdata: picks.map(function (r) { return r.id; }), hoverinfo: 'skip',
                    marker: {size: 20, symbol: 'diamond-open', color: '#e6a700', line: {width: 3}}});
     }
-    var chosen = runs.filter(function (r) { return state.compare.indexOf(r.id) >= 0 && metric(r, name) !== null && metric(r, 'throughput') !== null; });
+    var chosen = runs.filter(function (r) { return state.compare.indexOf(r.id) >= 0 && plotted(r); });
     if (chosen.length) {
       traces.push({type: 'scatter', mode: 'markers', meta: 'chosen', name: 'compared',
                    x: chosen.map(function (r) { return metric(r, name); }),
@@ -246,19 +250,21 @@
                    marker: {size: 18, symbol: 'circle-open', color: '#d62728', line: {width: 2.5}}});
     }
     return {traces: traces, n: n, why: runs.length ? 'No run shown has this latency' : 'No runs match the filters',
-            title: FAMILIES.filter(function (f) { return f[0] === family; })[0][1] + ' ' + state.stat + ' (ms, x) vs throughput'};
+            title: familyLabel(family) + ' ' + state.stat + ' (ms, x) vs throughput'};
   }
   function estimateTraces(runs, key, label) {
     var axes = null;
     var pts = runs.filter(function (r) { return metric(r, key) !== null && estimate(r, key) !== null; });
     var traces = [{type: 'scatter', mode: 'markers', meta: 'runs', name: 'runs',
-                   x: pts.map(function (r) { return metric(r, key); }), y: pts.map(function (r) { return estimate(r, key); }),
+                   x: pts.map(function (r) { return metric(r, key); }),
+                   y: pts.map(function (r) { return estimate(r, key); }),
                    customdata: pts.map(function (r) { return r.id; }), text: pts.map(hoverText),
                    hovertemplate: '%{text}<br>measured %{x:.4g}<br>estimated %{y:.4g}<extra></extra>',
                    marker: {size: 9, opacity: 0.8}}];
     var title = label + ': estimate vs measured (dashed: equal)';
     if (pts.length) {
-      var all = pts.map(function (r) { return metric(r, key); }).concat(pts.map(function (r) { return estimate(r, key); }));
+      var all = [];
+      pts.forEach(function (r) { all.push(metric(r, key), estimate(r, key)); });
       var lo = Math.min.apply(null, all), hi = Math.max.apply(null, all);
       // Estimates off by an order of magnitude would squash the rest: both axes go logarithmic then,
       // over one shared range, so the diagonal stays the diagonal.
@@ -268,7 +274,8 @@
       }
       traces.push({type: 'scatter', mode: 'lines', meta: 'reference', name: 'estimate = measured',
                    x: [lo, hi], y: [lo, hi], line: {dash: 'dash', color: '#888'}, hoverinfo: 'skip'});
-      var errs = pts.map(function (r) { return Math.abs(estimate(r, key) / metric(r, key) - 1); }).sort(function (a, b) { return a - b; });
+      var errs = pts.map(function (r) { return Math.abs(estimate(r, key) / metric(r, key) - 1); });
+      errs.sort(function (a, b) { return a - b; });
       title += ' (median |error| ' + (100 * errs[Math.floor((errs.length - 1) / 2)]).toFixed(0) + '%)';
     }
     return {traces: traces, n: pts.length, title: title, axes: axes,
@@ -326,7 +333,9 @@
       if (lat === null || tput === null) return;
       (groups[groupKey(r)] = groups[groupKey(r)] || []).push({lat: lat, tput: tput, run: r});
     });
-    Object.keys(groups).forEach(function (g) { paretoFront(groups[g]).forEach(function (p) { on[p.run.id] = true; }); });
+    Object.keys(groups).forEach(function (g) {
+      paretoFront(groups[g]).forEach(function (p) { on[p.run.id] = true; });
+    });
     return on;
   }
   function runsTable(runs) {
@@ -334,8 +343,8 @@
     box.textContent = '';
     var table = el('table', {'class': 'runs'});
     var head = el('tr');
-    ['compare', 'workload', 'model'].concat(KNOBS).concat(['tok/s', 'TTFT ' + state.stat, 'ITL ' + state.stat, 'E2E ' + state.stat,
-                                                          'TTFT front', 'SLO', 'sweep pick'])
+    ['compare', 'workload', 'model'].concat(KNOBS)
+      .concat(['tok/s', 'TTFT ' + state.stat, 'ITL ' + state.stat, 'E2E ' + state.stat, 'TTFT front', 'SLO', 'sweep pick'])
       .forEach(function (h) { head.appendChild(el('th', {}, h)); });
     table.appendChild(head);
     var front = onFronts(runs);
@@ -372,7 +381,8 @@
     box.textContent = '';
     var chosen = state.compare.map(function (id) { return byId[id]; }).filter(Boolean);
     if (!chosen.length) {
-      box.appendChild(el('p', {'class': 'hint'}, 'Click a point in a plot or tick "compare" in the table to put configurations side by side.'));
+      box.appendChild(el('p', {'class': 'hint'},
+                         'Click a point in a plot or tick "compare" in the table to put configurations side by side.'));
       return;
     }
     var table = el('table', {'class': 'compare'});
@@ -383,7 +393,9 @@
     rows.push(['throughput (req/s)', function (r) { return metric(r, 'request_throughput'); }]);
     rows.push(['throughput: goodput (req/s meeting the SLO)', function (r) { return metric(r, 'goodput'); }]);
     FAMILIES.forEach(function (f) {
-      STATS.forEach(function (s) { rows.push([f[1] + ' ' + s[1] + ' (ms)', function (r) { return metric(r, f[0] + '_' + s[0]); }]); });
+      STATS.forEach(function (s) {
+        rows.push([f[1] + ' ' + s[1] + ' (ms)', function (r) { return metric(r, f[0] + '_' + s[0]); }]);
+      });
     });
     ESTIMATES.forEach(function (e) { rows.push(['estimated ' + e[1], function (r) { return estimate(r, e[0]); }]); });
     rows.push(['sweep constraints', function (r) { return (r.constraints || 'none') + ' (' + r.slo + ')'; }]);
@@ -446,8 +458,8 @@
       if (!sw.constraints) li.appendChild(document.createTextNode('no SLO given'));
       else if (!r) li.appendChild(document.createTextNode('no configuration meets the SLO'));
       else {
-        li.appendChild(document.createTextNode(fmt(metric(r, 'throughput')) + ' tok/s, TTFT p95 ' +
-                                               fmt(metric(r, 'ttft_p95')) + ' ms, ITL p95 ' + fmt(metric(r, 'itl_p95')) + ' ms '));
+        li.appendChild(document.createTextNode(fmt(metric(r, 'throughput')) + ' tok/s, TTFT p95 ' + fmt(metric(r, 'ttft_p95')) +
+                                               ' ms, ITL p95 ' + fmt(metric(r, 'itl_p95')) + ' ms '));
         var b = el('button', {type: 'button'}, state.compare.indexOf(r.id) >= 0 ? 'uncompare' : 'compare');
         b.addEventListener('click', function () { toggleCompare(r.id); });
         li.appendChild(b);
@@ -472,7 +484,8 @@
 
   // ---- render and report ----------------------------------------------------------------------
   function report(runs) {
-    var out = {runs_total: RUNS.length, runs_shown: runs.length, compared: state.compare.length, stat: state.stat, plots: {},
+    var out = {runs_total: RUNS.length, runs_shown: runs.length, compared: state.compare.length, stat: state.stat,
+               plots: {},
                picks: document.querySelectorAll('#picks li[data-pick]:not([data-pick=""])').length,
                sweeps_listed: document.querySelectorAll('#picks li').length};
     PLOTS.forEach(function (p) {
