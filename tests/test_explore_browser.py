@@ -137,3 +137,30 @@ def test_benchmark_report_shows_the_explorer(site, tmp_path):
     png = tmp_path / report.EXPLORER_PNG
     assert f"![Performance Explorer]({report.EXPLORER_PNG})" in md and f"{len(ok_results(db))} optimiser runs" in md
     assert str(png) in paths["plots"] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_controls_as_a_person_uses_them(site, tmp_path):
+    """Filters unticked, the latency statistic changed, a run ticked in the table and a point
+    clicked in a plot, through the page's own controls (a script standing in for the person)."""
+    db, page = site
+    shown = ok_results(db, {"workload": ["chat"], "knob.max_num_seqs": [8, 32]})
+    ticked, clicked = str(shown[0]["id"]), str(shown[-1]["id"])
+    person = f"""<script>
+window.addEventListener('load', function () {{ setTimeout(function () {{
+  document.querySelector('fieldset[data-key="workload"] input[value="offline"]').click();
+  document.querySelector('fieldset[data-key="knob.max_num_seqs"] input[value="128"]').click();
+  var stat = document.getElementById('stat');
+  stat.value = 'p99';
+  stat.dispatchEvent(new Event('change'));
+  document.querySelector('#runs tr[data-run="{ticked}"] input.compare').click();
+  document.getElementById('pareto-itl').emit('plotly_click', {{points: [{{customdata: '{clicked}'}}]}});
+}}, 0); }});
+</script></body>"""
+    scripted = tmp_path / "person.html"
+    scripted.write_text(open(page, encoding="utf-8").read().replace("</body>", person, 1))
+    status, dom = load(str(scripted))
+    assert status["stat"] == "p99" and status["compared"] == 2
+    check_counts(status, shown, "p99", everything=ok_results(db))
+    table = re.search(r'<table class="compare">(.*?)</table>', dom, re.S).group(1)
+    by_id = {str(r["id"]): r["serve_command"] for r in shown}
+    assert re.findall(r'<code class="command">(.*?)</code>', table) == [by_id[ticked], by_id[clicked]]
