@@ -62,9 +62,11 @@ def build_db(path: str, seed: int = 0) -> str:
                                                "itl_median": m.get("itl_median", 0.01) * rng.uniform(0.7, 1.3),
                                                "e2e_latency_median": m.get("e2e_latency_median", 1.0) * rng.uniform(0.7, 1.3),
                                                "decode_step_time": 0.01}
-                db.record_result(sweep, knobs, "ok", m, estimate=est, serve_command=cmd,
-                                 latencies=[{"ok": True, "ttft": 0.1, "e2e_latency": 1.0, "itl_mean": 0.01,
-                                             "output_tokens": 10, "prompt_tokens": 5, "itls": [0.01] * 9}])
+                # 1-4 requests; every fifth failed, some without a mean ITL (one output token)
+                lat = [{"ok": i % 5 != 4, "ttft": rng.uniform(0.05, 1.0), "e2e_latency": rng.uniform(0.5, 5.0),
+                        "itl_mean": None if i == 2 else rng.uniform(0.005, 0.05), "output_tokens": 10,
+                        "prompt_tokens": 5, "itls": [0.01] * 9} for i in range(n % 4 + 1 + (n % 3 == 0) * 3)]
+                db.record_result(sweep, knobs, "ok", m, estimate=est, serve_command=cmd, latencies=lat)
             db.finish_sweep(sweep)
     return path
 
@@ -97,6 +99,9 @@ def ok_results(path: str, where: Optional[Dict[str, List]] = None) -> List[dict]
         for m in con.execute("SELECT source, name, value FROM metrics WHERE result_id = ?", (r["id"],)):
             if m["value"] is not None:
                 d["measured" if m["source"] == "measured" else "estimate"][m["name"]] = m["value"]
+        d["requests"] = {key: con.execute(f"SELECT count(*) FROM latencies WHERE result_id = ? AND ok = 1 "
+                                          f"AND {col} IS NOT NULL", (r["id"],)).fetchone()[0]
+                         for key, col in (("ttft", "ttft"), ("e2e", "e2e_latency"), ("itl", "itl_mean"))}
         slo = SLOS[d["constraints"]]
         d["meets"] = bool(slo) and all(d["measured"].get(k, float("inf")) < lim for k, lim in slo)
         out.append(d)

@@ -64,6 +64,8 @@ def test_page_data_matches_database(db):
         assert "decode_step_time" not in run["estimate"]  # estimator-only names are not plotted
         assert run["slo"] == ("no SLO" if not ref["constraints"] else "meets" if ref["meets"] else "misses")
         assert run["best"] == ref["best"]
+        assert {k: len(v) for k, v in run["requests"].items()} == ref["requests"]  # completed requests only
+        assert all(v == sorted(v) for v in run["requests"].values())
     knob_names = {k for r in expected for k in r["knobs"]}
     assert set(d["knobs"]) == knob_names
     con = sqlite3.connect(db)

@@ -53,8 +53,11 @@ def load(page: str, fragment: str = "") -> tuple:
     return json.loads(status.group(2)), dom
 
 
-def check_counts(status: dict, results: list, stat: str = "p50", everything: list = ()) -> None:
+def check_counts(status: dict, results: list, stat: str = "p50", everything: list = (), compared: list = (),
+                 cdf: str = "ttft") -> None:
     want = expected_counts(results, stat)
+    # The distribution plot: one point per completed request of each compared configuration.
+    want["cdf"] = {"points": sum(r["requests"][cdf] for r in compared), "pareto": 0, "best": 0}
     assert status["runs_shown"] == len(results)
     # The sweep-picks panel lists each sweep with a run shown, and names a pick where one meets the SLO.
     sweeps = {r["sweep_id"] for r in results}
@@ -94,9 +97,12 @@ def test_filtered_views(site, fragment, where, stat):
 
 def test_compared_configurations_show_their_serve_commands(site):
     db, page = site
-    chosen = ok_results(db)[1:4]
-    status, dom = load(page, "compare=" + ",".join(str(r["id"]) for r in chosen))
+    everything = ok_results(db)
+    chosen = everything[1:4]
+    status, dom = load(page, "cdf=itl&compare=" + ",".join(str(r["id"]) for r in chosen))
     assert status["compared"] == len(chosen)
+    check_counts(status, everything, compared=chosen, cdf="itl")
+    assert status["plots"]["cdf"]["points"] > 0
     table = re.search(r'<table class="compare">(.*?)</table>', dom, re.S)
     assert table, "no comparison table"
     shown = re.findall(r'<code class="command">(.*?)</code>', table.group(1))
@@ -160,7 +166,8 @@ window.addEventListener('load', function () {{ setTimeout(function () {{
     scripted.write_text(open(page, encoding="utf-8").read().replace("</body>", person, 1))
     status, dom = load(str(scripted))
     assert status["stat"] == "p99" and status["compared"] == 2
-    check_counts(status, shown, "p99", everything=ok_results(db))
+    by_key = {str(r["id"]): r for r in shown}
+    check_counts(status, shown, "p99", everything=ok_results(db), compared=[by_key[ticked], by_key[clicked]])
     table = re.search(r'<table class="compare">(.*?)</table>', dom, re.S).group(1)
     by_id = {str(r["id"]): r["serve_command"] for r in shown}
     assert re.findall(r'<code class="command">(.*?)</code>', table) == [by_id[ticked], by_id[clicked]]

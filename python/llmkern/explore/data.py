@@ -43,6 +43,19 @@ def page_metrics(metrics: Dict[str, Optional[float]]) -> Dict[str, float]:
     return out
 
 
+def request_latencies(rows: List[dict]) -> Dict[str, List[float]]:
+    """Per-request latencies of the requests that completed, sorted, in ms: {"ttft", "e2e", "itl"
+    (each request's mean inter-token latency)}; what the comparison's distribution plot draws."""
+    out = {"ttft": [], "e2e": [], "itl": []}
+    for r in rows:
+        if not r.get("ok"):
+            continue
+        for key, name in (("ttft", "ttft"), ("e2e", "e2e_latency"), ("itl", "itl_mean")):
+            if _finite(r.get(name)):
+                out[key].append(round(1000.0 * r[name], 3))
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -92,6 +105,7 @@ def load(path: str, allow_empty: bool = False) -> dict:
         workloads = db.workloads()
         sweeps = {s["id"]: s for s in db.sweeps()}
         results = list(db.iter_results(status="ok"))
+        requests = {r["id"]: request_latencies(db.latencies(r["id"])) for r in results}
     except Exception as e:
         raise ExploreError(f"cannot read {path}: {e}") from None
     finally:
@@ -128,7 +142,7 @@ def load(path: str, allow_empty: bool = False) -> dict:
                      "workload_kind": r.get("workload_kind"), "knobs": r["knobs"], "metrics": page_metrics(r["metrics"]),
                      "estimate": {k: v for k, v in est.items() if k in ESTIMATED}, "command": r.get("serve_command") or "",
                      "sweep": r["sweep_id"], "constraints": ";".join(str(c) for c in cons or ()), "slo": meets,
-                     "best": r["id"] in best_ids,
+                     "best": r["id"] in best_ids, "requests": requests[r["id"]],
                      "llmkern_version": r.get("llmkern_version")})
     return {"title": "llmkern Performance Explorer", "source": os.path.basename(path),
             "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "knobs": knobs,

@@ -11,7 +11,8 @@ The embedded data (`explore.data.load` builds it) is a dict:
                "request_throughput" (req/s), "ttft_p50"|"ttft_mean"|"ttft_p95"|"ttft_p99", same for
                "itl_" and "e2e_" (ms)}, "estimate": {"throughput", "itl_p50", "ttft_p50", "e2e_p50"},
                "command": "llmkern serve ...", "constraints": str, "slo": "meets"|"misses"|"no SLO",
-               "best": bool (the sweep's pick under its constraints)}]}
+               "best": bool (the sweep's pick under its constraints),
+               "requests": {"ttft", "e2e", "itl"}: completed requests' latencies, sorted (ms)}]}
 
 A missing metric is absent or null; the page leaves such a run out of the plots that need it.
 """
@@ -117,6 +118,10 @@ def render(data: dict) -> str:
 </div>
 <h2>Compared configurations</h2>
 <div id="compare"></div>
+<label for="cdf-metric">latency distribution of the compared configurations:</label>
+<select id="cdf-metric"><option value="ttft">TTFT</option><option value="itl">mean ITL per request</option>
+<option value="e2e">E2E latency</option></select>
+<div class="grid"><div class="plot" id="cdf"></div></div>
 <h3>Serve command of the last chosen configuration</h3>
 <div id="command"><code class="command">(choose a configuration)</code></div>
 <h2>Estimate vs measured</h2>

@@ -21,7 +21,7 @@
   var PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f',
                  '#bcbd22', '#17becf'];
   var GROUP = 'group';
-  var state = {sel: {}, stat: 'p50', color: GROUP, compare: []};
+  var state = {sel: {}, stat: 'p50', color: GROUP, compare: [], cdf: 'ttft'};
   var byId = {};
   RUNS.forEach(function (r) { byId[r.id] = r; });
   var GROUP_COLOR = {};
@@ -158,6 +158,7 @@
     });
     if (q.get('stat') && STATS.some(function (s) { return s[0] === q.get('stat'); })) state.stat = q.get('stat');
     if (q.get('color') && [GROUP].concat(filterKeys()).indexOf(q.get('color')) >= 0) state.color = q.get('color');
+    if (['ttft', 'itl', 'e2e'].indexOf(q.get('cdf')) >= 0) state.cdf = q.get('cdf');
     if (q.get('compare')) {
       state.compare = q.get('compare').split(',').filter(function (id) { return byId[id]; });
     }
@@ -170,6 +171,7 @@
     if (state.stat !== 'p50') q.set('stat', state.stat);
     if (state.color !== GROUP) q.set('color', state.color);
     if (state.compare.length) q.set('compare', state.compare.join(','));
+    if (state.cdf !== 'ttft') q.set('cdf', state.cdf);
     var s = q.toString();
     try { history.replaceState(null, '', s ? '#' + s : window.location.pathname + window.location.search); }
     catch (e) { /* some file:// contexts refuse replaceState; the view still works */ }
@@ -282,8 +284,27 @@
             why: runs.length ? 'No run shown has both an estimate and a measurement' : 'No runs match the filters'};
   }
 
+  // The compared configurations' per-request latencies as distributions (empirical CDFs).
+  function cdfTraces(family) {
+    var chosen = state.compare.map(function (id) { return byId[id]; }).filter(Boolean);
+    var traces = [], n = 0;
+    chosen.forEach(function (r, i) {
+      var xs = ((r.requests || {})[family] || []).filter(finite);
+      n += xs.length;
+      traces.push({type: 'scatter', mode: 'lines+markers', meta: 'runs', name: '#' + (i + 1) + ' ' + hoverText(r)
+                     .split('<br>').slice(1).join(', '),
+                   x: xs, y: xs.map(function (_, j) { return (j + 1) / xs.length; }), line: {shape: 'hv'},
+                   marker: {size: 5}, hovertemplate: '%{x:.4g} ms: %{y:.0%} of requests<extra></extra>'});
+    });
+    var what = family === 'itl' ? 'mean ITL per request' : familyLabel(family) + ' per request';
+    return {traces: traces, n: n, title: 'Compared configurations: ' + what + ' (ms, x), fraction of requests',
+            why: chosen.length ? 'No per-request latencies recorded for these runs'
+                               : 'Choose configurations to compare their latency distributions'};
+  }
+
   var PLOTS = [];
   FAMILIES.forEach(function (f) { PLOTS.push({id: 'pareto-' + f[0], kind: 'pareto', family: f[0]}); });
+  PLOTS.push({id: 'cdf', kind: 'cdf'});
   ESTIMATES.forEach(function (e) { PLOTS.push({id: 'estimate-' + e[0], kind: 'estimate', key: e[0], label: e[1]}); });
 
   function drawPlot(p, runs) {
@@ -293,6 +314,10 @@
       t = paretoTraces(runs, p.family);
       xt = '';  // in the title: a horizontal legend below the plot would cover an axis title
       yt = 'throughput (output tok/s)';
+    } else if (p.kind === 'cdf') {
+      t = cdfTraces(state.cdf);
+      xt = '';
+      yt = 'fraction of requests';
     } else {
       t = estimateTraces(runs, p.key, p.label);
       xt = 'measured';
@@ -522,8 +547,10 @@
     });
     document.getElementById('color-by').addEventListener('change', function () { readFilters(); render(); });
     document.getElementById('stat').addEventListener('change', function () { readFilters(); render(); });
+    document.getElementById('cdf-metric').addEventListener('change', function (e) { state.cdf = e.target.value; render(); });
     readHash();
     buildFilters();
+    document.getElementById('cdf-metric').value = state.cdf;
     machinesBox();
     render().catch(function (e) { console.error('explorer render failed: ' + (e && e.stack || e)); });
   }
