@@ -141,7 +141,8 @@ def test_db_roundtrip_readonly_and_versions(tmp_path):
         assert d.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert d.schema_version == dbm.SCHEMA_VERSION
         m = d.add_machine("cpu x", 2, None, 8.0, {"bandwidth_gbs": 10.0}, "shared machine")
-        assert d.add_machine("cpu x", 2, None, 8.0, {"bandwidth_gbs": 10.0}, "shared machine") == m
+        assert d.add_machine("cpu x", 2, None, 8.0, {"bandwidth_gbs": 12.0}, "shared machine") == m
+        assert d.add_machine("cpu x", 2, None, 8.0, {"bandwidth_gbs": 10.0}, "other notes") != m
         w = d.add_workload("chat", "serve", {"rate": 1}, 4)
         s = d.start_sweep("model-a", m, w, "0.1", "max_num_seqs=[8]")
         rid = d.record_result(s, {"max_num_seqs": 8}, "ok", {"output_throughput": 10.0, "ttft_p95": 0.5},
@@ -219,7 +220,7 @@ def _run(argv, timeout=240):
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env())
 
 
-def test_tiny_sweep_rows_continue_after_kill(tiny):
+def test_tiny_sweep_rows_continue_after_kill(tiny, capsys):
     model, wl, d = tiny
     db = str(d / "runs.sqlite")
     # First run: killed once the first configuration's result is committed.
@@ -266,6 +267,12 @@ def test_tiny_sweep_rows_continue_after_kill(tiny):
             assert min(ttfts) <= m["ttft_median"] <= max(ttfts)
             assert f"--max-num-seqs {x['knobs']['max_num_seqs']}" in x["serve_command"]
         assert r.machines()[0]["limits"]["profile"] == "H100"
+    # --report prints the stored sweep again without running anything
+    from llmkern.cli import main
+
+    assert main(["optimize", "--report", "--db", db]) == 0
+    text = capsys.readouterr().out
+    assert "## sweep 1:" in text and "Pareto front, output_throughput vs ttft_p95" in text
 
 
 def test_offline_workload_in_process(tiny, tmp_path):

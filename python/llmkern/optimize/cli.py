@@ -31,11 +31,15 @@ def add_optimize_args(p: argparse.ArgumentParser) -> None:
                    help="re-measure the machine before each configuration (a shared machine's rates drift)")
     p.add_argument("--machine-notes", default=None, help="free text stored with the machine description")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: print the picks, Pareto fronts and estimate errors of every sweep in --db")
 
 
 def run_optimize(a) -> int:
     from . import sweep
 
+    if a.report:
+        return sweep.report_only(a.db)
     for name in ("num_requests", "timeout", "request_rate", "kv_cache_memory_gb"):
         v = getattr(a, name)
         if v is not None and v <= 0:

@@ -6,8 +6,9 @@ Schema (version 1; later versions only add tables/columns, and `open_db` migrate
     meta(key, value)                      'schema_version' -> '1'
     machines(id, key, cpu_model, cpu_cores, gpu, memory_gb, limits_json, notes, created_at)
         limits_json: measured limits, e.g. {"bandwidth_gbs": 12.3, "gemm_gflops": {"float32": 95.0},
-        "attention_gflops": {...}, "calibrated": true}. `key` is the canonical JSON of the row's
-        other fields (one row per distinct description).
+        "attention_gflops": {...}, "calibrated": true}. `key` is the canonical JSON of cpu_model,
+        cpu_cores, gpu, memory_gb and notes: one row per machine, holding the limits measured when
+        it was first recorded (each estimate stores the rates it was made with).
     workloads(id, key, name, kind, spec_json, num_requests, created_at)
         kind: 'serve' (open-loop client against a server) or 'offline' (in-process LLM.generate).
     sweeps(id, started_at, finished_at, status, model, model_config_json, machine_id, workload_id,
@@ -229,11 +230,13 @@ class RunsDB:
 
     def add_machine(self, cpu_model: str, cpu_cores: int, gpu: Optional[str] = None,
                     memory_gb: Optional[float] = None, limits: Optional[dict] = None, notes: str = "") -> int:
-        """The id of the machine row with exactly this description (inserted if new)."""
-        desc = dict(cpu_model=cpu_model, cpu_cores=cpu_cores, gpu=gpu, memory_gb=memory_gb,
-                    limits_json=canonical_key(limits or {}), notes=notes)
+        """The id of the row for this machine (same CPU, cores, GPU, memory and notes), inserted with
+        these limits if new; an existing row keeps the limits it was first recorded with."""
+        mem = None if memory_gb is None else round(float(memory_gb), 1)
+        desc = dict(cpu_model=cpu_model, cpu_cores=cpu_cores, gpu=gpu, memory_gb=mem, notes=notes)
         with self.transaction():
-            return self._get_or_insert("machines", canonical_key(desc), dict(desc, created_at=time.time()))
+            return self._get_or_insert("machines", canonical_key(desc),
+                                       dict(desc, limits_json=canonical_key(limits or {}), created_at=time.time()))
 
     def add_workload(self, name: str, kind: str, spec: dict, num_requests: Optional[int] = None) -> int:
         """The id of the workload row with this name, kind and spec (inserted if new)."""

@@ -7,7 +7,11 @@ Step time (seconds) of a batch with D decode tokens and prefill chunks (len q_i 
                + 2 x vocab x hidden x (sequences that sample) / GEMM FLOP/s  (the LM head rows)
     attention = decode K/V bytes / decode attention rate + prefill attention FLOPs / prefill rate
 Weights are read once per step whatever the batch (memory bound at small batches); the LM head
-runs only on the rows that sample (decodes and the last chunk of a prompt)."""
+runs only on the rows that sample (decodes and the last chunk of a prompt).
+
+Not modelled (estimated as if off / as one engine): speculative decoding, tensor/pipeline/data
+parallelism, preemption, the static and dynamic schedulers' batch waits, and the HTTP server's own
+per-token work (SSE, detokenising), which on a CPU shares the cores with the engine."""
 from __future__ import annotations
 
 import heapq

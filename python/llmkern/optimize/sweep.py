@@ -150,3 +150,17 @@ def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_to
         db.record_result(sweep_id, c, status, metrics, sim, rows, cmd, err, started)
         bar.update(1)
     bar.close()
+
+
+def report_only(path: Optional[str]) -> int:
+    """Print the report of every sweep in an existing database (nothing is run or written)."""
+    path = path or dbm.user_db_path()
+    with dbm.open_db(path, readonly=True) as db:
+        workloads_by_id = {w["id"]: w for w in db.workloads()}
+        for s in db.sweeps():
+            points = list(db.iter_results(sweep_id=s["id"]))
+            wl = workloads_by_id.get(s["workload_id"], {}).get("name")
+            print(f"## sweep {s['id']}: {s['model']} on {wl}, sweep {s['sweep_spec']!r}, "
+                  f"constraints {s['constraints']!r}, {s['status']}\n")
+            print(report.render(points, parse_constraints(s["constraints"])) + "\n")
+    return 0
