@@ -1,6 +1,8 @@
 """`llmkern explore` without a browser: the page's embedded data against the database read with plain
-SQL, the page is self-contained (no network), hostile names cannot break out of it, and every bad
-database or option is a one-line error naming the option. The browser test is test_explore_browser.py."""
+SQL (all runs, and the runs `--only` filters keep), the page is self-contained (no network), hostile
+names cannot break out of it, every bad database or option is a one-line error naming the option,
+and --serve answers on loopback. The page's own filters (in the browser) are checked by
+test_explore_browser.py."""
 from __future__ import annotations
 
 import json
@@ -236,3 +238,33 @@ def test_cli_serve_process(db):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         proc.stdout.close()
+
+
+@pytest.mark.parametrize("only, where", [
+    (["workload=chat"], {"workload": ["chat"]}),
+    (["workload=chat", "max_num_seqs=8", "speculative=none"],
+     {"workload": ["chat"], "knob.max_num_seqs": [8], "knob.speculative": [None]}),
+    (["model=/models/tiny-llama"], {"model": ["/models/tiny-llama"]}),
+    (["model=tiny-llama", "machine=1"], {"model": ["/models/tiny-llama"], "machine_id": [1]}),
+    (["speculative=ngram:4", "machine=Test CPU 16-core (16 cores, Test GPU 80GB)"],
+     {"knob.speculative": ["ngram:4"], "machine_id": [2]}),
+])
+def test_only_filters_the_embedded_runs(db, tmp_path, only, where):
+    out = tmp_path / "page.html"
+    argv = ["explore", "--db", db, "--out", str(out)]
+    for o in only:
+        argv += ["--only", o]
+    assert cli.main(argv) == 0
+    d = embedded(out.read_text())
+    expected = ok_results(db, where)
+    assert [r["id"] for r in d["runs"]] == [str(r["id"]) for r in expected] and expected
+    # a sweep's pick stays the pick among all its runs, shown or not
+    assert [r["best"] for r in d["runs"]] == [r["best"] for r in expected]
+    assert {s["id"] for s in d["sweeps"]} == {r["sweep_id"] for r in expected}
+    assert set(d["knobs"]) == {k for r in expected for k in r["knobs"]}
+
+
+def test_only_errors(db):
+    assert "--only: expected KEY=VALUE" in one_line_error(["explore", "--db", db, "--only", "chat"])
+    msg = one_line_error(["explore", "--db", db, "--only", "workload=chatt"])
+    assert "matches --only workload=chatt" in msg and "workloads: chat, offline" in msg

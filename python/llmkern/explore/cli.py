@@ -5,12 +5,14 @@
     llmkern explore --serve [--port 8050]            serve it on 127.0.0.1 (rebuilt on every reload)
     llmkern explore --screenshot page.png            a PNG of the page (headless Chromium)
     llmkern explore --view "workload=chat&stat=p95"  the view a fresh page opens with (its URL fragment)
+    llmkern explore --only workload=chat             embed only some runs (model, machine, workload, a knob)
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from typing import Optional
 
 DEFAULT_OUT = "llmkern-explorer.html"
 
@@ -23,6 +25,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 until Ctrl-C")
     p.add_argument("--port", type=int, default=8050, help="port for --serve (0: any free port)")
     p.add_argument("--screenshot", default=None, metavar="PNG", help="write a screenshot of the page (needs Chromium)")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                   help="embed only the runs with this model, machine (id or label), workload or knob value "
+                        "(repeatable; all must hold), e.g. --only workload=chat --only max_num_seqs=8")
     p.add_argument("--view", default=None, metavar="FRAGMENT",
                    help="initial filters as the page's URL fragment, e.g. 'workload=chat&knob.max_num_seqs=8&stat=p95'")
 
@@ -39,11 +44,11 @@ def _db_path(a) -> str:
     return default_db_path()
 
 
-def build_page(db_path: str, allow_empty: bool = False) -> str:
+def build_page(db_path: str, allow_empty: bool = False, only: Optional[dict] = None) -> str:
     """The page's HTML for the database at db_path (explore.data.ExploreError when it cannot be shown)."""
     from . import data, page
 
-    return page.render(data.load(db_path, allow_empty=allow_empty))
+    return page.render(data.load(db_path, allow_empty=allow_empty, only=only))
 
 
 def screenshot_db(db_path: str, png_path: str, view: str = "") -> int:
@@ -72,9 +77,15 @@ def run(a) -> int:
             _fail(f"--screenshot: folder {png_dir} does not exist")
         if not browser.find_chromium():
             _fail("--screenshot: needs Chromium (Debian: apt-get install chromium; or set LLMKERN_CHROMIUM to its path)")
+    from .data import parse_only
+
+    try:
+        only = parse_only(a.only)
+    except ValueError as e:
+        _fail(str(e))
     db = _db_path(a)
     try:  # --serve may watch a database a sweep is about to fill: empty is fine there
-        html = build_page(db, allow_empty=a.serve and not (a.out or a.screenshot))
+        html = build_page(db, allow_empty=a.serve and not (a.out or a.screenshot), only=only)
     except ExploreError as e:
         _fail(f"--db: {e}" if a.db is not None else f"the shipped database: {e} (pass --db FILE)")
     except RuntimeError as e:  # plotly missing
@@ -90,7 +101,7 @@ def run(a) -> int:
     if a.screenshot:
         _screenshot(html, out, a.screenshot, a.view or "", browser)
     if a.serve:
-        return _serve(db, a.port, a.view or "")
+        return _serve(db, a.port, a.view or "", only)
     return 0
 
 
@@ -105,13 +116,13 @@ def _screenshot(html: str, out, png: str, view: str, browser) -> None:
     print(f"llmkern explore: wrote {png}")
 
 
-def _serve(db: str, port: int, view: str) -> int:
+def _serve(db: str, port: int, view: str, only: dict) -> int:
     from .data import ExploreError
     from .serve import HOST, make_server
 
     def page() -> str:
         try:
-            return build_page(db, allow_empty=True)
+            return build_page(db, allow_empty=True, only=only)
         except ExploreError as e:
             raise RuntimeError(str(e)) from None
 

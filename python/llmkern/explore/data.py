@@ -14,7 +14,7 @@ import time
 from typing import Dict, List, Optional
 
 from ..optimize import db as runs_db
-from ..optimize.grammar import parse_constraints
+from ..optimize.grammar import parse_constraints, parse_value
 from ..optimize.report import best
 
 FAMILIES = {"ttft": "ttft", "itl": "itl", "e2e_latency": "e2e"}
@@ -94,9 +94,43 @@ def open_readonly(path: str) -> "runs_db.RunsDB":
         raise ExploreError(f"cannot read {path}: {e}") from None
 
 
-def load(path: str, allow_empty: bool = False) -> dict:
-    """The page data for the database at path (successful results only). ExploreError when the file
-    is missing, not a runs database, or (unless allow_empty) holds no successful result."""
+def parse_only(items: List[str]) -> Dict[str, str]:
+    """`--only KEY=VALUE` terms -> {KEY: VALUE}; ValueError naming a term without '='."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--only: expected KEY=VALUE (model, machine, workload or a knob), got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _matches(run: dict, only: Dict[str, str]) -> bool:
+    """run (page shape) has every KEY=VALUE of only: model (name or path), machine (id or label),
+    workload (name) or a knob (its value read as the sweep grammar reads it: 8, none, ngram:4)."""
+    for key, value in only.items():
+        if key == "model":
+            ok = value in (run["model"], run["model_path"])
+        elif key == "machine":
+            ok = value in (run["machine"], run["machine_label"])
+        elif key == "workload":
+            ok = value == run["workload"]
+        else:
+            try:
+                want = parse_value(value, f"--only {key}")
+            except ValueError:
+                want = value
+            ok = key in run["knobs"] and run["knobs"][key] == want
+        if not ok:
+            return False
+    return True
+
+
+def load(path: str, allow_empty: bool = False, only: Optional[Dict[str, str]] = None) -> dict:
+    """The page data for the database at path (successful results only; with only, those matching
+    every KEY=VALUE, see _matches: each sweep's pick is still the pick among all its runs).
+    ExploreError when the file is missing, not a runs database, or (unless allow_empty) holds no
+    successful result (matching only)."""
     db = open_readonly(path)
     try:
         machines = {str(m["id"]): {"label": machine_label(m), "details": {
@@ -128,22 +162,31 @@ def load(path: str, allow_empty: bool = False) -> dict:
                                "workload": wl_label.get(sw["workload_id"], "?"), "runs": len(mine),
                                "constraints": ";".join(str(c) for c in slo[sid] or ()),
                                "pick": None if pick is None else str(pick["id"])})
-    knobs: List[str] = []
     runs = []
     for r in results:
-        for k in r["knobs"]:
-            if k not in knobs:
-                knobs.append(k)
         cons = slo.get(r["sweep_id"])
         meets = "no SLO" if not cons else ("meets" if all(c.ok(r["metrics"]) for c in cons) else "misses")
         est = page_metrics(r.get("estimate") or {})
-        runs.append({"id": str(r["id"]), "model": model_label(r["model"]), "machine": str(r["machine_id"]),
-                     "workload": wl_label.get(r["workload_id"], r.get("workload_name")),
-                     "workload_kind": r.get("workload_kind"), "knobs": r["knobs"], "metrics": page_metrics(r["metrics"]),
-                     "estimate": {k: v for k, v in est.items() if k in ESTIMATED}, "command": r.get("serve_command") or "",
-                     "sweep": r["sweep_id"], "constraints": ";".join(str(c) for c in cons or ()), "slo": meets,
-                     "best": r["id"] in best_ids, "requests": requests[r["id"]],
-                     "llmkern_version": r.get("llmkern_version")})
+        run = {"id": str(r["id"]), "model": model_label(r["model"]), "machine": str(r["machine_id"]),
+               "workload": wl_label.get(r["workload_id"], r.get("workload_name")),
+               "workload_kind": r.get("workload_kind"), "knobs": r["knobs"], "metrics": page_metrics(r["metrics"]),
+               "estimate": {k: v for k, v in est.items() if k in ESTIMATED}, "command": r.get("serve_command") or "",
+               "sweep": r["sweep_id"], "constraints": ";".join(str(c) for c in cons or ()), "slo": meets,
+               "best": r["id"] in best_ids, "requests": requests[r["id"]], "llmkern_version": r.get("llmkern_version")}
+        label = machines.get(run["machine"], {}).get("label")
+        if not only or _matches(dict(run, model_path=r["model"], machine_label=label), only):
+            runs.append(run)
+    knobs: List[str] = []
+    for r in runs:
+        knobs += [k for k in r["knobs"] if k not in knobs]
+    if only and not runs and results and not allow_empty:
+        every = sorted({k for r in results for k in r["knobs"]})
+        raise ExploreError(f"no successful run in {path} matches --only "
+                           + " ".join(f"{k}={v}" for k, v in only.items())
+                           + f" (models: {', '.join(sorted({model_label(r['model']) for r in results}))}; "
+                           f"workloads: {', '.join(sorted(set(wl_label.values())))}; knobs: {', '.join(every)})")
+    shown = {r["sweep"] for r in runs}
+    sweep_rows = [s for s in sweep_rows if s["id"] in shown]
     return {"title": "llmkern Performance Explorer", "source": os.path.basename(path),
             "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "knobs": knobs,
             "machines": machines, "sweeps": sweep_rows, "runs": runs}
