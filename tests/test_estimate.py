@@ -158,3 +158,13 @@ def test_cli_estimate(tmp_path, capsys, monkeypatch):
     assert "--concurrency" in err
     err, _ = _cli(capsys, "--model", str(tmp_path / "missing"), "--profile", "H100")
     assert "--model" in err and "missing" in err
+
+
+def test_median_of_probes():
+    from llmkern.optimize.profiles import median_of
+
+    ps = [_hw(bandwidth=b, gemm_flops={"float32": g}, attn_decode_bw=b, step_overhead_s=o)
+          for b, g, o in ((1e9, 5e9, 0.1), (9e9, 1e9, 0.2), (2e9, 3e9, 0.3))]
+    m = median_of(ps)
+    assert m.bandwidth == 2e9 and m.attn_decode_bw == 2e9 and m.gemm_flops == {"float32": 3e9}
+    assert m.step_overhead_s == 0.3          # not a probed rate: the last profile's

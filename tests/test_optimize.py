@@ -275,6 +275,49 @@ def test_tiny_sweep_rows_continue_after_kill(tiny, capsys):
     assert "## sweep 1:" in text and "Pareto front, output_throughput vs ttft_p95" in text
 
 
+def _server_pids(model_dir: str):
+    """pids of `llmkern serve` processes for this test's model (to check none is left behind)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in cmd and model_dir.encode() in cmd:
+                pids.append(int(pid))
+    return pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="lists processes through /proc")
+def test_ctrl_c_leaves_database_consistent(tiny, tmp_path):
+    model, wl, _ = tiny
+    db = str(tmp_path / "int.sqlite")
+    # SIGINT as a terminal's Ctrl-C delivers it (the default handler restored: a background shell ignores it)
+    p = subprocess.Popen(_optimize_argv(model, wl, db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(),
+                         text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        end = time.monotonic() + 180
+        while time.monotonic() < end and p.poll() is None and not _server_pids(model):
+            time.sleep(0.2)
+        assert p.poll() is None, "the sweep finished before it could be interrupted"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 130 and "Traceback" not in err
+    with dbm.open_db(db, readonly=True) as r:
+        assert r.sweeps()[0]["status"] == "interrupted"
+        assert all(x["metrics"]["completed"] == 4 for x in r.iter_results())   # only whole results
+    end = time.monotonic() + 20
+    while _server_pids(model) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert _server_pids(model) == []
+
+
 def test_offline_workload_in_process(tiny, tmp_path):
     model, wl, _ = tiny
     db = str(tmp_path / "off.sqlite")

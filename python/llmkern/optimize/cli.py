@@ -28,7 +28,8 @@ def add_optimize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration's run")
     p.add_argument("--profile", default=None, help="hardware profile for the estimate (default: calibrate now)")
     p.add_argument("--recalibrate", action="store_true",
-                   help="re-measure the machine before each configuration (a shared machine's rates drift)")
+                   help="re-measure the machine before each configuration (a shared machine's rates drift); "
+                        "each estimate uses the median of the measurements so far")
     p.add_argument("--machine-notes", default=None, help="free text stored with the machine description")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true",

@@ -193,6 +193,17 @@ def remeasure(p: HardwareProfile) -> HardwareProfile:
     return replace(p, measured_at=time.time(), **r)
 
 
+def median_of(ps: "list[HardwareProfile]") -> HardwareProfile:
+    """The last profile with each measured rate replaced by its median over all of them."""
+    from dataclasses import replace
+    from statistics import median
+
+    gemm = {k: median(p.gemm_flops[k] for p in ps if k in p.gemm_flops) for k in ps[-1].gemm_flops}
+    return replace(ps[-1], bandwidth=median(p.bandwidth for p in ps), gemm_flops=gemm,
+                   attn_decode_bw=median(p.attn_decode_bw for p in ps),
+                   attn_prefill_flops=median(p.attn_prefill_flops for p in ps))
+
+
 def calibrate(name: str = "cpu", device: str = "cpu", quick: bool = True, notes: str = "") -> HardwareProfile:
     """Measure this machine's rates (a few seconds with quick) and return a calibrated profile."""
     import torch

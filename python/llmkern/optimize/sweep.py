@@ -122,14 +122,23 @@ def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_to
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(todo), desc="optimize", unit="config", dynamic_ncols=True, disable=a.quiet)
+    # One short probe on a shared machine is noisy: each estimate uses the median of the sweep's
+    # calibration and every probe so far, which follows lasting load changes but not one bad probe.
+    probes = [hw]
     for c in todo:
         server_knobs, client_knobs = knobs_mod.split(c)
         cwl = wl.with_rate(client_knobs.get("request_rate"))
         ek = EngineKnobs.from_knobs(c, kv_cache_tokens(shape, a.kv_cache_memory_gb or 2.0))
-        hw_now = profiles.remeasure(hw) if a.recalibrate and hw.calibrated else hw
+        if a.recalibrate and hw.calibrated:
+            probes.append(profiles.remeasure(hw))
+            hw_now = profiles.median_of(probes)
+        else:
+            hw_now = hw
         sim = simulate(_sim_requests(cwl, prompt_tokens, prefix_tokens), shape, hw_now, ek)
         sim.pop("requests")
-        sim["profile_bandwidth_gbs"] = hw_now.bandwidth / 1e9
+        sim["profile_bandwidth_gbs"] = hw_now.bandwidth / 1e9       # the rates this estimate used
+        sim["profile_gemm_gflops"] = hw_now.gemm(shape.dtype) / 1e9
+        sim["profile_attn_decode_gbs"] = hw_now.attn_decode_bw / 1e9
         extra = (["--kv-cache-memory-gb", str(a.kv_cache_memory_gb)] if a.kv_cache_memory_gb else []) + \
                 (["--dtype", a.dtype] if a.dtype else [])
         cmd = knobs_mod.serve_command(a.model, server_knobs, extra)
