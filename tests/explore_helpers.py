@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sqlite3
 from typing import Dict, List, Optional
 
@@ -13,9 +14,21 @@ KNOBS = {"max_num_seqs": [8, 32, 128], "max_num_batched_tokens": [256, 1024], "s
 PARETO = {"pareto-ttft": "ttft", "pareto-itl": "itl", "pareto-e2e": "e2e_latency"}
 ESTIMATE = {"estimate-throughput": "output_throughput", "estimate-itl_p50": "itl_median",
             "estimate-ttft_p50": "ttft_median", "estimate-e2e_p50": "e2e_latency_median"}
-# Each sweep's constraints as the optimiser writes them, and the same read by hand: (metric, limit in s).
-SLOS = {"ttft:p95<500ms": [("ttft_p95", 0.5)], "itl:p95<50ms;ttft:p95<800ms": [("itl_p95", 0.05), ("ttft_p95", 0.8)],
-        "": []}
+
+
+def read_slo(spec: str) -> List[tuple]:
+    """A sweep's constraints ("ttft:p95<500ms;itl:p95<0.3s") read by hand: [(db metric, op, limit in s)]."""
+    out = []
+    for term in filter(None, (t.strip() for t in (spec or "").split(";"))):
+        m = re.fullmatch(r"(ttft|itl|e2e_latency):(mean|median|p95|p99)(<=|<)([0-9.]+)(ms|s)?", term)
+        assert m, f"test helper cannot read constraint {term!r}"
+        out.append((f"{m[1]}_{m[2]}", m[3], float(m[4]) * (1.0 if m[5] == "s" else 1e-3)))
+    return out
+
+
+def meets(measured: dict, slo: List[tuple]) -> bool:
+    return bool(slo) and all(name in measured and (measured[name] < lim if op == "<" else measured[name] <= lim)
+                             for name, op, lim in slo)
 STAT_NAMES = {"p50": "median", "mean": "mean", "p95": "p95", "p99": "p99"}
 
 
@@ -102,8 +115,7 @@ def ok_results(path: str, where: Optional[Dict[str, List]] = None) -> List[dict]
         d["requests"] = {key: con.execute(f"SELECT count(*) FROM latencies WHERE result_id = ? AND ok = 1 "
                                           f"AND {col} IS NOT NULL", (r["id"],)).fetchone()[0]
                          for key, col in (("ttft", "ttft"), ("e2e", "e2e_latency"), ("itl", "itl_mean"))}
-        slo = SLOS[d["constraints"]]
-        d["meets"] = bool(slo) and all(d["measured"].get(k, float("inf")) < lim for k, lim in slo)
+        d["meets"] = meets(d["measured"], read_slo(d["constraints"]))
         out.append(d)
     con.close()
     for d in out:

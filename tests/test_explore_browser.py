@@ -171,3 +171,18 @@ window.addEventListener('load', function () {{ setTimeout(function () {{
     table = re.search(r'<table class="compare">(.*?)</table>', dom, re.S).group(1)
     by_id = {str(r["id"]): r["serve_command"] for r in shown}
     assert re.findall(r'<code class="command">(.*?)</code>', table) == [by_id[ticked], by_id[clicked]]
+
+
+def test_shipped_database(tmp_path):
+    """The database shipped with llmkern (real sweeps): the page a user opens without --db."""
+    from llmkern.optimize.db import default_db_path
+
+    db = default_db_path()
+    if not os.path.exists(db):
+        pytest.skip("no runs database is shipped in this build")
+    page = str(tmp_path / "shipped.html")
+    assert cli.main(["explore", "--out", page]) == 0
+    results = ok_results(db)
+    assert results, "the shipped database holds no successful runs"
+    status, _ = load(page)
+    check_counts(status, results)

@@ -161,7 +161,8 @@ def load(path: str, allow_empty: bool = False, only: Optional[Dict[str, str]] = 
             sweep_rows.append({"id": sid, "model": model_label(sw["model"]), "machine": str(sw["machine_id"]),
                                "workload": wl_label.get(sw["workload_id"], "?"), "runs": len(mine),
                                "constraints": ";".join(str(c) for c in slo[sid] or ()),
-                               "pick": None if pick is None else str(pick["id"])})
+                               "pick": None if pick is None else str(pick["id"]),
+                               "sweep": sw.get("sweep_spec") or "", "notes": sw.get("notes") or ""})
     runs = []
     for r in results:
         cons = slo.get(r["sweep_id"])

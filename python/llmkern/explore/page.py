@@ -5,7 +5,8 @@ The embedded data (`explore.data.load` builds it) is a dict:
     {"title", "source", "generated", "knobs": [knob names, in display order],
      "machines": {id: {"label": str, "details": dict}},
      "sweeps": [{"id", "model", "machine", "workload", "runs": successful runs, "constraints": str,
-                 "pick": id of the run with the most throughput under the constraints, or null}],
+                 "pick": id of the run with the most throughput under the constraints, or null,
+                 "sweep": the sweep grammar it ran, "notes": free text stored with it}],
      "runs": [{"id": str, "model", "machine" (an id of machines), "workload",
                "knobs": {name: value}, "metrics": {"throughput": output tok/s, "goodput",
                "request_throughput" (req/s), "ttft_p50"|"ttft_mean"|"ttft_p95"|"ttft_p99", same for

@@ -491,6 +491,8 @@
         li.appendChild(el('br'));
         li.appendChild(el('code', {'class': 'command'}, r.command || '-'));
       }
+      if (sw.sweep) li.appendChild(el('div', {'class': 'note'}, 'swept: ' + sw.sweep));
+      if (sw.notes) li.appendChild(el('div', {'class': 'note'}, 'notes: ' + sw.notes));
       list.appendChild(li);
     });
     box.appendChild(list);
