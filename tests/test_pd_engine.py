@@ -333,7 +333,7 @@ class Peer:
     def __init__(self, role: str, rank: int, port: int, kind: str = "p2p", conn_kw=None, **engine_kw):
         spec = {"model": MODEL, "engine": dict(ENGINE, kv_role=role, **engine_kw, kv_connector=dict(
             kind=kind, rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, is_master=False,
-            timeout_s=20, **(conn_kw or {})))}
+            timeout_s=90, **(conn_kw or {})))}
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         self.proc = subprocess.Popen([sys.executable, PEER, json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
@@ -378,7 +378,7 @@ def p2p_pair(local_role: str, local_rank: int, kind: str = "p2p", conn_kw=None, 
     peer = Peer("prefill" if local_role == "decode" else "decode", 1 - local_rank, store.port, kind, conn_kw,
                 **peer_kw)
     try:
-        local = engine(local_role, dict(kind=kind, rank=local_rank, world_size=2, store=store, timeout_s=20,
+        local = engine(local_role, dict(kind=kind, rank=local_rank, world_size=2, store=store, timeout_s=90,
                                         **(conn_kw or {})))
         assert peer.read()["ready"]
     except BaseException:

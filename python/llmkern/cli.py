@@ -59,6 +59,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="split every layer over this many processes (Megatron-style)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                    help="split the layers into this many stages, one process group each")
+    g.add_argument("--expert-parallel-size", "-ep", type=int, default=1,
+                   help="MoE models: spread the experts over this many processes (tokens dispatched with "
+                        "all-to-all; attention tensor-parallel over the same processes)")
     g.add_argument("--distributed-timeout-s", type=float, default=60.0,
                    help="with -tp/-pp: a collective not complete by then stops the engine with an error")
     g.add_argument("--speculative", default=None, metavar="METHOD[:K][,key=value...]",
@@ -75,6 +78,7 @@ def _engine_kwargs(a) -> dict:
                 speculative=getattr(a, "speculative", None), policy=getattr(a, "policy", "fcfs"),
                 max_wait_ms=getattr(a, "max_wait_ms", 0.0),
                 tensor_parallel_size=a.tensor_parallel_size, pipeline_parallel_size=a.pipeline_parallel_size,
+                expert_parallel_size=a.expert_parallel_size,
                 distributed_timeout_s=a.distributed_timeout_s, schedule=getattr(a, "schedule", "arrival"))
 
 
