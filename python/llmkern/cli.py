@@ -10,6 +10,9 @@
     llmkern router --pd --prefill URL --decode URL          the router pairing prefill and decode replicas
     llmkern bench throughput                                end-to-end benchmark vs HF transformers
     llmkern bench serve                                     serving benchmark (policies, HF's server)
+    llmkern optimize --sweep "max_num_seqs=[8,32]" --constraints "ttft:p95<500ms"   configuration sweep
+    llmkern estimate --concurrency 8                        predicted TTFT/ITL/throughput (calibrated)
+    llmkern explore [--db runs.sqlite] [--serve]            Performance Explorer page over a runs database
 
 `bench` subcommands come from the BENCH_COMMANDS registry below (add an entry to plug in more)."""
 from __future__ import annotations
@@ -341,6 +344,12 @@ def _cmd_serve(a) -> int:
     return run_server(engine, cfg, cfg.served_model_name or default_model_name(a.model), a.log_level)
 
 
+def _cmd_explore(a) -> int:
+    from .explore.cli import run
+
+    return run(a)
+
+
 def _cmd_router(a) -> int:
     try:
         from .router.core import Router
@@ -478,6 +487,26 @@ BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
 }
 
 
+# -- optimize / estimate --------------------------------------------------------------------------
+def _cmd_optimize(a) -> int:
+    from .optimize.cli import run_optimize
+    from .optimize.db import SchemaError
+
+    try:
+        return run_optimize(a)
+    except (ValueError, SchemaError, FileNotFoundError) as e:
+        raise _fail(f"optimize: {e}")
+
+
+def _cmd_estimate(a) -> int:
+    from .optimize.cli import run_estimate
+
+    try:
+        return run_estimate(a)
+    except (ValueError, FileNotFoundError) as e:
+        raise _fail(f"estimate: {e}")
+
+
 # -- entry point --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmkern", description="llmkern: LLM inference kernels and a small runtime")
@@ -526,6 +555,25 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("router", help="KV-cache-aware router in front of llmkern serve replicas")
     _add_router_args(r)
     r.set_defaults(func=_cmd_router)
+
+    op = sub.add_parser("optimize", help="sweep server configurations on a workload under latency constraints "
+                                         "(results in an SQLite runs database)", formatter_class=_HelpFormatter)
+    from .optimize.cli import add_estimate_args, add_optimize_args
+
+    add_optimize_args(op)
+    op.set_defaults(func=_cmd_optimize)
+    es = sub.add_parser("estimate", help="predicted step times, TTFT/ITL/throughput and limits for a model on "
+                                         "a hardware profile (--calibrate measures this machine)",
+                        formatter_class=_HelpFormatter)
+    add_estimate_args(es)
+    es.set_defaults(func=_cmd_estimate)
+
+    from .explore.cli import add_args as add_explore_args
+
+    x = sub.add_parser("explore", help="Performance Explorer: an interactive HTML page over a runs database "
+                                       "(needs the explore extra)", formatter_class=_HelpFormatter)
+    add_explore_args(x)
+    x.set_defaults(func=_cmd_explore)
 
     b = sub.add_parser("bench", help="benchmarks: throughput (end-to-end vs HF), kernels, e2e, all, report "
                                      "(llmkern bench SUBCOMMAND --help)")

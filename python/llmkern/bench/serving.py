@@ -75,12 +75,12 @@ def workload(n: int, rate: float, seed: int, long_frac: float = 0.2) -> List[Req
     return out
 
 
-async def _one(client, url: str, model: str, r: Req, t0: float, headers: dict) -> Result:
+async def _one(client, url: str, model: str, r: Req, t0: float, headers: dict, extra: Optional[dict] = None) -> Result:
     res = Result()
     await asyncio.sleep(max(0.0, t0 + r.arrival - time.perf_counter()))
     start = t0 + r.arrival
     body = {"model": model, "messages": [{"role": "user", "content": r.prompt}], "max_tokens": r.max_tokens,
-            "temperature": 0.0, "stream": True, **r.extra}
+            "temperature": 0.0, "stream": True, **r.extra, **(extra or {})}
     last = None
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
@@ -168,15 +168,19 @@ class Server:
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env or os.environ.copy())
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name}: exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                if httpx.get(self.base + health, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        try:
+            while time.monotonic() < end:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{name}: exited with {self.proc.returncode}: {self.tail()}")
+                try:
+                    if httpx.get(self.base + health, timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        except BaseException:   # Ctrl-C while waiting: the caller never gets the object to close
+            self.close()
+            raise
         self.close()
         raise RuntimeError(f"{name}: not ready after {timeout} s: {self.tail()}")
 
