@@ -252,8 +252,8 @@ void selftest_tma(const TensorView& src, const int* coords, const int* box, int 
                   int64_t stream) {
   TmaTest p;
   p.rank = int(src.ndim);
-  uint64_t dims[3], strides[2];
-  uint32_t bx[3];
+  uint64_t dims[3] = {}, strides[2] = {};
+  uint32_t bx[3] = {};
   for (int i = 0; i < p.rank; ++i) {
     dims[i] = uint64_t(src.size(p.rank - 1 - i));
     bx[i] = uint32_t(box[i]);
