@@ -24,16 +24,16 @@ struct WgmmaTest {
   int swizzle;
 };
 
-// Box of 16-bit elements along the contiguous dim: one swizzle row, or one 16-byte core row.
-__device__ __forceinline__ int box_elems(int swizzle) { return swizzle ? swizzle / 2 : 8; }
 
 template <typename T, int N, int kTransB>
 __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ WgmmaTest p) {
+#if defined(LLMK_SM90A) || !defined(__CUDACC__)  // Hopper-only: nothing to compile for other targets
   LLMK_DYNAMIC_SMEM(char, smem);
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
   char* sA = smem + 1024;
   char* sB = sA + 64 * kK * 2;
-  const int t = threadIdx.x, W = p.swizzle, be = box_elems(W);
+  // Box of 16-bit elements along the contiguous dim: one swizzle row, or one 16-byte core row.
+  const int t = threadIdx.x, W = p.swizzle, be = W ? W / 2 : 8;
   // Operand regions: box j of a K-major tile holds its rows' elements [j * be, (j + 1) * be).
   const int a_region = 64 * be * 2;
   const int b_region = (kTransB ? kK : N) * be * 2;
@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ Wgmm
   simt::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) p.d[t * (N / 2) + i] = d[i];
+#endif
 }
 
 struct TmaTest {
@@ -88,6 +89,7 @@ struct TmaTest {
 };
 
 __global__ void tma_kernel(const __grid_constant__ TmaTest p) {
+#if defined(LLMK_SM90A) || !defined(__CUDACC__)  // Hopper-only: nothing to compile for other targets
   LLMK_DYNAMIC_SMEM(char, smem);
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
   char* dst = smem + 1024;
@@ -103,12 +105,14 @@ __global__ void tma_kernel(const __grid_constant__ TmaTest p) {
   }
   simt::mbar_wait(bar, 0);
   for (int i = threadIdx.x; i < p.bytes / 16; i += blockDim.x) p.out[i] = reinterpret_cast<const uint4*>(dst)[i];
+#endif
 }
 
 // A producer (thread 0) and 64 consumers pass `rounds` values through a 2-slot ring guarded by
 // full (count 1 + tx bytes) and empty (count 64) mbarriers, the values landing by TMA.
 // out int32 [rounds][64]: what each consumer read; probe int32 [8]: try_wait results.
 __global__ void mbar_kernel(const __grid_constant__ simt::TensorMap src, int rounds, int* out, int* probe) {
+#if defined(LLMK_SM90A) || !defined(__CUDACC__)  // Hopper-only: nothing to compile for other targets
   LLMK_DYNAMIC_SMEM(char, smem);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + 2;
@@ -157,6 +161,7 @@ __global__ void mbar_kernel(const __grid_constant__ simt::TensorMap src, int rou
       simt::mbar_arrive(&empty[s]);
     }
   }
+#endif
 }
 
 #if !defined(__CUDACC__)
