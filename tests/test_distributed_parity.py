@@ -58,3 +58,48 @@ def test_greedy_tokens_identical(arch, tp, pp, models, reference):
     finally:
         llm.shutdown()
     assert worker_children() == []
+
+
+@pytest.fixture(scope="module")
+def reference_plain(models):
+    """The single-process engine without speculation (the pipeline keeps micro-batches in flight
+    only then)."""
+    kw = {k: v for k, v in engine_kwargs("llama").items() if k != "speculative"}
+    with one_thread():
+        llm = LLM(models["llama"], **kw)
+        return [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 2), (2, 2)], ids=["T1xP2", "T2xP2"])
+def test_pipeline_keeps_micro_batches_in_flight(tp, pp, models, reference_plain):
+    """P micro-batches in the pipeline at once (no stage idles while another works), with
+    preemption, prefix hits and chunked prefill still giving the single-process tokens; a request
+    aborted while its step is in flight frees its blocks and the others are unaffected."""
+    kw = {k: v for k, v in engine_kwargs("llama").items() if k != "speculative"}
+    llm = LLM(models["llama"], tensor_parallel_size=tp, pipeline_parallel_size=pp, distributed_timeout_s=120, **kw)
+    try:
+        eng = llm.engine
+        toks = [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+        assert toks == reference_plain
+        assert eng.max_inflight == pp
+        m = llm.run_metrics()
+        assert m["preemptions"] > 0 and m["prefix_hit_tokens"] > 0
+        ids = [eng.add_request(p, PARAMS) for p in PROMPTS[:3]]
+        while not eng._inflight:
+            eng.step()
+        victim = eng._inflight[-1].batch.decodes + eng._inflight[-1].batch.prefills
+        rid = victim[0].request.request_id
+        assert eng.abort(rid)
+        done = {}
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                done[o.request_id] = o
+        assert done[rid].outputs[0].finish_reason == "abort"
+        for i, r in enumerate(ids):
+            if r != rid:
+                assert done[r].outputs[0].token_ids == reference_plain[i]
+        pool = eng.kv.pool
+        assert pool.num_used == 0 and pool.num_free == pool.num_blocks  # no block leaked
+    finally:
+        llm.shutdown()
+    assert worker_children() == []

@@ -115,3 +115,24 @@ def test_event_log_that_moved_on_answers_reset():
     kv = ReplicaKV()
     kv.apply_snapshot(pub.snapshot())
     assert not kv.apply_message({"reset": True, "seq": 10}) and not kv.synced
+
+
+def test_routed_blocks_count_until_the_replica_reports_them_or_they_age_out():
+    from llmkern.router.kv_index import PENDING_TTL_S
+
+    pub = KVEventPublisher(BS)
+    pub.record("stored", 11)
+    kv = ReplicaKV()
+    kv.apply_snapshot(pub.snapshot())
+    req = [11, 12, 13]                   # block 11 cached, 12 and 13 being prefilled after routing
+    assert kv.matched_blocks(req, now=0.0) == 1
+    kv.note_routed(req, now=0.0)
+    assert kv.matched_blocks(req, now=1.0) == 3
+    assert kv.matched_blocks(req, now=PENDING_TTL_S + 1.0) == 1   # never confirmed: aged out
+    kv.note_routed(req, now=100.0)
+    pub.record("stored", 12)
+    pub.record("removed", 13)            # evicted before the router's copy was told it was stored
+    events, cur = pub.since(kv.seq)
+    assert kv.apply_message({"seq": cur, "events": events})
+    assert 12 in kv.hashes and 12 not in kv.pending and 13 not in kv.pending
+    assert kv.matched_blocks(req, now=101.0) == 2

@@ -14,6 +14,11 @@ Workloads: batch-1 decode (one prompt; decode tokens/s from first to last token)
     time the rank spent in communication, waiting for its peer included).
 The fraction column is decode's weight stream against the machine's measured read bandwidth.
 
+Pipeline parallelism (P=2, one thread per stage) runs offline-32 twice, alternated: with two
+micro-batches in flight (the default: while stage 1 works on one, stage 0 computes the next) and
+with one (each step crosses both stages before the next starts, so each stage idles half the
+time). Batch-1 decode cannot overlap (one sequence, each token needs the previous one).
+
 Run as a script, this sets OMP_WAIT_POLICY=PASSIVE (unless set) before torch loads (see
 bench_spec.py: spinning OpenMP threads on a shared CPU measure the machine's load)."""
 from __future__ import annotations
@@ -89,6 +94,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-pipeline", action="store_true", help="skip the pipeline-parallel rows")
     a = ap.parse_args(argv)
     n_dec = 32 if a.quick else 96
     n_req, n_off = 32, (16 if a.quick else 32)
@@ -122,6 +128,7 @@ def main(argv=None) -> int:
             results["t2_off"].append(m_off["rate"])
     finally:
         t2.shutdown()
+    pipe = None if a.no_pipeline else pipeline_rates(a.rounds, n_req, n_off)
     load1 = os.getloadavg()
 
     best = {k: max(v) for k, v in results.items()}
@@ -150,7 +157,29 @@ def main(argv=None) -> int:
         r0 = m["ranks"][0]
         per = ", ".join(f"{k} {v:.0f} us" for k, v in r0["us_per_call"].items())
         print(f"{name}: {r0['calls_per_step']:.0f} collectives per step on rank 0, mean time per call: {per}")
+    if pipe is not None:
+        r2, r1 = max(pipe[2]), max(pipe[1])
+        print()
+        print(f"P=2 (1 thread/stage), offline-{n_req}: 2 micro-batches in flight {r2:.1f} tok/s, 1 in flight "
+              f"{r1:.1f} tok/s: x{r2 / r1:.2f}; against T=1 (2 threads) x{r2 / best['t1_off']:.2f}")
     return 0
+
+
+def pipeline_rates(rounds: int, n_req: int, n_tokens: int) -> dict:
+    """offline rates of P=2 with 2 and with 1 micro-batch in flight, alternated on one engine
+    (one model-parallel engine per process)."""
+    set_threads(1)
+    llm = LLM(pipeline_parallel_size=2, kv_cache_memory_gb=0.25)
+    try:
+        out = {2: [], 1: []}
+        offline_rate(llm, 4, 4)  # warm-up
+        for _ in range(rounds):
+            for mb in out:
+                llm.engine.pipeline_depth = mb
+                out[mb].append(offline_rate(llm, n_req, n_tokens))
+        return out
+    finally:
+        llm.shutdown()
 
 
 if __name__ == "__main__":

@@ -5,12 +5,12 @@ The engine's process is rank 0: it keeps the scheduler, the KV bookkeeping and t
 its own shard, and sends each step's flat inputs to the other ranks, which only execute steps.
 Ranks are laid out stage-major: rank = stage * T + tp_rank.
 
-Pipeline stages run one batch at a time (a step goes through every stage before the next one
-starts). Keeping P micro-batches in flight needs more than a second scheduler: the step message is
-a broadcast to all ranks, which gloo completes only when every rank has posted its receive, so a
-busy later stage would hold rank 0 back; the message would have to travel with the hidden states
-from stage to stage instead, and the engine would have to split its step into launch and
-completion (sequences in flight kept out of scheduling, aborts of them deferred).
+With pipeline parallelism the engine keeps P micro-batches in flight (engine.py: a step is
+launched, and completed up to P launches later; the scheduler leaves the sequences of a step in
+flight alone until it completes), so stage 0 computes the next micro-batch while the later stages
+work on earlier ones. The step message travels down the pipeline with the hidden states rather
+than as a broadcast (a broadcast would hold rank 0 until the busiest stage posted its receive),
+and every send between stages is non-blocking.
 
 - topology.py  ranks, stages and groups (pure arithmetic)
 - sharding.py  a rank's slice of a HF-named checkpoint, as a smaller Llama

@@ -68,10 +68,13 @@ class Comm:
             return None
         return torch.cat(parts, dim=1)[:, :vocab]
 
-    def send(self, t: torch.Tensor, dst: int, kind: str = "send") -> None:
-        t0 = time.perf_counter()
-        dist.send(t.contiguous(), dst, group=self.world_group)
-        self.stats.add(kind, _nbytes(t), time.perf_counter() - t0)
+    def isend(self, t: torch.Tensor, dst: int, kind: str = "send"):
+        """Non-blocking send; returns (work, the tensor it reads), to keep until the work is done.
+        Its bytes are counted here; the wait shows up in the receiver's recv time."""
+        t = t.contiguous()
+        work = dist.isend(t, dst, group=self.world_group)
+        self.stats.add(kind, _nbytes(t), 0.0)
+        return work, t
 
     def recv(self, shape, dtype: torch.dtype, device, src: int, kind: str = "recv") -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=device)

@@ -30,7 +30,7 @@ from . import launch
 from .sharding import check_parallel, local_config
 from .stage import Stage, to_device
 from .topology import Topology
-from .control import bcast, gather_to_root, process_io_bytes, try_report
+from .control import StageChain, bcast, gather_to_root, process_io_bytes, try_report
 
 
 class DistributedError(RuntimeError):
@@ -65,7 +65,7 @@ class ParallelExecutor:
         self.closed = False
         self.workers = None
         self._threads = (torch.get_num_threads(), _llmkern_threads())  # restored by shutdown()
-        self.setup_group = self.ctrl = None
+        self.setup_group = self.ctrl = self.chain = None
         try:  # from here on a failure stops whatever was started (shutdown copes with a partial start)
             launch.set_threads(launch.cpu_share(env["local_world_size"] if env else world))
             if env is not None:
@@ -79,6 +79,7 @@ class ParallelExecutor:
                                         "timeout_s": self.timeout_s}))
             groups = launch.make_groups(topo, 0, device.type, self.timeout_s)
             self.ctrl = groups.ctrl
+            self.chain = StageChain(topo, 0, self.ctrl, max_pending=8 * topo.pp) if topo.pp > 1 else None
             self.stage, err = try_report(lambda: Stage(cfg, sd, topo, 0, groups, dtype, device))
             self._check(gather_to_root(setup, err), "build its shard of the model")
             local, _ = local_config(cfg, topo, 0)
@@ -115,19 +116,44 @@ class ParallelExecutor:
                 ) -> Optional[torch.Tensor]:
         """One step on every rank (host tensors in). Returns fp32 logits [sample rows, vocab] on
         rank 0's device, or None when no row samples."""
-        if self.failed or self.closed:
-            raise DistributedError(self.failed or "distributed: the engine is shut down")
+        return self.finish(self.launch(input_ids, positions, meta, sample_rows))
+
+    def launch(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, sample_rows: torch.Tensor):
+        """Start a step: send it on its way and run rank 0's stage. With pipeline parallelism this
+        returns while the later stages work; finish() (in launch order) collects the logits."""
+        self._check_open()
         copies, self.kv.copy_log = self.kv.copy_log, []
+        msg = ("step", (input_ids, positions, meta, sample_rows, copies))
         try:
-            bcast(self.ctrl, ("step", (input_ids, positions, meta, sample_rows, copies)))
+            self._send(msg)
             # rank 0's KV manager made its copies already; only the other ranks replay them
             logits = self.stage.run(to_device((input_ids, positions, meta, sample_rows, []), self.device))
-            if self.topo.pp > 1 and sample_rows.numel():
-                logits = self.stage.comm.recv((sample_rows.numel(), self.model_config.vocab_size), torch.float32,
-                                              self.device, self.topo.last_stage_root, "logits_recv")
         except Exception as e:
             raise self._fail(e) from e
-        return logits
+        return logits, sample_rows.numel()
+
+    def finish(self, flight) -> Optional[torch.Tensor]:
+        """Returns fp32 logits [sample rows, vocab] on rank 0's device, or None when no row samples."""
+        logits, rows = flight
+        if self.topo.pp == 1 or rows == 0:
+            return logits
+        self._check_open()
+        try:
+            return self.stage.comm.recv((rows, self.model_config.vocab_size), torch.float32, self.device,
+                                        self.topo.last_stage_root, "logits_recv")
+        except Exception as e:
+            raise self._fail(e) from e
+
+    def _check_open(self) -> None:
+        if self.failed or self.closed:
+            raise DistributedError(self.failed or "distributed: the engine is shut down")
+
+    def _send(self, msg) -> None:
+        """A message to every other rank: a broadcast, or down the pipeline (control.StageChain)."""
+        if self.chain is None:
+            bcast(self.ctrl, msg)
+        else:
+            self.chain.post(msg)
 
     def _fail(self, e: Exception) -> DistributedError:
         dead = self.workers.dead(wait_s=2.0) if self.workers is not None else []
@@ -146,7 +172,7 @@ class ParallelExecutor:
     def stats(self, reset: bool = False) -> List[dict]:
         """Per rank: collective counters ("comm": calls, payload bytes and seconds per kind) and the
         bytes the process wrote through system calls so far ("io_bytes", sockets included)."""
-        bcast(self.ctrl, ("stats", reset))
+        self._send(("stats", reset))
         mine = {"comm": self.stage.comm.stats.summary(), "io_bytes": process_io_bytes()}
         if reset:
             self.stage.comm.stats.reset()
@@ -160,7 +186,9 @@ class ParallelExecutor:
         self.closed = True
         if graceful and not self.failed and self.ctrl is not None:
             try:
-                bcast(self.ctrl, ("stop",))
+                self._send(("stop",))
+                if self.chain is not None:
+                    self.chain.pending.wait_all()
             except Exception:
                 graceful = False
         if self.workers is not None:

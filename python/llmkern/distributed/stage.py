@@ -15,6 +15,7 @@ from ..layers.attention import AttnMetadata
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
 from .comm import Comm
+from .control import PendingSends
 from .launch import Groups
 from .sharding import check_parallel, local_config, shard_state_dict
 from .topology import Topology
@@ -51,6 +52,9 @@ class Stage:
         m.tp_reduce = self.comm.all_reduce if topo.tp > 1 else None
         self.model = m
         self.kv = None
+        # Hidden states and logits leave with non-blocking sends, so a stage starts its next
+        # micro-batch while the next stage is still busy with the previous one.
+        self.sends = PendingSends(max_pending=4 * topo.pp)
 
     def build_kv(self, config: EngineConfig) -> None:
         """config has the block counts resolved by rank 0 (the same on every rank)."""
@@ -70,12 +74,12 @@ class Stage:
             inter = (x[0], x[1])
         out = m.forward(ids, pos, meta, self.kv.caches, inter)
         if not self.is_last:
-            comm.send(torch.stack(out), topo.peer(self.rank, +1), "pp_send")
+            self.sends.add(*comm.isend(torch.stack(out), topo.peer(self.rank, +1), "pp_send"))
             return None
         if rows.numel() == 0:
             return None
         logits = comm.gather_logits(m.compute_logits(out, rows), self.full_config.vocab_size)
         if logits is not None and self.rank != 0:  # the last stage's root hands them to the sampler
-            comm.send(logits, 0, "logits_send")
+            self.sends.add(*comm.isend(logits, 0, "logits_send"))
             return None
         return logits

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import launch
-from .control import bcast, gather_to_root, process_io_bytes, try_report
+from .control import StageChain, bcast, gather_to_root, process_io_bytes, try_report
 
 
 def main() -> None:
@@ -54,8 +54,9 @@ def run(rank: int, setup_group, local_rank: int) -> int:
     _, err = try_report(lambda: stage.build_kv(config))
     gather_to_root(setup_group, err)
     ctrl = groups.ctrl
+    chain = StageChain(topo, rank, ctrl, max_pending=8 * topo.pp) if topo.pp > 1 else None
     while True:
-        msg = bcast(ctrl)
+        msg = bcast(ctrl) if chain is None else chain.recv()
         kind = msg[0]
         if kind == "step":
             stage.run(to_device(msg[1], device))
@@ -64,6 +65,9 @@ def run(rank: int, setup_group, local_rank: int) -> int:
             if msg[1]:
                 stage.comm.stats.reset()
         elif kind == "stop":
+            if chain is not None:  # the next stage takes the stop (and what came before it) first
+                chain.pending.wait_all()
+                stage.sends.wait_all()
             break
     dist.destroy_process_group()
     return 0

@@ -45,6 +45,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1           # Megatron-style shards of every layer
     pipeline_parallel_size: int = 1         # contiguous stages of layers
     distributed_timeout_s: float = 60.0     # a collective not complete by then is an error
+    # micro-batches in the pipeline at once (pipeline_parallel_size > 1); None: one per stage, so no
+    # stage idles while another works (vLLM's "virtual engines"); 1: one step at a time
+    pipeline_micro_batches: Optional[int] = None
 
     def __post_init__(self):
         def bad(name, expected):
@@ -77,6 +80,9 @@ class EngineConfig:
         if self.kv_cache_memory_gb is not None and (not _is_num(self.kv_cache_memory_gb)
                                                     or self.kv_cache_memory_gb <= 0):
             bad("kv_cache_memory_gb", "a size in GiB > 0")
+        v = self.pipeline_micro_batches
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            bad("pipeline_micro_batches", "an integer >= 1 or None")
         if not (isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0):
             bad("distributed_timeout_s", "a number of seconds > 0")
         self._check_device()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Dict, List, Optional, Union
+from collections import deque
+from typing import Dict, List, NamedTuple, Optional, Union
 
 import torch
 
@@ -24,6 +25,16 @@ from .scheduler import Scheduler
 from .sequence import Request, Sequence, SeqStatus
 
 PromptType = Union[str, List[int], dict, List[dict]]
+
+
+class _Launched(NamedTuple):
+    """A step whose model run has started (with pipeline parallelism, possibly not finished)."""
+    batch: object
+    inputs: object
+    handle: object   # the runner's handle for finish()
+    t0: float
+
+
 _EXPECTED = {"prompt": "a string", "prompt_token_ids": "a list of token ids",
              "messages": "a non-empty list of {'role', 'content'} messages"}
 
@@ -77,6 +88,14 @@ class Engine:
             self.runner = ParallelRunner(self.executor, config.block_size)
         else:
             self.runner = ModelRunner(self.model, self.kv.caches, config.block_size, graphs)
+        # Pipeline parallelism: up to `_depth` micro-batches in flight (oldest first); each holds
+        # sequences the scheduler leaves alone until it completes. Speculation keeps one: its
+        # drafts are proposed from tokens the step in flight has not produced yet.
+        self.pipeline_depth = 1
+        if self.executor is not None and self.executor.topo.pp > 1 and self.spec is None:
+            self.pipeline_depth = config.pipeline_micro_batches or self.executor.topo.pp
+        self._inflight: deque = deque()
+        self.max_inflight = 0  # the most micro-batches seen in flight at once (a diagnostic)
         self.requests: Dict[str, Request] = {}
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
@@ -96,6 +115,11 @@ class Engine:
     def shutdown(self) -> None:
         """Release the worker processes of a model-parallel engine (no-op otherwise); idempotent."""
         if self.executor is not None:
+            try:  # steps still in the pipeline finish first, so the workers stop between steps
+                while self._inflight and not self.executor.closed:
+                    self._complete(self._inflight.popleft())
+            except Exception:
+                pass  # the executor is down already; shutdown() below is a no-op then
             self.executor.shutdown()
 
     # -- intake ---------------------------------------------------------------------------------
@@ -196,7 +220,7 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self._inflight)
 
     def ready_in(self) -> float:
         """Seconds until step() has work (0: now; > 0: a dynamic batch is forming; inf: idle)."""
@@ -232,6 +256,8 @@ class Engine:
         if spec is not None:
             spec.before_forward(batch)
         if batch.empty:
+            if self._inflight:  # everything runnable is in the pipeline: wait for the oldest step
+                return self._collect(self._complete(self._inflight.popleft()))
             if self.scheduler.has_work and not self.scheduler.running and self.ready_in() == 0:
                 raise RuntimeError("engine: no request can be scheduled (KV pool too small for the queue head)")
             return self._collect([])
@@ -239,7 +265,27 @@ class Engine:
         inputs = self.runner.prepare(batch)
         if spec is not None:
             spec.mirror(inputs)
-        logits, sample_seqs = self.runner.execute(inputs)
+        if self.pipeline_depth == 1:
+            return self._collect(self._complete(_Launched(batch, inputs, None, t0)))
+        self._inflight.append(_Launched(batch, inputs, self.runner.launch(inputs), t0))
+        self.scheduler.busy.update(s.seq_id for s in batch.decodes + batch.prefills)
+        self.max_inflight = max(self.max_inflight, len(self._inflight))
+        if len(self._inflight) < self.pipeline_depth:
+            return self._collect([])
+        return self._collect(self._complete(self._inflight.popleft()))
+
+    def _complete(self, step: _Launched) -> List[Sequence]:
+        """Finish a launched step: sample, advance the sequences, check stops. Returns the
+        sequences that got tokens."""
+        spec, batch = self.spec, step.batch
+        if step.handle is None:
+            logits, sample_seqs = self.runner.execute(step.inputs)
+        else:
+            logits, sample_seqs = self.runner.finish(step.handle)
+            self.scheduler.busy.difference_update(s.seq_id for s in batch.decodes + batch.prefills)
+            if any(s.is_finished for s in sample_seqs):  # aborted while in flight: blocks freed already
+                keep = [i for i, s in enumerate(sample_seqs) if not s.is_finished]
+                logits, sample_seqs = logits[keep], [sample_seqs[i] for i in keep]
         verified = {}
         if spec is not None:  # verified chunks leave the batch; their tokens are committed below
             logits, sample_seqs, verified = spec.verify(batch, logits, sample_seqs)
@@ -252,11 +298,13 @@ class Engine:
             self._record_logprobs(logp, [sample_seqs[i] for i in lp_rows], [tokens[i] for i in lp_rows])
         now = time.perf_counter()
         for seq in batch.decodes:
-            seq.num_computed_tokens += 1
-            self.kv.cache_blocks(seq)
+            if not seq.is_finished:
+                seq.num_computed_tokens += 1
+                self.kv.cache_blocks(seq)
         for seq, n in zip(batch.prefills, batch.prefill_lens):
-            seq.num_computed_tokens += n
-            self.kv.cache_blocks(seq)
+            if not seq.is_finished:
+                seq.num_computed_tokens += n
+                self.kv.cache_blocks(seq)
         touched = []
         for seq, tok in zip(sample_seqs, tokens):
             seq.append_token(tok, now)
@@ -268,8 +316,8 @@ class Engine:
                 if not seq.is_finished:  # finished ones are freed already
                     self.kv.truncate(seq, seq.num_computed_tokens)  # the rejected drafts' slots
                     self.kv.cache_blocks(seq)
-        self.metrics.on_step(batch, len(sample_seqs), now - t0)
-        return self._collect(touched)
+        self.metrics.on_step(batch, len(sample_seqs), now - step.t0)
+        return touched
 
     @staticmethod
     def _record_logprobs(logp: torch.Tensor, seqs: List[Sequence], toks: List[int]) -> None:

@@ -22,7 +22,16 @@ class ParallelRunner:
         return self._prep.prepare(batch)
 
     def execute(self, inputs: StepInputs) -> Tuple[Optional[torch.Tensor], List[Sequence]]:
-        logits = self.executor.execute(inputs.input_ids, inputs.positions, inputs.meta, inputs.sample_rows)
+        return self.finish(self.launch(inputs))
+
+    def launch(self, inputs: StepInputs):
+        """Start a step on every rank; with pipeline parallelism it returns once rank 0's stage is
+        done, while the later stages work on."""
+        return inputs, self.executor.launch(inputs.input_ids, inputs.positions, inputs.meta, inputs.sample_rows)
+
+    def finish(self, handle) -> Tuple[Optional[torch.Tensor], List[Sequence]]:
+        inputs, flight = handle
+        logits = self.executor.finish(flight)
         if not inputs.sample_seqs:
             return None, []
         return logits, inputs.sample_seqs

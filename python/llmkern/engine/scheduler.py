@@ -55,6 +55,9 @@ class Scheduler:
         self.swapped: Deque[Sequence] = deque()
         self.num_preemptions = 0
         self._unordered = False  # throughput schedule: the waiting queue needs sorting
+        # Sequences of micro-batches still in the pipeline (pipeline parallelism): their next token
+        # is not known yet, so they are neither scheduled nor preempted until their step completes.
+        self.busy: set = set()
         self.budget = config.max_num_batched_tokens
         if not config.enable_chunked_prefill:
             # A whole prompt must fit in one step.
@@ -120,8 +123,8 @@ class Scheduler:
         for seq in order:
             if budget <= 0:
                 break
-            if seq.status is not SeqStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SeqStatus.RUNNING or seq.seq_id in self.busy:
+                continue  # preempted earlier in this loop, or still in the pipeline
             n = seq.num_tokens - seq.num_computed_tokens
             if n == 1 and seq.spec_token_ids:
                 # Speculative drafts ride along with the decode; they are the first thing dropped
@@ -235,13 +238,14 @@ class Scheduler:
         # The most recently admitted (policy "priority": the lowest-priority) running sequence; it
         # may be one already scheduled this step only if nothing else is left (then the step
         # shrinks accordingly).
+        free = [s for s in self.running if s.seq_id not in self.busy]  # never one in the pipeline
         if self.config.policy == "priority":
-            rest = [s for s in self.running if s.seq_id not in scheduled]
-            return max(rest or self.running, key=lambda s: s.priority_key)
-        for seq in reversed(self.running):
+            rest = [s for s in free if s.seq_id not in scheduled]
+            return max(rest or free, key=lambda s: s.priority_key)
+        for seq in reversed(free):
             if seq.seq_id not in scheduled:
                 return seq
-        return self.running[-1]
+        return free[-1]
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)

@@ -128,6 +128,8 @@ class Router:
         for i, w in enumerate(ranked):
             w.requests += 1
             w.inflight += 1
+            if req.token_ids and w.kv.synced:
+                w.kv.note_routed(req.hashes(w.kv.block_size))
             handed_over = False
             try:
                 req_ = self.client.build_request("POST", w.url + path, content=raw, headers=headers)

@@ -1,19 +1,28 @@
 """ReplicaKV: the router's copy of one replica's prefix cache (the set of cached block hashes) and
 load, kept current by the replica's snapshot and event stream (llmkern.serve.kv_events). Events
 carry consecutive sequence numbers; a gap means something was missed, and the copy asks for a
-snapshot instead of guessing."""
+snapshot instead of guessing.
+
+Besides what the replica reports, the copy remembers the blocks of requests this router has just
+sent there ("pending", for PENDING_TTL_S or until the replica's event for the block arrives): a
+tenant's second request, arriving while the first one's prefill is still running, would otherwise
+see no cached prefix anywhere and could warm a second copy of it on another replica."""
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Set
+import time
+from typing import Dict, Iterable, List, Optional, Set
 
 from ..engine.block_pool import chain_block_hashes
 
 __all__ = ["ReplicaKV", "chain_block_hashes"]
 
+PENDING_TTL_S = 30.0  # longer than a prefill takes; a request that failed or was evicted ages out
+
 
 class ReplicaKV:
     def __init__(self):
         self.hashes: Set[int] = set()
+        self.pending: Dict[int, float] = {}  # block hash -> expiry (time.monotonic())
         self.seq: Optional[int] = None     # None: no snapshot yet (nothing is known)
         self.block_size: Optional[int] = None
         self.load = {"num_waiting": 0, "num_running": 0, "prefill_tokens_pending": 0, "kv_usage": 0.0}
@@ -46,6 +55,7 @@ class ReplicaKV:
                 self.hashes.add(h)
             elif kind == "removed":
                 self.hashes.discard(h)
+            self.pending.pop(h, None)
             self.seq = seq
         if msg.get("load"):
             self.load = dict(msg["load"])
@@ -57,12 +67,24 @@ class ReplicaKV:
         self.seq = None
         self.hashes = set()
 
-    def matched_blocks(self, hashes: Iterable[int]) -> int:
-        """How many leading blocks of a request (its chained hashes) this replica holds. Chaining
-        makes a hash stand for its whole prefix, so the first miss ends the match."""
-        n = 0
+    def note_routed(self, hashes: Iterable[int], now: Optional[float] = None) -> None:
+        """This router sent a request with these block hashes here: count them as cached until the
+        replica's events say so (or PENDING_TTL_S passes)."""
+        now = time.monotonic() if now is None else now
+        if len(self.pending) > 65536:  # bound the memory: drop what aged out
+            self.pending = {h: t for h, t in self.pending.items() if t > now}
         for h in hashes:
             if h not in self.hashes:
+                self.pending[h] = now + PENDING_TTL_S
+
+    def matched_blocks(self, hashes: Iterable[int], now: Optional[float] = None) -> int:
+        """How many leading blocks of a request (its chained hashes) this replica holds or is
+        about to hold (pending). Chaining makes a hash stand for its whole prefix, so the first
+        miss ends the match."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        for h in hashes:
+            if h not in self.hashes and self.pending.get(h, 0.0) <= now:
                 break
             n += 1
         return n
