@@ -9,8 +9,9 @@
 // are consumers of 64 rows each (setmaxnreg.inc): S = Q K^T by wgmma with both operands in
 // shared memory, the online softmax on the accumulator registers, then O += P V with P from
 // registers (the S accumulator layout is the A-fragment layout) and V read transposed (MN-major).
-// Two named barriers make the consumers take turns issuing their S GEMM, so one warpgroup's
-// softmax runs while the other's GEMM does. Shared tiles are TMA boxes of 64 columns x rows with
+// Two named barriers make the consumers take turns issuing their GEMMs, so one warpgroup's
+// softmax runs while the other's GEMMs do; inside a warpgroup, tile n's S GEMM is issued with
+// tile n-1's P V, and tile n's softmax overlaps that P V. Shared tiles are TMA boxes of 64 columns x rows with
 // the 128-byte swizzle (the wgmma descriptors' canonical layout). Tiles are visited from the
 // last to the first, masked ones first, as in flash_prefill.cuh.
 #pragma once
@@ -135,15 +136,51 @@ LLMK_ATTN_UNROLL
   simt::mbar_wait(q_full, 0);
   const char* sQc = sQ + 64 * c * 128;
 
-  auto step = [&](int n, int it, auto mask_tag) {
-    constexpr bool kMask = decltype(mask_tag)::value;
+  // Tile n's S GEMM is issued together with the previous tile's P V, so the softmax of tile n
+  // runs while that P V is still in the tensor cores (FA3's intra-warpgroup overlap); the
+  // accumulators are rescaled only once the P V has landed.
+  float sacc[kBlockN / 2];
+  uint32_t pa[kBlockN / 16][4];  // P of the previous tile as A fragments
+  int prev_n = 0, prev_st = 0, prev_phase = 0;
+
+  auto issue_pv = [&]() {
+    char* sVs = sV + prev_st * Cfg::kKVBytes;
+    simt::mbar_wait(&v_full[prev_st], prev_phase);
+    if ((prev_n + 1) * kBlockN > s.seqlen_k) {
+      // Rows past the sequence hold other sequences' keys or anything: P is 0 there, but 0 x NaN
+      // is not, so they become zeros (both consumers write the same zeros, before either P V).
+      const int valid = s.seqlen_k - prev_n * kBlockN;
+      for (int idx = t; idx < kCols * kBlockN * 8; idx += 128) {
+        const int col = idx / (kBlockN * 8), r = idx / 8 % kBlockN, chunk = idx % 8;
+        if (r >= valid) *reinterpret_cast<uint4*>(sVs + col * kBlockN * 128 + r * 128 + chunk * 16) = uint4{0, 0, 0, 0};
+      }
+      simt::fence_proxy_async();
+      simt::named_bar_sync(kSchedBar + 2 + c, 128);
+    }
+    simt::wgmma_fence_operand<kD / 2>(o);
+    simt::wgmma_fence();
+LLMK_ATTN_UNROLL
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      // V [keys][D] is B read transposed: 64-column boxes at LBO, 8-key groups at SBO.
+      const uint64_t dv = simt::wgmma_desc(sVs + kk * 16 * 128, kBlockN * 128, 1024, 128);
+      simt::wgmma_rs<T, kD, 1>(o, pa[kk], dv, 1);
+    }
+    simt::wgmma_commit();
+    simt::wgmma_fence_operand<kD / 2>(o);
+  };
+  auto release_prev = [&]() {
+    if (lane == 0) simt::mbar_arrive(&empty[prev_st]);
+  };
+
+  // kFirst: the first tile (no P V in flight), peeled so that the steady state has one shape.
+  auto step = [&](int n, int it, auto mask_tag, auto first_tag) {
+    constexpr bool kMask = decltype(mask_tag)::value, kFirst = decltype(first_tag)::value;
     const int st = it % kStages, phase = (it / kStages) & 1;
     const char* sKs = sK + st * Cfg::kKVBytes;
-    char* sVs = sV + st * Cfg::kKVBytes;
-    float sacc[kBlockN / 2];
     simt::mbar_wait(&k_full[st], phase);
     // Our turn to issue: the other consumer is in its softmax meanwhile.
     simt::named_bar_sync(kSchedBar + c, 256);
+    simt::wgmma_fence_operand<kBlockN / 2>(sacc);
     simt::wgmma_fence();
 LLMK_ATTN_UNROLL
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -153,11 +190,16 @@ LLMK_ATTN_UNROLL
       simt::wgmma_ss<T, kBlockN, 0>(sacc, dq, dk, kk > 0);
     }
     simt::wgmma_commit();
+    simt::wgmma_fence_operand<kBlockN / 2>(sacc);
+    if (!kFirst) issue_pv();
     simt::named_bar_arrive(kSchedBar + (1 - c), 256);
-    simt::wgmma_wait<0>();
+    if (!kFirst) simt::wgmma_wait<1>();  // S landed; the P V may still run
+    else simt::wgmma_wait<0>();
+    simt::wgmma_fence_operand<kBlockN / 2>(sacc);
 
     // ---- mask, online softmax (raw scores; rows g and g + 8 of this warp's 16) ----
     const int j_base = n * kBlockN + 2 * q4;
+    float alpha[2];
 LLMK_ATTN_UNROLL
     for (int hh = 0; hh < 2; ++hh) {
       const KeyRange kr = rule.range(qi[hh]);
@@ -175,7 +217,7 @@ LLMK_ATTN_UNROLL
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[hh], mx * x_mul);
-      const float alpha = rescale(m_run[hh], m_new);
+      alpha[hh] = rescale(m_run[hh], m_new);
       m_run[hh] = m_new;
       const float base = attn_exp_base(m_new);
       float sum = 0.f;
@@ -187,15 +229,21 @@ LLMK_ATTN_UNROLL
           sacc[4 * i + 2 * hh + e] = pr;
           sum += pr;
         }
-      l_run[hh] = l_run[hh] * alpha + sum;
+      l_run[hh] = l_run[hh] * alpha[hh] + sum;
+    }
+    if (!kFirst) {
+      simt::wgmma_wait<0>();  // the previous tile's P V landed: its stage is free, O can be rescaled
+      simt::wgmma_fence_operand<kD / 2>(o);
+      release_prev();
+    }
 LLMK_ATTN_UNROLL
-      for (int i = 0; i < kD / 8; ++i) {
-        o[4 * i + 2 * hh] *= alpha;
-        o[4 * i + 2 * hh + 1] *= alpha;
-      }
+    for (int i = 0; i < kD / 8; ++i) {
+      o[4 * i] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
     }
     // P as A fragments of the k16 steps over this tile's keys.
-    uint32_t pa[kBlockN / 16][4];
 LLMK_ATTN_UNROLL
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       pa[kk][0] = Elem<T>::pack(sacc[8 * kk + 0], sacc[8 * kk + 1]);
@@ -203,39 +251,27 @@ LLMK_ATTN_UNROLL
       pa[kk][2] = Elem<T>::pack(sacc[8 * kk + 4], sacc[8 * kk + 5]);
       pa[kk][3] = Elem<T>::pack(sacc[8 * kk + 6], sacc[8 * kk + 7]);
     }
-
-    simt::mbar_wait(&v_full[st], phase);
-    if (kMask && (n + 1) * kBlockN > s.seqlen_k) {
-      // Rows past the sequence hold other sequences' keys or anything: P is 0 there, but 0 x NaN
-      // is not, so they become zeros (both consumers write the same zeros, before either P V).
-      const int valid = s.seqlen_k - n * kBlockN;
-      for (int idx = t; idx < kCols * kBlockN * 8; idx += 128) {
-        const int col = idx / (kBlockN * 8), r = idx / 8 % kBlockN, chunk = idx % 8;
-        if (r >= valid) *reinterpret_cast<uint4*>(sVs + col * kBlockN * 128 + r * 128 + chunk * 16) = uint4{0, 0, 0, 0};
-      }
-      simt::fence_proxy_async();
-      simt::named_bar_sync(kSchedBar + 2 + c, 128);
-    }
-    simt::wgmma_fence();
-LLMK_ATTN_UNROLL
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      // V [keys][D] is B read transposed: 64-column boxes at LBO, 8-key groups at SBO.
-      const uint64_t dv = simt::wgmma_desc(sVs + kk * 16 * 128, kBlockN * 128, 1024, 128);
-      simt::wgmma_rs<T, kD, 1>(o, pa[kk], dv, 1);
-    }
-    simt::wgmma_commit();
-    simt::wgmma_wait<0>();
-    if (lane == 0) simt::mbar_arrive(&empty[st]);
+    prev_n = n, prev_st = st, prev_phase = phase;
   };
 
   auto masked = [&](int n) { return !(n * kBlockN >= safe_lo && (n + 1) * kBlockN <= safe_hi); };
   int n = n_hi - 1, it = 0;
+  if (n >= n_lo) {
+    if (masked(n)) step(n, it, std::true_type(), std::true_type());
+    else step(n, it, std::false_type(), std::true_type());
+    --n, ++it;
+  }
 LLMK_ATTN_NO_UNROLL
   while (n >= n_lo) {
 LLMK_ATTN_NO_UNROLL
-    for (; n >= n_lo && masked(n); --n, ++it) step(n, it, std::true_type());
+    for (; n >= n_lo && masked(n); --n, ++it) step(n, it, std::true_type(), std::false_type());
 LLMK_ATTN_NO_UNROLL
-    for (; n >= n_lo && !masked(n); --n, ++it) step(n, it, std::false_type());
+    for (; n >= n_lo && !masked(n); --n, ++it) step(n, it, std::false_type(), std::false_type());
+  }
+  if (it > 0) {  // the last tile's P V
+    issue_pv();
+    simt::wgmma_wait<0>();
+    release_prev();
   }
 
   // ---- epilogue: normalise and write O (pairs of columns per thread) and the LSE ----

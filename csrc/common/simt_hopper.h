@@ -10,7 +10,7 @@
 //   tma_load(dst_smem, map, bar, c0[, c1[, c2[, c3]]])               map: a TensorMap parameter
 //   make_tensor_map(&map, base, elem_bytes, rank, dims, strides_bytes, box, swizzle_bytes)  (host)
 //   wgmma_desc(smem, lbo_bytes, sbo_bytes, swizzle_bytes) -> uint64_t
-//   wgmma_fence(), wgmma_commit(), wgmma_wait<N>()
+//   wgmma_fence(), wgmma_commit(), wgmma_wait<N>(), wgmma_fence_operand<N>(d)
 //   wgmma_ss<T, N, kTransB>(d, desc_a, desc_b, scale_d)   D[64xN] (+)= A[64x16] B[16xN], fp32 D
 //   wgmma_rs<T, N, kTransB>(d, a_regs, desc_b, scale_d)    A from registers (mma A fragment layout)
 //   named_bar_sync(id, threads), named_bar_arrive(id, threads)
@@ -102,6 +102,13 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, uint64
 }
 
 __device__ __forceinline__ void wgmma_fence() { LLMK_SM90_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Pins accumulator registers in place around wgmma issue / wait points, so the compiler moves no
+// read or write of them across (which would make ptxas serialise the wgmma pipeline).
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operand(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 __device__ __forceinline__ void wgmma_commit() { LLMK_SM90_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {

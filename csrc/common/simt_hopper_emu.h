@@ -86,6 +86,8 @@ inline void tma_load(void* dst, const TensorMap* map, uint64_t* bar, int c0, int
 inline void wgmma_fence(LLMK_SIMT_SITE) { emu::wgmma_fence(file, line); }
 inline void wgmma_commit() { emu::wgmma_commit(); }
 template <int N>
+inline void wgmma_fence_operand(float*) {}
+template <int N>
 inline void wgmma_wait(LLMK_SIMT_SITE) {
   static_assert(N >= 0 && N <= 7, "wgmma_wait<N>: N in [0, 7]");
   emu::wgmma_wait(N, file, line);
