@@ -174,3 +174,19 @@ def test_accumulators_unreadable_before_wait():
     import llmkern._simt as m
 
     m.simt_selftest_hopper_fault(4, 0)  # raises if the early read saw a number
+
+
+def test_selftest_bindings_name_bad_arguments():
+    if not llmkern.simt_available():
+        pytest.skip("llmkern._simt not built (LLMKERN_SIMT=ON)")
+    import llmkern._simt as m
+
+    z = lambda *s, dt=torch.int16: dl(torch.zeros(*s, dtype=dt))  # noqa: E731
+    with pytest.raises(ValueError, match="n: 64 or 128"):
+        m.simt_selftest_wgmma(z(64, 64), z(32, 64), z(4, 128, 4, dt=torch.int32), z(64, 32, dt=torch.float32),
+                              z(64, 32, dt=torch.float32), 32, False, False, 128, False, 0)
+    with pytest.raises(ValueError, match="swizzle"):
+        m.simt_selftest_wgmma(z(64, 64), z(64, 64), z(4, 128, 4, dt=torch.int32), z(64, 64, dt=torch.float32),
+                              z(64, 64, dt=torch.float32), 64, False, False, 16, False, 0)
+    with pytest.raises(RuntimeError, match="tensor map was rejected"):  # row stride 40 B: not a multiple of 16
+        m.simt_selftest_tma(z(7, 20), [0, 0], [16, 4], 32, z(64), 0)

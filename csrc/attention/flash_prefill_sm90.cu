@@ -1,7 +1,10 @@
 // Launcher of the sm_90a prefill kernel (flash_prefill_sm90.cuh) and the switch that selects it:
-// on a CUDA build compiled for 90a, whenever the current device is sm_90; under the SIMT
+// on a CUDA build compiled for 90a, whenever the current device is sm_90 (unless the environment
+// sets LLMKERN_SM90_PREFILL=0); under the SIMT
 // emulator, only when a test turns it on (llmkern._simt.simt_use_sm90_prefill).
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "attention/flash_launch.h"
 #include "attention/flash_prefill_sm90.cuh"
@@ -41,7 +44,12 @@ bool sm90_prefill_selected(const KernelArgs& a, int padded_head_dim) {
   if (!scores_fold(p) || a.pack != 1 || a.num_splits != 1) return false;
 #if defined(__CUDACC__)
 #if defined(LLMK_HAS_SM90A)
-  return device_is_sm90();
+  // LLMKERN_SM90_PREFILL=0 keeps sm_90 on the mma.sync kernel (A/B comparisons, a fallback).
+  static const bool off = [] {
+    const char* e = std::getenv("LLMKERN_SM90_PREFILL");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !off && device_is_sm90();
 #else
   return false;
 #endif
