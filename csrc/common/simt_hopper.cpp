@@ -89,7 +89,8 @@ struct NamedBar {
 };
 
 struct State {
-  int threads = 0;
+  int threads = -1;
+  bool dirty = true;  // some Hopper operation ran since the last reset
   std::unordered_map<uint32_t, Mbar> bars;
   std::vector<TmaOp> tma;
   std::vector<ThreadState> th;
@@ -100,6 +101,13 @@ struct State {
 State& st() {
   static State* s = new State();
   return *s;
+}
+
+// The state of the running block, marked for a reset at the next block (most kernels never touch it).
+State& used() {
+  State& s = st();
+  s.dirty = true;
+  return s;
 }
 
 [[noreturn]] void failf(const std::string& msg) { fail(msg.c_str()); }
@@ -285,6 +293,8 @@ void complete_wgmma(int wg, WarpgroupRv& rv) {
 
 void hopper_block_begin(int threads) {
   State& s = st();
+  if (!s.dirty && s.threads == threads) return;
+  s.dirty = false;
   s.threads = threads;
   s.bars.clear();
   s.tma.clear();
@@ -327,7 +337,7 @@ void mbar_init(void* bar, int count, const char* file, int line) {
     failf(str_cat("mbar_init at ", site_str(file, line), ": count must be in [1, 2^20 - 1], got ", count));
   Mbar m;
   m.count = m.pending = count;
-  st().bars[off] = m;
+  used().bars[off] = m;
 }
 
 void mbar_arrive(void* bar, uint32_t expect_tx, const char* file, int line) {
@@ -389,13 +399,13 @@ void tma_load(void* dst, const TensorMap* map, void* bar, int rank, const int* c
       std::memcpy(&op.image[map->swizzle ? swizzle(a, map->swizzle) : a], &lin[ch], 16);
     }
   }
-  st().tma.push_back(std::move(op));
+  used().tma.push_back(std::move(op));
 }
 
 void wgmma_fence(const char*, int) {}
 
 void wgmma(const WgmmaArgs& args, const char* file, int line) {
-  State& s = st();
+  State& s = used();
   const int t = thread_linear();
   if (s.threads % 128)
     failf(str_cat("wgmma at ", site_str(file, line), ": the block has ", s.threads,
@@ -417,7 +427,7 @@ void wgmma(const WgmmaArgs& args, const char* file, int line) {
   block_until(&gen_moved, &w, "wgmma (warpgroup-wide)", file, line);
 }
 
-void wgmma_commit() { ++st().th[size_t(thread_linear())].group; }
+void wgmma_commit() { ++used().th[size_t(thread_linear())].group; }
 
 void wgmma_wait(int pending, const char*, int) {
   ThreadState& ts = st().th[size_t(thread_linear())];
@@ -435,7 +445,7 @@ void wgmma_wait(int pending, const char*, int) {
 }
 
 void named_bar(int id, int threads, bool sync, const char* file, int line) {
-  State& s = st();
+  State& s = used();
   const char* what = sync ? "named_bar_sync" : "named_bar_arrive";
   if (id < 1 || id > 15)
     failf(str_cat(what, " at ", site_str(file, line), ": barrier id must be in [1, 15] (0 is __syncthreads'), got ", id));
