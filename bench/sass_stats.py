@@ -161,6 +161,10 @@ def main_loop(insns: List[Insn]) -> Optional[Loop]:
     """The innermost loops holding HMMA (none of them inside another); of those, the one with the
     most HMMA, then the fewest other instructions."""
     ls = [lp for lp in loops(insns) if lp.hmma]
+    # A range holding an EXIT is a branch back from out-of-line code (e.g. an mbarrier wait's
+    # retry placed after the epilogue), not a loop body: left out when real loops exist.
+    real = [lp for lp in ls if not any(i.base == "EXIT" for i in insns[lp.start:lp.end + 1])]
+    ls = real or ls
     ls = [lp for lp in ls if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in ls)]
     if not ls:
         return None
