@@ -333,7 +333,7 @@ class Peer:
     def __init__(self, role: str, rank: int, port: int, kind: str = "p2p", conn_kw=None, **engine_kw):
         spec = {"model": MODEL, "engine": dict(ENGINE, kv_role=role, **engine_kw, kv_connector=dict(
             kind=kind, rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, is_master=False,
-            timeout_s=20, **(conn_kw or {})))}
+            timeout_s=90, **(conn_kw or {})))}
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         self.proc = subprocess.Popen([sys.executable, PEER, json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
@@ -378,7 +378,7 @@ def p2p_pair(local_role: str, local_rank: int, kind: str = "p2p", conn_kw=None, 
     peer = Peer("prefill" if local_role == "decode" else "decode", 1 - local_rank, store.port, kind, conn_kw,
                 **peer_kw)
     try:
-        local = engine(local_role, dict(kind=kind, rank=local_rank, world_size=2, store=store, timeout_s=20,
+        local = engine(local_role, dict(kind=kind, rank=local_rank, world_size=2, store=store, timeout_s=90,
                                         **(conn_kw or {})))
         assert peer.read()["ready"]
     except BaseException:
@@ -500,3 +500,20 @@ def test_shm_prefill_process_killed(tmp_path):
     finally:
         peer.close()
         D.shutdown()
+
+
+def test_streamed_first_token_comes_alone_when_the_kv_arrives(shm_pair, reference):
+    """A streaming decode request emits the prefill's first token as soon as its KV is in, not
+    together with the second token after a decode step (that would add a step to its TTFT)."""
+    P, D = shm_pair()
+    p = PROMPTS[0]
+    o = prefill(P, [p])[0]
+    D.add_request(list(p), GREEDY, request_id="s", stream=True, kv_transfer_params=o.kv_transfer_params)
+    deltas = []
+    t0 = time.monotonic()
+    while D.has_unfinished_requests() and time.monotonic() - t0 < WAIT_S:
+        P.step()
+        deltas += [out.outputs[0].delta_token_ids for out in D.step() if out.outputs[0].delta_token_ids]
+    assert deltas[0] == reference(p)[:1]
+    assert sum(deltas, []) == reference(p)
+    assert_baseline(D)
