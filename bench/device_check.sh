@@ -265,5 +265,5 @@ fi
 # the hd128 prefill and the decode kernels only, the rest with `python bench/sass_stats.py`) ----
 RESERVE=0
 STAGE_OUT=$OUT/sass_stats.log stage "sass_stats" 240 "$PY" bench/sass_stats.py --jobs "$(nproc)" \
-  --only prefill_hd128,decode --json "$OUT/sass_stats.json"
+  --only prefill_hd128,prefill_sm90,decode --json "$OUT/sass_stats.json"
 exit 0

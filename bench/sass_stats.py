@@ -39,6 +39,7 @@ UNITS = {
     "prefill_hd64": "attention/flash_prefill_hd64.cu",
     "prefill_hd128": "attention/flash_prefill_hd128.cu",
     "prefill_hd256": "attention/flash_prefill_hd256.cu",
+    "prefill_sm90": "attention/flash_prefill_sm90.cu",  # wgmma + TMA (sm_90a only; empty elsewhere)
     "decode": "attention/flash_decode.cu",
     "combine": "attention/flash_combine.cu",
 }
@@ -119,10 +120,20 @@ class Loop:
     end: int    # index of the backward branch
     hmma: int
     other: int
+    hmma_equiv: float = 0.0  # tensor work in HMMA.16816 (m16n8k16) units per warp
 
     @property
     def per_hmma(self) -> Optional[float]:
-        return self.other / self.hmma if self.hmma else None
+        """Other instructions per unit of tensor work (per HMMA.16816-equivalent: an HGMMA
+        m64nNk16 counts N/8, as each of its 4 warps does N/8 m16n8k16 products)."""
+        return self.other / self.hmma_equiv if self.hmma_equiv else None
+
+
+def hmma_units(ins: Insn) -> float:
+    if ins.base == "HGMMA":
+        m = re.match(r"HGMMA\.64x(\d+)x16", ins.op)
+        return int(m.group(1)) / 8 if m else 1.0
+    return 1.0 if ins.base in TENSOR_OPS else 0.0
 
 
 def loops(insns: List[Insn]) -> List[Loop]:
@@ -141,7 +152,8 @@ def loops(insns: List[Insn]) -> List[Loop]:
         body = insns[index[tgt]:i + 1]
         body = [b for b in body if b.base != "NOP"]
         h = sum(b.base in TENSOR_OPS for b in body)
-        out.append(Loop(index[tgt], i, h, len(body) - h))
+        eq = sum(hmma_units(b) for b in body)
+        out.append(Loop(index[tgt], i, h, len(body) - h, eq))
     return out
 
 
@@ -149,6 +161,10 @@ def main_loop(insns: List[Insn]) -> Optional[Loop]:
     """The innermost loops holding HMMA (none of them inside another); of those, the one with the
     most HMMA, then the fewest other instructions."""
     ls = [lp for lp in loops(insns) if lp.hmma]
+    # A range holding an EXIT is a branch back from out-of-line code (e.g. an mbarrier wait's
+    # retry placed after the epilogue), not a loop body: left out when real loops exist.
+    real = [lp for lp in ls if not any(i.base == "EXIT" for i in insns[lp.start:lp.end + 1])]
+    ls = real or ls
     ls = [lp for lp in ls if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in ls)]
     if not ls:
         return None
@@ -226,6 +242,7 @@ PROBE = r"""
 #include <typeinfo>
 #include "attention/flash_decode_launch.cuh"
 #include "attention/flash_prefill_launch.cuh"
+#include "attention/flash_prefill_sm90.cuh"
 using namespace llmk::gpu::attn;
 template <typename T> const char* tn();
 template <> const char* tn<__half>() { return "__half"; }
@@ -234,6 +251,10 @@ template <> const char* tn<float>() { return "float"; }
 template <typename T, int kD> void prefill() {
   using C = typename PrefillTuning<kD>::Cfg;
   std::printf("prefill %s %d %d %d\n", tn<T>(), kD, C::kThreads, C::kSmem);
+}
+template <typename T, int kD> void sm90() {
+  using C = Sm90Cfg<kD>;
+  std::printf("sm90 %s %d %d %d\n", tn<T>(), kD, C::kThreads, C::kSmem);
 }
 template <typename T, int kD> void decode() {
   using Tn = DecodeTuning<T, kD>;
@@ -246,6 +267,7 @@ int main() {
   decode<__half, 64>(); decode<__half, 128>(); decode<__half, 256>();
   decode<__nv_bfloat16, 64>(); decode<__nv_bfloat16, 128>(); decode<__nv_bfloat16, 256>();
   decode<float, 64>(); decode<float, 128>(); decode<float, 256>();
+  sm90<__half, 64>(); sm90<__half, 128>(); sm90<__nv_bfloat16, 64>(); sm90<__nv_bfloat16, 128>();
   return 0;
 }
 """
@@ -270,6 +292,9 @@ def geometry_of(name: str, geo: Dict[tuple, tuple]) -> tuple:
     m = re.search(r"flash_prefill_kernel<([\w:]+), [\w:]*PrefillCfg<(\d+),", name)
     if m:
         return geo.get(("prefill", m.group(1).split("::")[-1], int(m.group(2))), (None, 0))
+    m = re.search(r"flash_prefill_sm90_kernel<([\w:]+), [\w:]*Sm90Cfg<(\d+)>", name)
+    if m:
+        return geo.get(("sm90", m.group(1).split("::")[-1], int(m.group(2))), (None, 0))
     m = re.search(r"flash_decode_kernel<([\w:]+), [\w:]*(?:MmaTile<[\w:]+, |FmaTile<)(\d+)>", name)
     if m:
         return geo.get(("decode", m.group(1).split("::")[-1], int(m.group(2))), (None, 0))

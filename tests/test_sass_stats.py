@@ -137,3 +137,21 @@ def test_script_on_combine_kernel(tmp_path):
         assert k["regs"] > 0 and k["threads"] == 128 and k["occupancy"]["ctas_per_sm"] >= 1
         assert k["smem_static"] > 0 and k["hmma_main_loop"] == 0
     assert "flash_combine_kernel" in r.stdout
+
+
+HGMMA = """
+		Function : _Z4wgmmv
+        /*0000*/                   WARPGROUP.ARRIVE ;
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R88, R20, gdesc[UR8], R88, gsb0 ;
+        /*0030*/                   WARPSYNC.ALL ;
+        /*0040*/                   BRA 0x0 ;
+"""
+
+
+def test_hgmma_counts_as_its_hmma_work():
+    """An HGMMA m64nNk16 is N/8 m16n8k16 products per warp: the per-HMMA figure of a wgmma loop
+    is comparable with an mma.sync loop's."""
+    lp = sass_stats.main_loop(sass_stats.parse_sass(HGMMA)["_Z4wgmmv"])
+    assert (lp.hmma, lp.other, lp.hmma_equiv) == (2, 3, 16 + 8)
+    assert lp.per_hmma == 3 / 24

@@ -1,4 +1,5 @@
 #include "attention/flash_attn.h"
+#include "attention/sm90_switch.h"
 #include "common/bindings.h"
 
 namespace llmk {
@@ -6,5 +7,11 @@ void bind_attention(pybind11::module_& m) {
   m.def("flash_attn_varlen_fwd", &flash_attn_varlen_fwd, release_gil());
   m.def("flash_attn_kvcache_fwd", &flash_attn_kvcache_fwd, release_gil());
   m.def("flash_attn_kvcache_fwd_ext", &flash_attn_kvcache_fwd_ext, release_gil());
+#if defined(LLMK_SIMT) || defined(LLMK_WITH_CUDA)
+  m.def("sm90_prefill_launches", &gpu::attn::sm90_prefill_launches);
+#endif
+#if defined(LLMK_SIMT)
+  m.def("simt_use_sm90_prefill", &gpu::attn::set_sm90_prefill_emulation);
+#endif
 }
 }  // namespace llmk

@@ -290,7 +290,9 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
   } else {
     p.k_row_stride = k.stride(0), p.k_head_stride = k.stride(1);
     p.v_row_stride = v.stride(0), p.v_head_stride = v.stride(1);
+    p.k_rows = k.size(0);
   }
+  p.q_rows = q.size(0);
   // Lengths are read here on the CPU (and in the SIMT emulator); on CUDA only under
   // LLMKERN_DEBUG_CHECKS would that be allowed, and the CUDA kernels trust them.
   if (host_readable(cu_seqlens_q) && host_readable(cu_seqlens_k) && batch > 0) {
@@ -437,7 +439,9 @@ void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_c
     p.k_head_stride = k_cache.stride(2);
     p.v_batch_stride = v_cache.stride(0), p.v_row_stride = v_cache.stride(1);
     p.v_head_stride = v_cache.stride(2);
+    p.k_rows = capacity, p.k_batches = k_cache.size(0);
   }
+  p.q_rows = batch * sq;
   LLMK_CHECK(capacity + 0 <= INT32_MAX, ValueError, "k_cache: too many rows per sequence");
   // flash-attn rotates q at per-row positions when the attention is causal or local (a window
   // shorter than the cache); otherwise all of q sits at cache_seqlens[b].

@@ -4,7 +4,8 @@
 //   fp32                          -> CUDA-core kernel (flash_fp32.cu)
 //   fp16/bf16, few rows per kv head (decode, verification, short varlen queries)
 //                                 -> flash_decode.cu (tensor cores, warps split the keys)
-//   fp16/bf16 otherwise           -> flash_prefill_hd*.cu (tensor cores, rows split over warps)
+//   fp16/bf16 otherwise           -> flash_prefill_hd*.cu (tensor cores, rows split over warps),
+//                                    or on sm_90 flash_prefill_sm90.cu (wgmma + TMA) where it applies
 // then, when the caller supplied a split-KV workspace, the combine kernel. Nothing here touches
 // device memory from the host, synchronises or allocates: the call can be captured in a graph.
 #include <mutex>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "attention/flash_launch.h"
+#include "attention/flash_prefill_sm90_launch.h"
 #include "common/device_memory.h"
 #include "common/errors.h"
 
@@ -59,6 +61,7 @@ void dispatch(attn::KernelArgs& a, int64_t stream) {
     // Fold the query heads of a kv head into the row tile when a head alone would leave it
     // mostly empty: the K/V tiles are then shared by the whole group.
     a.pack = a.group > 1 && p.max_seqlen_q < kBlockM ? a.group : 1;
+    if (kD <= 128 && sm90_prefill_selected(a, kD) && launch_prefill_sm90<T, kD <= 64 ? 64 : 128>(a, stream)) return;
     launch_prefill<T, kD>(a, stream);
   }
   if (a.num_splits > 1) launch_combine<T>(a, stream);

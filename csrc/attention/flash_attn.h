@@ -49,6 +49,10 @@ struct AttnParams {
   // cache_batch_idx[b] (null = b) and its keys start at cache row leftpad_k[b] (null = 0), so
   // seqlen_k(b) = seqused_k[b] + seqused_k_add - leftpad_k[b] and key j is cache row
   // leftpad_k[b] + j (attention_math.h: attn_cache_batch, attn_k_row0).
+  // Row counts for the sm_90 kernel's TMA descriptors (loads past them read zeros); 0 = not
+  // given. q_rows: query rows; k_rows: dense varlen k.size(0), or a dense cache's rows per batch
+  // entry (k_cache.size(1)) with k_batches = k_cache.size(0).
+  int64_t q_rows = 0, k_rows = 0, k_batches = 0;
   const int32_t* cache_batch_idx = nullptr;
   const int32_t* leftpad_k = nullptr;
 

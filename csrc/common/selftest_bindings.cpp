@@ -3,6 +3,7 @@
 #include "common/bindings.h"
 #include "common/checks.h"
 #include "common/simt_selftest.h"
+#include "common/simt_selftest_hopper.h"
 
 #if defined(LLMK_SIMT)
 #include "common/simt_runtime.h"
@@ -32,6 +33,7 @@ int64_t rows_of(const TensorView& t, const char* name) {
 }  // namespace
 
 void bind_simt_selftest(pybind11::module_& m) {
+  bind_simt_selftest_hopper(m);
   m.def("simt_selftest_warp", [](TensorView in, TensorView ops, TensorView out, int64_t stream) {
     const int64_t n = rows_of(in, "in"), k = rows_of(ops, "ops");
     LLMK_CHECK(n >= 1 && n <= 1024, ValueError, "in: 1 to 1024 threads, got ", n);

@@ -35,6 +35,7 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 // Blocks run sequentially on one OS thread, so one static instance per declaration is exactly
 // "one copy per block".
 #define __shared__ static

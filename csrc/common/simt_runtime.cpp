@@ -17,6 +17,7 @@
 #include "common/simt_emu.h"
 #include "common/simt_fiber.h"
 #include "common/simt_runtime.h"
+#include "common/simt_sched.h"
 
 uint3 threadIdx;
 uint3 blockIdx;
@@ -37,7 +38,7 @@ struct CpCopy {
   unsigned char data[16];
 };
 
-enum State : uint8_t { kReady, kAtBarrier, kInWarpOp, kDone };
+enum State : uint8_t { kReady, kAtBarrier, kInWarpOp, kWaitCond, kDone };
 
 struct Fiber {
   Context ctx;
@@ -54,6 +55,10 @@ struct Fiber {
   uint64_t in = 0, out = 0;
   const void* pin = nullptr;
   void* pout = nullptr;
+  // kWaitCond: runnable again once cond(cond_arg) holds (mbarriers, named barriers, warpgroups)
+  bool (*cond)(void*) = nullptr;
+  void* cond_arg = nullptr;
+  const char* wait_what = nullptr;
   std::vector<CpCopy> cp;  // issued cp.async copies, in issue (= group) order
   long cp_group = 0;       // index of the group still open for new copies
 };
@@ -87,7 +92,7 @@ struct Emulator {
   int bar_line = 0;
   // dynamic shared memory
   unsigned char* smem = nullptr;
-  size_t smem_cap = 0;
+  size_t smem_cap = 0, smem_size = 0;
   std::unordered_map<const void*, int> max_smem;
   Stats stats;
   size_t stack_bytes = 0;
@@ -194,6 +199,7 @@ Fiber* next_ready(int after) {
   Emulator& g = emu();
   for (int k = 1; k <= g.n; ++k) {
     Fiber* f = g.pool[(after + k) % g.n].get();
+    if (f->state == kWaitCond && f->cond(f->cond_arg)) f->state = kReady;
     if (f->state == kReady) return f;
   }
   return nullptr;
@@ -236,6 +242,13 @@ void fiber_main(void* p) {
   }
   // A thread's outstanding cp.async copies still land in shared memory after it exits.
   if (!g.aborting && g.error.empty()) flush_cp(me, 1L << 62);
+  if (ran && g.error.empty()) {
+    std::string err = hopper_thread_exit(me->linear);
+    if (!err.empty()) {
+      g.error = str_cat("thread ", me->linear, ": ", err);
+      ran = false;
+    }
+  }
   me->state = kDone;
   --g.live;
   g.warp_exited[static_cast<size_t>(me->warp)] |= 1u << me->lane;
@@ -265,6 +278,7 @@ std::string describe_wait(const Fiber* f) {
   if (f->state == kAtBarrier) return str_cat("wait at ", bar_name(emu().bar_op), "() ", site(f->file, f->line));
   if (f->state == kInWarpOp)
     return str_cat("wait in ", op_name(f->op), "(mask=", hex(f->mask), ") ", site(f->file, f->line));
+  if (f->state == kWaitCond) return str_cat("wait at ", f->wait_what, " ", site(f->file, f->line));
   return "ready";
 }
 
@@ -305,6 +319,18 @@ std::string describe_deadlock() {
       for (const auto& o : why) s += str_cat("; lanes ", lanes_str(o.second), " ", o.first);
       parts.push_back(s);
     }
+  }
+  if (g.bar_arrived == 0) {
+    std::vector<std::pair<std::string, std::vector<int>>> conds;
+    for (int i = 0; i < g.n; ++i) {
+      const Fiber* f = g.pool[i].get();
+      if (f->state != kWaitCond) continue;
+      const std::string w = describe_wait(f);
+      auto it = std::find_if(conds.begin(), conds.end(), [&](const auto& o) { return o.first == w; });
+      if (it == conds.end()) conds.push_back({w, {i}});
+      else it->second.push_back(i);
+    }
+    for (const auto& o : conds) parts.push_back(str_cat("threads ", ranges(o.second), " ", o.first));
   }
   std::string msg = "deadlock: ";
   for (size_t i = 0; i < parts.size(); ++i) msg += (i ? " | " : "") + parts[i];
@@ -473,9 +499,11 @@ void run_block() {
   g.bar_arrived = 0;
   g.live = g.n;
   ++g.stats.blocks;
+  hopper_block_begin(g.n);
   enter(&g.main, g.pool[0].get());
   // Back here when no fiber can run: all done, deadlocked, or failed.
   if (g.error.empty() && g.live > 0) g.error = describe_deadlock();
+  if (g.error.empty()) g.error = hopper_block_end();
   if (g.error.empty()) return;
   g.aborting = true;
   for (int i = 0; i < g.n; ++i) {
@@ -620,6 +648,24 @@ unsigned active_mask() {
   return m;
 }
 
+void block_until(bool (*cond)(void*), void* arg, const char* what, const char* file, int line) {
+  Fiber* me = current(what);
+  if (cond(arg)) return;
+  me->state = kWaitCond;
+  me->cond = cond;
+  me->cond_arg = arg;
+  me->wait_what = what;
+  me->file = file;
+  me->line = line;
+  wait_here(me);
+}
+
+int thread_linear() { return current("thread index")->linear; }
+int block_size() { return emu().n; }
+unsigned char* smem_base() { return emu().smem; }
+size_t smem_size() { return emu().smem_size; }
+std::string site_str(const char* file, int line) { return site(file, line); }
+
 int lane() { return current("lane_id")->lane; }
 int warp() { return current("warp_id")->warp; }
 
@@ -697,10 +743,11 @@ void run_grid(const LaunchSpec& spec, void (*body)(void*), void* ctx) {
     f->tid = {static_cast<unsigned>(i) % bl.x, static_cast<unsigned>(i) / bl.x % bl.y,
               static_cast<unsigned>(i) / (bl.x * bl.y)};
   }
-  const size_t smem_alloc = (std::max<size_t>(spec.smem, 16) + 127) / 128 * 128;
+  // 1024-byte aligned: the Hopper swizzle patterns repeat every 1024 bytes of address.
+  const size_t smem_alloc = (std::max<size_t>(spec.smem, 16) + 1023) / 1024 * 1024;
   if (smem_alloc > g.smem_cap) {
     std::free(g.smem);
-    g.smem = static_cast<unsigned char*>(std::aligned_alloc(128, smem_alloc));
+    g.smem = static_cast<unsigned char*>(std::aligned_alloc(1024, smem_alloc));
     if (!g.smem) {
       g.smem_cap = 0;
       throw RuntimeError(str_cat(where, ": cannot allocate ", smem_alloc, " bytes of shared memory"));
@@ -708,6 +755,7 @@ void run_grid(const LaunchSpec& spec, void (*body)(void*), void* ctx) {
     g.smem_cap = smem_alloc;
   }
   std::memset(g.smem, 0xff, smem_alloc);  // uninitialised shared memory reads as NaN / -1, not 0
+  g.smem_size = spec.smem;
   g.spec = &spec;
   g.body = body;
   g.body_ctx = ctx;

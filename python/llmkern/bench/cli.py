@@ -3,6 +3,8 @@
     llmkern bench [kernels|e2e|all] [--quick] [--out DIR] [--device cpu|cuda] [--only NAMES]
     llmkern bench throughput [--quick] [--no-peers]       # end-to-end offline throughput vs HF
     llmkern bench report RESULTS.json [--out DIR]     # re-render a saved run
+    ... --explorer [DB] | --no-explorer                # screenshot of `llmkern explore` over DB in the
+                                                       # report (the suite: on, shipped DB; report: off)
     python -m llmkern.bench ...                        # the same, without the console script
 
 The benchmark modules are this package (llmkern.bench); the repository's bench/ folder holds
@@ -48,7 +50,26 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for llmkern and torch (default: all)")
     ap.add_argument("--no-plots", action="store_true", help="write JSON and Markdown only")
     ap.add_argument("--list", action="store_true", help="list the benchmark modules and exit")
+    _add_explorer_arg(ap, default="shipped")
     return ap
+
+
+def _add_explorer_arg(ap: argparse.ArgumentParser, default: Optional[str] = None) -> None:
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--explorer", nargs="?", const="shipped", default=default, metavar="DB",
+                   help="add a screenshot of the Performance Explorer (`llmkern explore`) over runs database DB "
+                        "(without DB: the shipped one) to the report; needs Chromium and plotly"
+                        + (" (default: on)" if default else ""))
+    g.add_argument("--no-explorer", dest="explorer", action="store_const", const=None,
+                   help="no Performance Explorer screenshot in the report")
+
+
+def _explorer_db(value: Optional[str]) -> Optional[str]:
+    if value != "shipped":
+        return value
+    from ..optimize.db import default_db_path
+
+    return default_db_path()
 
 
 def _report_main(argv: list) -> int:
@@ -58,6 +79,7 @@ def _report_main(argv: list) -> int:
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--headline", action="store_true",
                     help="print the headline table (Markdown, with the machine and command) and write nothing")
+    _add_explorer_arg(ap)
     a = ap.parse_args(argv)
     if not os.path.isfile(a.results):
         ap.error(f"results: no such file: {a.results}")
@@ -66,7 +88,7 @@ def _report_main(argv: list) -> int:
         print(report.headline_markdown(report.load(a.results)))
         return 0
     out = a.out or os.path.dirname(os.path.abspath(a.results))
-    paths = report.write_report(report.load(a.results), out, plots=not a.no_plots)
+    paths = report.write_report(report.load(a.results), out, plots=not a.no_plots, explorer_db=_explorer_db(a.explorer))
     _print_paths(paths)
     return 0
 
@@ -123,7 +145,7 @@ def main(argv: Optional[list] = None) -> int:
     res = suite.run_suite(a.which, quick=a.quick, device=a.device, only=only, on_module=save_partial)
     res["command"] = command
     suite.common.print_records(res["records"])
-    paths = report.write_report(res, out, plots=not a.no_plots)
+    paths = report.write_report(res, out, plots=not a.no_plots, explorer_db=_explorer_db(a.explorer))
     print()
     _print_paths(paths)
     print(f"total {res['elapsed_s']:.0f} s")

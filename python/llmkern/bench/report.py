@@ -484,7 +484,27 @@ def sass_lines(sass: Optional[dict]) -> list:
                             "shared memory (B)", "CTAs / SM"]))
 
 
-def markdown(res: dict, records: list, plots: list, plot_notes: list) -> str:
+EXPLORER_PNG = "explorer.png"
+
+
+def explorer_section(out_dir: str, db_path: Optional[str]) -> list:
+    """Markdown lines showing a screenshot of the Performance Explorer over the runs database
+    db_path (taken with headless Chromium into out_dir), or a note saying why there is none."""
+    if not db_path:
+        return []
+    lines = ["", "## Performance Explorer", ""]
+    try:
+        from llmkern.explore.cli import screenshot_db
+
+        n = screenshot_db(db_path, os.path.join(out_dir, EXPLORER_PNG))
+    except Exception as e:  # no Chromium, no plotly, an unreadable database: the report still renders
+        return lines + [f"- no screenshot of the explorer over `{os.path.basename(db_path)}`: {e}"]
+    return lines + [f"`llmkern explore --db {os.path.basename(db_path)}`: {n} optimiser runs "
+                    "(Pareto fronts, estimate vs measured, compared configurations).", "",
+                    f"![Performance Explorer]({EXPLORER_PNG})"]
+
+
+def markdown(res: dict, records: list, plots: list, plot_notes: list, explorer: Optional[list] = None) -> str:
     mode = "quick" if res.get("quick") else "full"
     lines = ["# llmkern benchmark report", "",
              f"`{command_line(res)}` - {res.get('started', '?')} - {mode} mode on {res.get('device', 'cpu')}"
@@ -511,6 +531,7 @@ def markdown(res: dict, records: list, plots: list, plot_notes: list) -> str:
     for n in plot_notes:
         lines.append(f"- {n}")
     lines += sass_lines(res.get("sass"))
+    lines += explorer or []
     mods = res.get("modules") or []
     if mods:
         lines += ["", "## Modules", ""]
@@ -529,17 +550,21 @@ def to_json(res: dict, records: list) -> dict:
     return out
 
 
-def write_report(res: dict, out_dir: str, plots: bool = True) -> dict:
-    """Write results.json, report.md and the plots into out_dir; returns their paths."""
+def write_report(res: dict, out_dir: str, plots: bool = True, explorer_db: Optional[str] = None) -> dict:
+    """Write results.json, report.md and the plots into out_dir; returns their paths. explorer_db:
+    a runs database whose Performance Explorer page is screenshotted into the report (with plots)."""
     os.makedirs(out_dir, exist_ok=True)
     records = [as_record(r) for r in res.get("records", [])]
     made, notes = draw_plots(records, out_dir, res.get("limits")) if plots else ([], ["plots disabled (--no-plots)."])
+    explorer = explorer_section(out_dir, explorer_db) if plots else []
     paths = {"json": os.path.join(out_dir, "results.json"), "markdown": os.path.join(out_dir, "report.md")}
     with open(paths["json"], "w") as f:
         json.dump(to_json(res, records), f, indent=1, default=str)
     with open(paths["markdown"], "w") as f:
-        f.write(markdown(res, records, made, notes))
+        f.write(markdown(res, records, made, notes, explorer))
     paths["plots"] = [os.path.join(out_dir, fn) for _, fn in made]
+    if any(EXPLORER_PNG in line for line in explorer):
+        paths["plots"].append(os.path.join(out_dir, EXPLORER_PNG))
     paths["notes"] = notes
     return paths
 

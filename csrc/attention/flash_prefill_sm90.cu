@@ -1,0 +1,92 @@
+// Launcher of the sm_90a prefill kernel (flash_prefill_sm90.cuh) and the switch that selects it:
+// on a CUDA build compiled for 90a, whenever the current device is sm_90 (unless the environment
+// sets LLMKERN_SM90_PREFILL=0); under the SIMT
+// emulator, only when a test turns it on (llmkern._simt.simt_use_sm90_prefill).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "attention/flash_launch.h"
+#include "attention/flash_prefill_sm90.cuh"
+#include "attention/flash_prefill_sm90_launch.h"
+#include "common/grid.h"
+#include "common/sm90.h"
+
+namespace llmk {
+namespace gpu {
+namespace attn {
+
+namespace {
+
+std::atomic<bool> g_emulate{false};
+std::atomic<long> g_launches{0};
+
+// [batches,] rows, heads, D with 16-bit elements: boxes of 64 columns x 1 head x `box_rows` rows
+// (x 1 batch entry), 128-byte swizzle. batches 0: rank 3.
+bool rows_map(simt::TensorMap* m, const void* base, int64_t rows, int heads, int d, int64_t row_stride,
+              int64_t head_stride, int box_rows, int64_t batches = 0, int64_t batch_stride = 0) {
+  const uint64_t dims[4] = {uint64_t(d), uint64_t(heads), uint64_t(rows), uint64_t(batches)};
+  const uint64_t strides[3] = {uint64_t(head_stride) * 2, uint64_t(row_stride) * 2, uint64_t(batch_stride) * 2};
+  const uint32_t box[4] = {64, 1, uint32_t(box_rows), 1};
+  return simt::make_tensor_map(m, base, 2, batches ? 4 : 3, dims, strides, box, 128);
+}
+
+}  // namespace
+
+bool set_sm90_prefill_emulation(bool on) { return g_emulate.exchange(on); }
+long sm90_prefill_launches() { return g_launches.load(); }
+
+bool sm90_prefill_selected(const KernelArgs& a, int padded_head_dim) {
+  const AttnParams& p = a.p;
+  if (!(padded_head_dim == 64 || padded_head_dim == 128) || p.head_dim != padded_head_dim) return false;
+  if (p.dtype != DType::F16 && p.dtype != DType::BF16) return false;
+  if (p.block_table || p.q_rows <= 0 || p.k_rows <= 0 || !(p.cu_seqlens_k || p.k_batches > 0)) return false;
+  if (!scores_fold(p) || a.pack != 1 || a.num_splits != 1) return false;
+#if defined(__CUDACC__)
+#if defined(LLMK_HAS_SM90A)
+  // LLMKERN_SM90_PREFILL=0 keeps sm_90 on the mma.sync kernel (A/B comparisons, a fallback).
+  static const bool off = [] {
+    const char* e = std::getenv("LLMKERN_SM90_PREFILL");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !off && device_is_sm90();
+#else
+  return false;
+#endif
+#else
+  return g_emulate.load();
+#endif
+}
+
+template <typename T, int kD>
+bool launch_prefill_sm90(KernelArgs a, int64_t stream) {
+  using Cfg = Sm90Cfg<kD>;
+  const AttnParams& p = a.p;
+  Sm90Args args;
+  if (!rows_map(&args.q, p.q, p.q_rows, p.num_heads, p.head_dim, p.q_row_stride, p.q_head_stride, Cfg::kBlockM) ||
+      !rows_map(&args.k, p.k, p.k_rows, p.num_kv_heads, p.head_dim, p.k_row_stride, p.k_head_stride, Cfg::kBlockN,
+                p.k_batches, p.k_batch_stride) ||
+      !rows_map(&args.v, p.v, p.k_rows, p.num_kv_heads, p.head_dim, p.v_row_stride, p.v_head_stride, Cfg::kBlockN,
+                p.k_batches, p.v_batch_stride))
+    return false;  // strides TMA cannot express: the caller falls back to the cp.async kernel
+  a.m_blocks = (p.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  auto kernel = &flash_prefill_sm90_kernel<T, Cfg>;
+  allow_dynamic_smem(kernel, Cfg::kSmem);
+  for_each_grid_chunk(p.batch, [&](int64_t first, unsigned count) {
+    a.batch0 = int(first);
+    args.a = a;
+    const dim3 grid(unsigned(a.m_blocks), unsigned(p.num_heads), count);
+    LLMK_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmem, stream)(args);
+  });
+  ++g_launches;
+  return true;
+}
+
+template bool launch_prefill_sm90<__half, 64>(KernelArgs a, int64_t stream);
+template bool launch_prefill_sm90<__nv_bfloat16, 64>(KernelArgs a, int64_t stream);
+template bool launch_prefill_sm90<__half, 128>(KernelArgs a, int64_t stream);
+template bool launch_prefill_sm90<__nv_bfloat16, 128>(KernelArgs a, int64_t stream);
+
+}  // namespace attn
+}  // namespace gpu
+}  // namespace llmk

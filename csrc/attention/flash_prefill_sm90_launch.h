@@ -1,0 +1,22 @@
+// The sm_90a prefill path (flash_prefill_sm90.cu): whether it takes a call, and its launcher.
+#pragma once
+#include <cstdint>
+
+#include "attention/attn_device.cuh"
+#include "attention/sm90_switch.h"
+
+namespace llmk {
+namespace gpu {
+namespace attn {
+
+// True when this call can run on the wgmma + TMA kernel here: fp16/bf16, head_dim exactly 64 or
+// 128, dense varlen K/V with known row counts, no softcap / ALiBi / paging / split-KV / GQA
+// packing, and sm_90 with a 90a build (CUDA) or the emulation switch on (SIMT).
+bool sm90_prefill_selected(const KernelArgs& a, int padded_head_dim);
+// Launches it; false (nothing launched) when TMA cannot describe the tensors' strides.
+template <typename T, int kD>
+bool launch_prefill_sm90(KernelArgs a, int64_t stream);
+
+}  // namespace attn
+}  // namespace gpu
+}  // namespace llmk

@@ -1,0 +1,107 @@
+"""Arguments and entry points of `llmkern optimize` and `llmkern estimate` (wired in llmkern/cli.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from .workloads import BUILTINS
+
+
+def add_optimize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: embedded SmolLM2)")
+    p.add_argument("--workload", default="chat", help=f"{', '.join(BUILTINS)}, or a JSONL file of "
+                                                      "{\"prompt\", \"max_tokens\", [\"arrival\"]} requests")
+    p.add_argument("--sweep", default="", help="e.g. \"max_num_seqs=[8,32];max_num_batched_tokens=range(256,4097,1024);"
+                                               "speculative=[none,ngram:4]\"; paired keys: \"tp*dp=[(1,2),(2,1)]\"; "
+                                               "client keys: request_rate, max_concurrency")
+    p.add_argument("--constraints", default="", help="e.g. \"ttft:p95<500ms;itl:p95<50ms\" (ttft|itl|e2e_latency, "
+                                                     "mean|median|p95|p99)")
+    p.add_argument("--db", default=None, help="runs database (default: $LLMKERN_DB or ./llmkern-runs.sqlite)")
+    p.add_argument("--continue", dest="resume", action="store_true",
+                   help="resume the newest matching sweep in --db, skipping finished configurations")
+    p.add_argument("--num-requests", type=int, default=None, help="requests in a built-in workload")
+    p.add_argument("--request-rate", type=float, default=None, help="Poisson arrival rate, req/s")
+    p.add_argument("--offline", action="store_true", help="run a JSONL workload in-process (all at once)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default=None, help="passed to every configuration")
+    p.add_argument("--kv-cache-memory-gb", type=float, default=None, help="passed to every configuration")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration's run")
+    p.add_argument("--profile", default=None, help="hardware profile for the estimate (default: calibrate now)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="re-measure the machine before each configuration (a shared machine's rates drift); "
+                        "each estimate uses the median of the measurements so far")
+    p.add_argument("--machine-notes", default=None, help="free text stored with the machine description")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: print the picks, Pareto fronts and estimate errors of every sweep in --db")
+
+
+def run_optimize(a) -> int:
+    from . import sweep
+
+    if a.report:
+        return sweep.report_only(a.db)
+    for name in ("num_requests", "timeout", "request_rate", "kv_cache_memory_gb"):
+        v = getattr(a, name)
+        if v is not None and v <= 0:
+            raise ValueError(f"--{name.replace('_', '-')}: expected a number > 0, got {v}")
+    return sweep.run(a)
+
+
+def add_estimate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: embedded SmolLM2)")
+    p.add_argument("--profile", default=None, help="H100, H200, A100, L40S (datasheet, uncalibrated), a saved "
+                                                   "profile name or .json file (default: the saved 'cpu' profile)")
+    p.add_argument("--calibrate", action="store_true", help="measure this machine now and save the profile")
+    p.add_argument("--save-as", default="cpu", help="name of the profile --calibrate saves")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens per request")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-memory-gb", type=float, default=None)
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+
+
+def run_estimate(a) -> int:
+    from . import profiles
+    from .estimate import EngineKnobs, ModelShape, concurrency_estimate, model_config
+
+    for name in ("concurrency", "input_len", "output_len", "max_num_seqs", "max_num_batched_tokens"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(a, name)}")
+    if a.calibrate:
+        hw = profiles.calibrate(a.save_as, quick=False)
+        print(f"saved calibrated profile {a.save_as!r} to {profiles.save(hw)}")
+    elif a.profile:
+        hw = profiles.load(a.profile)
+    else:
+        try:
+            hw = profiles.load("cpu")
+        except ValueError:
+            raise ValueError("no calibrated profile saved yet: run `llmkern estimate --calibrate` first, or pass "
+                             "--profile H100|H200|A100|L40S") from None
+    dtype = a.dtype or ("float32" if hw.device == "cpu" else "bfloat16")
+    m = ModelShape.from_config(model_config(a.model), dtype)
+    knobs = EngineKnobs(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens)
+    est = concurrency_estimate(m, hw, a.concurrency, a.input_len, a.output_len, knobs, a.kv_cache_memory_gb)
+    est["profile"] = {"name": hw.name, "calibrated": hw.calibrated, "notes": hw.notes}
+    if a.json:
+        print(json.dumps(est, indent=1))
+        return 0
+    c = est["at_concurrency"]
+    lim = est["limits"]
+    cal = "calibrated" if hw.calibrated else "UNCALIBRATED datasheet peaks"
+    print(f"profile {hw.name} ({cal}); weights {est['model_weight_gb']:.2f} GiB {dtype}, "
+          f"KV {est['kv_bytes_per_token'] / 1024:.1f} KiB/token")
+    print(f"prefill of {a.input_len} tokens: {est['prefill_time'] * 1e3:.1f} ms; decode step: "
+          f"{est['decode_step_time_batch1'] * 1e3:.2f} ms at batch 1, {est['decode_step_time'] * 1e3:.2f} ms at "
+          f"batch {min(a.concurrency, a.max_num_seqs)}")
+    print(f"at concurrency {a.concurrency}: TTFT median {c['ttft_median'] * 1e3:.1f} ms (p95 {c['ttft_p95'] * 1e3:.1f}), "
+          f"ITL median {c['itl_median'] * 1e3:.2f} ms (p95 {c['itl_p95'] * 1e3:.2f}), output "
+          f"{c['output_throughput']:.1f} tok/s, {c['request_throughput']:.2f} req/s")
+    print(f"limits: KV memory holds {lim['kv_memory_concurrency']} such requests; decode turns compute bound "
+          f"at batch ~{lim['compute_bound_batch']:.0f}; max_num_seqs {lim['max_num_seqs']}; batch-1 decode "
+          f"{lim['bandwidth_decode_tok_s_batch1']:.1f} tok/s (bandwidth bound)")
+    return 0

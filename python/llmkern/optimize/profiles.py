@@ -1,0 +1,216 @@
+"""Hardware profiles for the estimate: measured (calibrated) on this machine, or datasheet peaks.
+
+A profile holds the rates the step-time model needs: memory read bandwidth, dense GEMM FLOP/s per
+dtype, paged-decode attention K/V read rate and prefill attention FLOP/s (llmkern's own kernels),
+and the runtime's fixed cost per engine step and per sequence in a step. `calibrate()` measures
+them with the benchmark suite's helpers (llmkern.bench.common) in a few seconds; the datasheet
+profiles are peaks, never reached, and say so (calibrated=False)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Optional
+
+
+@dataclass
+class HardwareProfile:
+    name: str
+    device: str                           # 'cpu' | 'cuda'
+    calibrated: bool
+    bandwidth: float                      # memory read bytes/s
+    gemm_flops: Dict[str, float]          # dtype name -> dense matmul FLOP/s
+    attn_decode_bw: float                 # paged decode attention: K/V bytes read per second
+    attn_prefill_flops: float             # causal prefill attention FLOP/s (QK^T + PV)
+    memory_gb: float                      # device memory (KV capacity is the engine's setting)
+    step_overhead_s: float = 0.0          # per engine step: scheduling, tensor building, launch
+    seq_overhead_s: float = 0.0           # per sequence in a step: sampling, detokenising, bookkeeping
+    cores: Optional[int] = None
+    notes: str = ""
+    measured_at: Optional[float] = None
+    extra: Dict[str, float] = field(default_factory=dict)
+
+    def gemm(self, dtype: str) -> float:
+        return self.gemm_flops.get(dtype) or self.gemm_flops.get("float32") or max(self.gemm_flops.values())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HardwareProfile":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+_T = 1e12
+# Datasheet peaks (dense, no sparsity). Step overheads are a guess for a CUDA-graph decode step.
+DATASHEETS = {
+    "H100": HardwareProfile("H100", "cuda", False, 3.35e12, {"bfloat16": 989 * _T, "float16": 989 * _T,
+                                                             "float32": 67 * _T}, 3.35e12, 989 * _T * 0.5, 80.0,
+                            step_overhead_s=2e-4, notes="H100 SXM 80GB datasheet peaks, uncalibrated"),
+    "H200": HardwareProfile("H200", "cuda", False, 4.8e12, {"bfloat16": 989 * _T, "float16": 989 * _T,
+                                                            "float32": 67 * _T}, 4.8e12, 989 * _T * 0.5, 141.0,
+                            step_overhead_s=2e-4, notes="H200 SXM 141GB datasheet peaks, uncalibrated"),
+    "A100": HardwareProfile("A100", "cuda", False, 2.039e12, {"bfloat16": 312 * _T, "float16": 312 * _T,
+                                                              "float32": 19.5 * _T}, 2.039e12, 312 * _T * 0.5, 80.0,
+                            step_overhead_s=2e-4, notes="A100 SXM 80GB datasheet peaks, uncalibrated"),
+    "L40S": HardwareProfile("L40S", "cuda", False, 864e9, {"bfloat16": 362 * _T, "float16": 362 * _T,
+                                                           "float32": 91.6 * _T}, 864e9, 362 * _T * 0.5, 48.0,
+                            step_overhead_s=2e-4, notes="L40S 48GB datasheet peaks, uncalibrated"),
+}
+
+
+def profile_dir() -> str:
+    """Where calibrated profiles are saved: $LLMKERN_PROFILE_DIR, else ~/.cache/llmkern/profiles."""
+    return os.environ.get("LLMKERN_PROFILE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "llmkern",
+                                                                  "profiles")
+
+
+def save(p: HardwareProfile, path: Optional[str] = None) -> str:
+    path = path or os.path.join(profile_dir(), p.name + ".json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(p.to_dict(), f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def load(name: str) -> HardwareProfile:
+    """A datasheet name (H100, H200, A100, L40S), a saved profile's name, or a JSON file path."""
+    if name in DATASHEETS:
+        return DATASHEETS[name]
+    path = name if name.endswith(".json") else os.path.join(profile_dir(), name + ".json")
+    if not os.path.isfile(path):
+        raise ValueError(f"--profile: no profile {name!r} (expected one of {', '.join(DATASHEETS)}, a profile "
+                         f"saved by `llmkern estimate --calibrate`, or a .json file)")
+    try:
+        with open(path) as f:
+            return HardwareProfile.from_dict(json.load(f))
+    except (json.JSONDecodeError, TypeError) as e:
+        raise ValueError(f"--profile: {path!r} is not a profile ({e})") from None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gb() -> Optional[float]:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _attention_rates(device: str, min_time: float):
+    """llmkern's paged decode attention (K/V bytes/s) and causal prefill attention (FLOP/s) on a
+    SmolLM2-like head shape."""
+    import torch
+
+    import llmkern
+    from ..bench.common import timeit
+
+    hq, hkv, d, bs, nseq, ctx = 9, 3, 64, 16, 16, 1024
+    nblk = ctx // bs
+    kc = torch.randn(nseq * nblk, bs, hkv, d, device=device)
+    vc = torch.randn_like(kc)
+    bt = torch.arange(nseq * nblk, dtype=torch.int32, device=device).view(nseq, nblk)
+    lens = torch.full((nseq,), ctx, dtype=torch.int32, device=device)
+    q = torch.randn(nseq, 1, hq, d, device=device)
+    t = timeit(lambda: llmkern.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=bt, causal=True),
+               device, min_time=min_time)
+    decode_bw = 2 * kc.numel() * kc.element_size() / t
+    s = 512
+    qp = torch.randn(s, hq, d, device=device)
+    kp = torch.randn(s, hkv, d, device=device)
+    vp = torch.randn_like(kp)
+    cu = torch.tensor([0, s], dtype=torch.int32, device=device)
+    t = timeit(lambda: llmkern.flash_attn_varlen_func(qp, kp, vp, cu, cu, s, s, causal=True), device,
+               min_time=min_time)
+    prefill_flops = 4 * hq * d * s * (s + 1) / 2 / t
+    return decode_bw, prefill_flops
+
+
+def _runtime_overheads(device: str):
+    """Fixed cost per engine step and per sequence: decode steps of a tiny random model (1 layer,
+    hidden 64), whose arithmetic is negligible, at 1 and 16 sequences."""
+    from ..engine import LLM, SamplingParams
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "max_position_embeddings": 512, "tie_word_embeddings": True}
+    llm = LLM(cfg, load_format="dummy", device=device, max_num_seqs=64, kv_cache_memory_gb=0.05)
+    n_out = 48
+
+    def per_step(nseq: int) -> float:
+        sp = SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True)
+        prompts = [[1 + (i % 500)] * 4 for i in range(nseq)]
+        llm.generate(prompts, [sp] * nseq, use_tqdm=False)      # warm-up
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            llm.generate(prompts, [sp] * nseq, use_tqdm=False)
+            best = min(best, (time.perf_counter() - t0) / n_out)
+        return best
+
+    t1, t16 = per_step(1), per_step(16)
+    per_seq = max(0.0, (t16 - t1) / 15)
+    return max(0.0, t1 - per_seq), per_seq
+
+
+def _rates(device: str, quick: bool) -> dict:
+    """Fresh measurements of the rates a shared machine's load moves (not the suite's cached ones)."""
+    import torch
+
+    from ..bench import common
+
+    min_time = 0.2 if quick else 0.5
+    common.configure(quick=quick)
+    bw = common.read_bandwidth.__wrapped__(device, nbytes=(128 << 20) if quick else (256 << 20))
+    gemm = {"float32": common.matmul_flops.__wrapped__(torch.float32, device)}
+    if not quick:
+        gemm["bfloat16"] = common.matmul_flops.__wrapped__(torch.bfloat16, device)
+    dec_bw, pre_flops = _attention_rates(device, min_time)
+    return dict(bandwidth=bw, gemm_flops=gemm, attn_decode_bw=dec_bw, attn_prefill_flops=pre_flops)
+
+
+def remeasure(p: HardwareProfile) -> HardwareProfile:
+    """p with its bandwidth, GEMM and attention rates measured again now (a second or two); the
+    runtime overheads are kept."""
+    from dataclasses import replace
+
+    r = _rates(p.device, quick=True)
+    r["gemm_flops"] = dict(p.gemm_flops, **r["gemm_flops"])
+    return replace(p, measured_at=time.time(), **r)
+
+
+def median_of(ps: "list[HardwareProfile]") -> HardwareProfile:
+    """The last profile with each measured rate replaced by its median over all of them."""
+    from dataclasses import replace
+    from statistics import median
+
+    gemm = {k: median(p.gemm_flops[k] for p in ps if k in p.gemm_flops) for k in ps[-1].gemm_flops}
+    return replace(ps[-1], bandwidth=median(p.bandwidth for p in ps), gemm_flops=gemm,
+                   attn_decode_bw=median(p.attn_decode_bw for p in ps),
+                   attn_prefill_flops=median(p.attn_prefill_flops for p in ps))
+
+
+def calibrate(name: str = "cpu", device: str = "cpu", quick: bool = True, notes: str = "") -> HardwareProfile:
+    """Measure this machine's rates (a few seconds with quick) and return a calibrated profile."""
+    import torch
+
+    rates = _rates(device, quick)
+    step_oh, seq_oh = _runtime_overheads(device)
+    return HardwareProfile(name=name, device=device, calibrated=True, **rates, memory_gb=memory_gb() or 0.0,
+                           step_overhead_s=step_oh, seq_overhead_s=seq_oh, cores=os.cpu_count(),
+                           notes=notes or f"{cpu_model()}, {os.cpu_count()} cores, torch threads "
+                                          f"{torch.get_num_threads()}", measured_at=time.time())
