@@ -45,25 +45,32 @@ def test_cached_fraction_counts_leading_blocks_only():
 
 def test_cache_aware_prefers_cache_then_balances_continuously():
     pol = CacheAware()
-    req = RouteRequest(PROMPT, "")
-    cold, warm = FakeWorker("cold"), FakeWorker("warm", PROMPT)
+    long_prompt = list(range(1000, 1401))     # 401 tokens: the cache is worth 400 tokens of prefill
+    req = RouteRequest(long_prompt, "")
+    cold, warm = FakeWorker("cold"), FakeWorker("warm", long_prompt)
     assert pol.rank(req, [cold, warm])[0] is warm
-    warm.inflight = 2                          # busier, but the cache is worth more
+    warm.inflight = 2                          # busier (2 x 64 tokens), but the cache is worth more
     assert pol.rank(req, [cold, warm])[0] is warm
-    warm.inflight = 8                          # far busier: the idle worker wins
+    warm.inflight = 8                          # 8 x 64 = 512 > 400: the idle worker wins
     assert pol.rank(req, [cold, warm])[0] is cold
+    warm.inflight = 0
+    warm.kv.load["prefill_tokens_pending"] = 500   # a long queue of prompts to compute: same
+    assert pol.rank(req, [cold, warm])[0] is cold
+    warm.kv.load["prefill_tokens_pending"] = 0
     # The score falls steadily with load (no cliff) and with KV usage.
-    s = [pol.scores(req, [cold, FakeWorker("w", PROMPT, inflight=k)])[1] for k in range(6)]
+    s = [pol.scores(req, [cold, FakeWorker("w", long_prompt, inflight=k)])[1] for k in range(6)]
     assert all(a > b for a, b in zip(s, s[1:]))
-    full = FakeWorker("full", PROMPT, kv_usage=0.95)
-    assert pol.scores(req, [cold, full])[1] < pol.scores(req, [cold, warm_copy()])[1]
+    full = FakeWorker("full", long_prompt, kv_usage=0.95)
+    assert pol.scores(req, [cold, full])[1] < pol.scores(req, [cold, FakeWorker("warm2", long_prompt)])[1]
     # A partial hit against an equal-load cold worker: the partial hit wins.
-    part = FakeWorker("part", PROMPT[:12])
+    part = FakeWorker("part", long_prompt[:12])
     assert pol.rank(req, [cold, part])[0] is part
-
-
-def warm_copy():
-    return FakeWorker("warm2", PROMPT)
+    # Tokens this router just sent count as queued until the next load report resets them.
+    busy = FakeWorker("busy", long_prompt)
+    busy.kv.note_routed([], new_tokens=450)
+    assert pol.rank(req, [cold, busy])[0] is cold
+    busy.kv.apply_message({"seq": 0, "events": [], "load": {"num_waiting": 0, "num_running": 0}})
+    assert pol.rank(req, [cold, busy])[0] is busy
 
 
 def test_reported_load_counts_for_other_routers_traffic():

@@ -20,6 +20,11 @@ and every send between stages is non-blocking.
 - stage.py     one rank's shard of the model and KV cache, and its part of a step
 - worker.py    a worker process: join, build its stage, run steps until told to stop
 - executor.py  the engine side: start the ranks, ship each step, collect the logits, fail loudly
+
+Prefill-decode hand-over (the interface is engine/kv_transfer.py):
+- kv_connectors.py  the pull protocol over a TCPStore, build_connector for dict specs
+- kv_p2p.py         KV blocks over torch.distributed point-to-point (gloo; NCCL for CUDA caches)
+- kv_shm.py         KV blocks through shared-memory files between engines on one host
 """
 from .topology import Topology
 

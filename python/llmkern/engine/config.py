@@ -48,6 +48,17 @@ class EngineConfig:
     # micro-batches in the pipeline at once (pipeline_parallel_size > 1); None: one per stage, so no
     # stage idles while another works (vLLM's "virtual engines"); 1: one step at a time
     pipeline_micro_batches: Optional[int] = None
+    # prefill-decode disaggregation (engine/kv_transfer.py): "both" (co-located), "prefill" (one
+    # token, then the KV blocks are handed over), "decode" (takes requests with kv_transfer_params)
+    kv_role: str = "both"
+    # a KVConnector, or a dict for llmkern.distributed.kv_connectors.build_connector, e.g.
+    # {"kind": "p2p" | "shm", "rank": 0, "world_size": 2, "master_addr": "127.0.0.1", "master_port": N},
+    # or just the kind ("torch" = "p2p", "shm") with the rest in kv_connector_options
+    # ({"rendezvous": "HOST:PORT", "rank": R, "world_size": W, ...})
+    kv_connector: Optional[object] = None
+    kv_connector_options: Optional[dict] = None
+    kv_transfer_timeout_s: float = 30.0     # prefill: blocks pinned this long at most; decode: KV wait
+    kv_transfer_fallback: str = "fail"      # decode, transfer failed: "fail" (error) | "recompute" here
 
     def __post_init__(self):
         def bad(name, expected):
@@ -85,6 +96,23 @@ class EngineConfig:
             bad("pipeline_micro_batches", "an integer >= 1 or None")
         if not (isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0):
             bad("distributed_timeout_s", "a number of seconds > 0")
+        if self.kv_role not in ("both", "prefill", "decode"):
+            bad("kv_role", "'both', 'prefill' or 'decode'")
+        if self.kv_role != "both" and self.kv_connector is None:
+            raise ValueError(f"kv_connector: kv_role={self.kv_role!r} needs a KV connector")
+        if isinstance(self.kv_connector, str):
+            if self.kv_connector not in ("torch", "p2p", "shm"):
+                bad("kv_connector", "'torch', 'p2p' or 'shm' (or a KVConnector, or a dict spec)")
+            self.kv_connector = dict(self.kv_connector_options or {}, kind=self.kv_connector)
+        elif self.kv_connector_options is not None:
+            raise ValueError("kv_connector_options: only with kv_connector given as a kind ('torch', 'shm')")
+        if self.kv_connector is not None and not hasattr(self.kv_connector, "poll") and \
+                not isinstance(self.kv_connector, dict):
+            bad("kv_connector", "a KVConnector, a dict spec or a kind ('torch', 'shm')")
+        if not _is_num(self.kv_transfer_timeout_s) or self.kv_transfer_timeout_s <= 0:
+            bad("kv_transfer_timeout_s", "a number of seconds > 0")
+        if self.kv_transfer_fallback not in ("fail", "recompute"):
+            bad("kv_transfer_fallback", "'fail' or 'recompute'")
         self._check_device()
         self._check_memory()
         if not 0 < self.gpu_memory_utilization <= 1:

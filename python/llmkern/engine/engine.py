@@ -101,6 +101,21 @@ class Engine:
         self._seq_ids = itertools.count()
         self._stream: Dict[str, bool] = {}
         self.metrics = RunMetrics()
+        self.handover = self._make_handover(config) if config.kv_connector is not None else None
+
+    def _make_handover(self, config: EngineConfig):
+        """Prefill-decode hand-over (kv_transfer.py): the connector, bound to this engine's cache."""
+        from .kv_handover import KVHandover
+
+        if self.executor is not None:
+            raise NotImplementedError("kv_connector: prefill-decode hand-over with tensor/pipeline parallelism "
+                                      "is not supported")
+        conn = config.kv_connector
+        if isinstance(conn, dict):  # built here so a caller can pass a plain spec (CLI, server)
+            from ..distributed.kv_connectors import build_connector
+
+            conn = build_connector(conn)
+        return KVHandover(config.kv_role, conn, self.kv, config.kv_transfer_timeout_s, config.kv_transfer_fallback)
 
     @staticmethod
     def _check_parallel(config: EngineConfig, model_obj) -> None:
@@ -114,6 +129,8 @@ class Engine:
 
     def shutdown(self) -> None:
         """Release the worker processes of a model-parallel engine (no-op otherwise); idempotent."""
+        if self.handover is not None:
+            self.handover.close()
         if self.executor is not None:
             try:  # steps still in the pipeline finish first, so the workers stop between steps
                 while self._inflight and not self.executor.closed:
@@ -161,12 +178,23 @@ class Engine:
     def add_request(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, stream: bool = False,
                     arrival_time: Optional[float] = None, priority: int = 0,
-                    queue_deadline: Optional[float] = None) -> str:
+                    queue_deadline: Optional[float] = None, kv_transfer_params=None) -> str:
         """Validate and queue one request; raises ValueError/TypeError (and queues nothing) if it
         is bad. Returns its id. priority: lower runs first under policy "priority";
         queue_deadline: a time.perf_counter() value after which the request, if it has not
-        started, finishes with finish_reason "timeout" and no output."""
+        started, finishes with finish_reason "timeout" and no output.
+        kv_transfer_params: (decode side) a prefill engine's RequestOutput.kv_transfer_params:
+        the request's prompt KV is received instead of computed, then it decodes from the
+        prefill's first token on (see kv_transfer.py). On a prefill engine (kv_role="prefill")
+        every request is cut to its first token and its finished output carries
+        kv_transfer_params."""
         params = params if params is not None else SamplingParams()
+        pd = self.handover
+        if kv_transfer_params is not None and (pd is None or pd.role == "prefill"):
+            raise ValueError(f"kv_transfer_params: this engine (kv_role={self.config.kv_role!r}) does not take KV "
+                             f"from a prefill engine")
+        if pd is not None and pd.role == "prefill" and isinstance(params, SamplingParams):
+            params = pd.prefill_params(params)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority: expected an integer, got {priority!r}")
         if params.logprobs is not None and self.spec is not None:
@@ -184,6 +212,9 @@ class Engine:
         if need > self.kv.num_blocks:
             raise ValueError(f"prompt: needs {need} KV blocks for {len(ids)} prompt + max_tokens tokens, but the KV "
                              f"pool has {self.kv.num_blocks}; lower max_tokens or raise kv_cache_memory_gb")
+        kvp = None
+        if kv_transfer_params is not None:
+            kvp = pd.check_params(kv_transfer_params, ids, params)
         if request_id is None:
             request_id = str(next(self._ids))
         elif request_id in self.requests:
@@ -205,14 +236,17 @@ class Engine:
                 self._finish(seq, "length", time.perf_counter())
             return request_id
         for seq in req.seqs:
-            self.scheduler.add(seq)
+            if kvp is not None:
+                pd.add_loading(seq, kvp)   # waits for its KV, then runs
+            else:
+                self.scheduler.add(seq)
         return request_id
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; its blocks are freed at once. Returns False for an unknown id."""
         req = self.requests.get(request_id)
-        if req is None:
-            return False
+        if req is None:  # a prefill engine's finished request may still hold blocks for its hand-over
+            return self.handover.abort(request_id) if self.handover is not None else False
         now = time.perf_counter()
         for seq in req.seqs:
             if not seq.is_finished:
@@ -220,11 +254,18 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work or bool(self._inflight)
+        """Requests to run, or steps in flight, or (prefill-decode) KV hand-overs in progress."""
+        return (self.scheduler.has_work or bool(self._inflight)
+                or (self.handover is not None and self.handover.has_work))
 
     def ready_in(self) -> float:
         """Seconds until step() has work (0: now; > 0: a dynamic batch is forming; inf: idle)."""
-        return self.scheduler.ready_in(time.perf_counter())
+        wait = self.scheduler.ready_in(time.perf_counter())
+        if self.handover is not None and self.handover.has_work:
+            from .kv_handover import POLL_INTERVAL_S
+
+            wait = min(wait, POLL_INTERVAL_S)  # transfers progress only when step() polls them
+        return wait
 
     def stats(self) -> EngineStats:
         """A snapshot of the engine's load and counters (for a server's admission and metrics)."""
@@ -238,7 +279,19 @@ class Engine:
             num_preemptions=sch.num_preemptions, prefix_query_tokens=kv.stats.prefix_query_tokens,
             prefix_hit_tokens=kv.stats.prefix_hit_tokens,
             prompt_tokens_computed=self.metrics.prompt_tokens_computed,
-            generation_tokens=self.metrics.generated_tokens, prefill_tok_s=self.metrics.prefill_tok_s)
+            generation_tokens=self.metrics.generated_tokens, prefill_tok_s=self.metrics.prefill_tok_s,
+            **self._transfer_stats())
+
+    def _transfer_stats(self) -> dict:
+        pd = self.handover
+        if pd is None:
+            return {}
+        t = pd.stats
+        return dict(kv_bytes_sent=t.bytes_sent, kv_bytes_received=t.bytes_received,
+                    kv_transfer_seconds_sent=t.seconds_sent, kv_transfer_seconds_received=t.seconds_received,
+                    kv_transfers_done=t.sends_done + t.recvs_done,
+                    kv_transfers_failed=t.sends_failed + t.recvs_failed,
+                    kv_blocks_pinned=pd.num_pinned_blocks(), num_waiting_for_kv=len(pd.loading))
 
     # -- the step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -250,6 +303,7 @@ class Engine:
         expired = self.scheduler.expired(now)
         for seq in expired:
             self._finish(seq, "timeout", now)
+        handed = self._handover_step() if self.handover is not None else []
         if spec is not None:
             spec.before_schedule(self.scheduler.running)
         batch = self.scheduler.schedule()
@@ -257,22 +311,23 @@ class Engine:
             spec.before_forward(batch)
         if batch.empty:
             if self._inflight:  # everything runnable is in the pipeline: wait for the oldest step
-                return self._collect(self._complete(self._inflight.popleft()))
-            if self.scheduler.has_work and not self.scheduler.running and self.ready_in() == 0:
+                return self._collect(handed + self._complete(self._inflight.popleft()))
+            if (self.scheduler.has_work and not self.scheduler.running and self.ready_in() == 0
+                    and not (self.handover is not None and self.handover.has_work)):  # those free blocks later
                 raise RuntimeError("engine: no request can be scheduled (KV pool too small for the queue head)")
-            return self._collect([])
+            return self._collect(handed)
         t0 = time.perf_counter()
         inputs = self.runner.prepare(batch)
         if spec is not None:
             spec.mirror(inputs)
         if self.pipeline_depth == 1:
-            return self._collect(self._complete(_Launched(batch, inputs, None, t0)))
+            return self._collect(handed + self._complete(_Launched(batch, inputs, None, t0)))
         self._inflight.append(_Launched(batch, inputs, self.runner.launch(inputs), t0))
         self.scheduler.busy.update(s.seq_id for s in batch.decodes + batch.prefills)
         self.max_inflight = max(self.max_inflight, len(self._inflight))
         if len(self._inflight) < self.pipeline_depth:
-            return self._collect([])
-        return self._collect(self._complete(self._inflight.popleft()))
+            return self._collect(handed)
+        return self._collect(handed + self._complete(self._inflight.popleft()))
 
     def _complete(self, step: _Launched) -> List[Sequence]:
         """Finish a launched step: sample, advance the sequences, check stops. Returns the
@@ -319,6 +374,34 @@ class Engine:
         self.metrics.on_step(batch, len(sample_seqs), now - step.t0)
         return touched
 
+    def _handover_step(self) -> List[Sequence]:
+        """Decode side: admit the requests whose KV arrived (they continue from the prefill's
+        first token), fail or recompute those whose transfer failed. Prefill side: release the
+        blocks of finished sends. Returns the sequences that changed."""
+        arrived, failed = self.handover.step()
+        now = time.perf_counter()
+        out = []
+        for seq, err in failed:
+            out.append(seq)
+            if self.config.kv_transfer_fallback == "recompute":  # co-located retry: prefill it here
+                self.kv.free(seq)
+                seq.num_computed_tokens = 0
+                self.scheduler.add(seq)
+            else:
+                seq.request.error = err
+                self._finish(seq, "error", now)
+        for seq, p, ev in arrived:
+            seq.num_computed_tokens = seq.num_prompt_tokens
+            self.kv.cache_blocks(seq)
+            self.scheduler.admit_loaded(seq)
+            seq.append_token(p.first_token, now)
+            if seq.logprobs is not None:  # the prefill side's, when it was asked for them
+                lp = p.first_token_logprobs or [float("nan"), []]
+                seq.logprobs.append((lp[0], [tuple(t) for t in lp[1]]))
+            self._check_stop(seq, p.first_token, now)
+            out.append(seq)
+        return out
+
     @staticmethod
     def _record_logprobs(logp: torch.Tensor, seqs: List[Sequence], toks: List[int]) -> None:
         kmax = max(s.params.logprobs for s in seqs)
@@ -360,6 +443,12 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.finish_reason = reason
         seq.finish_time = now
+        pd = self.handover
+        if pd is not None:
+            if pd.role == "prefill" and reason in ("stop", "length") and seq.num_output_tokens:
+                seq.request.kv_transfer_params = pd.on_prefill_finished(seq)  # pins its blocks
+            else:
+                pd.forget(seq)  # a request still waiting for its KV: stop the load first
         self.scheduler.finish(seq)
         if seq.stop_reason is None or not isinstance(seq.stop_reason, str):
             if self.tokenizer is not None:
@@ -372,6 +461,7 @@ class Engine:
         s0 = req.seqs[0]
         firsts = [s.first_token_time for s in req.seqs if s.first_token_time is not None]
         itl = inter_token_latencies(s0.token_times)
+        kvb, kvs = req.kv_transfer or (0, 0.0)
         return RequestMetrics(
             arrival_time=req.arrival_time, first_scheduled_time=req.first_scheduled_time,
             first_token_time=min(firsts) if firsts else None,
@@ -379,7 +469,8 @@ class Engine:
             num_prompt_tokens=len(req.prompt_token_ids),
             num_output_tokens=sum(s.num_output_tokens for s in req.seqs),
             num_cached_prompt_tokens=s0.prompt_cache_hit_tokens,
-            num_preemptions=sum(s.num_preemptions for s in req.seqs), inter_token_latencies=itl)
+            num_preemptions=sum(s.num_preemptions for s in req.seqs), inter_token_latencies=itl,
+            kv_transfer_bytes=kvb, kv_transfer_s=kvs)
 
     def _output(self, req: Request, finished: bool) -> RequestOutput:
         outs = []
@@ -396,7 +487,8 @@ class Engine:
                                          s.stop_reason, delta, new_ids, lps,
                                          None if lps is None else lps[len(lps) - len(new_ids):]))
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
-                             self._request_metrics(req))
+                             self._request_metrics(req), error=req.error,
+                             kv_transfer_params=req.kv_transfer_params if finished else None)
 
     def _collect(self, touched: List[Sequence]) -> List[RequestOutput]:
         out, seen = [], set()

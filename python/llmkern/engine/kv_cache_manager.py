@@ -301,6 +301,15 @@ class KVCacheManager:
             self.swap_pool.give_back(seq.swap_blocks)
             seq.swap_blocks = []
 
+    def pin(self, block_ids: List[int]) -> None:
+        """One more reference to each block (a KV hand-over holds them: not freed, not evicted)."""
+        for bid in block_ids:
+            self.pool.touch(bid)
+
+    def unpin(self, block_ids: List[int]) -> None:
+        """Drop pin()'s references (tail first: the prefix stays cached longest)."""
+        self.pool.release(reversed(block_ids))
+
     def reset_prefix_cache(self) -> None:
         """Drop the index of every cached block not in use, on the device and in the host tier."""
         self.pool.evict_all_cached()

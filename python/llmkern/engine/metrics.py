@@ -31,6 +31,15 @@ class EngineStats:
     prompt_tokens_computed: int
     generation_tokens: int
     prefill_tok_s: Optional[float]  # recent prefill rate (None before the first prefill)
+    # prefill-decode hand-over (kv_transfer.TransferStats): bytes, seconds and counts, both ways
+    kv_bytes_sent: int = 0
+    kv_bytes_received: int = 0
+    kv_transfer_seconds_sent: float = 0.0
+    kv_transfer_seconds_received: float = 0.0
+    kv_transfers_done: int = 0
+    kv_transfers_failed: int = 0
+    kv_blocks_pinned: int = 0     # prefill: blocks held for hand-overs not finished yet
+    num_waiting_for_kv: int = 0   # decode: requests whose KV is still arriving
 
     @property
     def kv_usage(self) -> float:

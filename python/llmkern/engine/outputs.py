@@ -17,6 +17,8 @@ class RequestMetrics:
     num_preemptions: int = 0
     # seconds, first sample; a step that commits k tokens (speculation) counts its gap / k for each
     inter_token_latencies: List[float] = field(default_factory=list)
+    kv_transfer_bytes: int = 0            # decode role: KV bytes received for this request
+    kv_transfer_s: float = 0.0            # ... and the transfer's wall time
 
     @property
     def ttft(self) -> Optional[float]:
@@ -59,7 +61,9 @@ class RequestOutput:
     outputs: List[CompletionOutput]
     finished: bool
     metrics: Optional[RequestMetrics] = None
-    error: Optional[str] = None           # set when the request was rejected
+    error: Optional[str] = None           # set when the request was rejected or failed
+    # prefill role: KVTransferParams.to_dict() of a finished request (what a decode engine needs)
+    kv_transfer_params: Optional[dict] = None
 
     # Shortcuts to the first sample (the only one unless n > 1).
     @property

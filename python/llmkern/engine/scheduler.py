@@ -216,6 +216,14 @@ class Scheduler:
                 inflight.update(admission.prompt_hashes(seq, self.kv.block_size)[seq.num_cached_blocks:])
         return batch
 
+    def admit_loaded(self, seq: Sequence) -> None:
+        """A sequence whose KV arrived from a prefill engine (blocks allocated and filled) joins
+        the running ones; it decodes from the next step on."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        if seq.request.first_scheduled_time is None:
+            seq.request.first_scheduled_time = time.perf_counter()
+
     def _admit_static_batch(self) -> None:
         # The whole batch enters at once; its prompts are then prefilled in budget-sized chunks
         # by the running loop, and nothing else is admitted until every member has finished.

@@ -104,6 +104,9 @@ class Request:
         self.arrival_time = arrival_time if arrival_time is not None else time.perf_counter()
         self.first_scheduled_time: Optional[float] = None
         self.seqs: List[Sequence] = []
+        self.error: Optional[str] = None               # why it failed (finish_reason "error")
+        self.kv_transfer_params: Optional[dict] = None  # prefill role: the hand-over, once finished
+        self.kv_transfer = None                        # decode role: (KV bytes received, seconds)
 
     @property
     def finished(self) -> bool:

@@ -129,7 +129,8 @@ class Router:
             w.requests += 1
             w.inflight += 1
             if req.token_ids and w.kv.synced:
-                w.kv.note_routed(req.hashes(w.kv.block_size))
+                new = len(req.token_ids) - int(req.cached_fraction(w) * len(req.token_ids))
+                w.kv.note_routed(req.hashes(w.kv.block_size), new)
             handed_over = False
             try:
                 req_ = self.client.build_request("POST", w.url + path, content=raw, headers=headers)

@@ -23,6 +23,7 @@ class ReplicaKV:
     def __init__(self):
         self.hashes: Set[int] = set()
         self.pending: Dict[int, float] = {}  # block hash -> expiry (time.monotonic())
+        self.routed_tokens = 0  # prompt tokens to compute that this router sent since the last load report
         self.seq: Optional[int] = None     # None: no snapshot yet (nothing is known)
         self.block_size: Optional[int] = None
         self.load = {"num_waiting": 0, "num_running": 0, "prefill_tokens_pending": 0, "kv_usage": 0.0}
@@ -38,6 +39,7 @@ class ReplicaKV:
         self.block_size = int(snap["block_size"])
         if snap.get("load"):
             self.load = dict(snap["load"])
+            self.routed_tokens = 0
 
     def apply_message(self, msg: dict) -> bool:
         """Apply one stream message; False when the copy fell out of step (a reset, or an event
@@ -59,6 +61,7 @@ class ReplicaKV:
             self.seq = seq
         if msg.get("load"):
             self.load = dict(msg["load"])
+            self.routed_tokens = 0
         return True
 
     def invalidate(self) -> None:
@@ -67,9 +70,16 @@ class ReplicaKV:
         self.seq = None
         self.hashes = set()
 
-    def note_routed(self, hashes: Iterable[int], now: Optional[float] = None) -> None:
-        """This router sent a request with these block hashes here: count them as cached until the
-        replica's events say so (or PENDING_TTL_S passes)."""
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens waiting to be computed here: the replica's last report plus what this
+        router sent since (reports come every 0.25 s)."""
+        return int(self.load.get("prefill_tokens_pending", 0)) + self.routed_tokens
+
+    def note_routed(self, hashes: Iterable[int], new_tokens: int = 0, now: Optional[float] = None) -> None:
+        """This router sent a request with these block hashes (and new_tokens prompt tokens not
+        cached here) to this replica: count the blocks as cached until the replica's events say
+        so (or PENDING_TTL_S passes), and the tokens as queued until its next load report."""
+        self.routed_tokens += new_tokens
         now = time.monotonic() if now is None else now
         if len(self.pending) > 65536:  # bound the memory: drop what aged out
             self.pending = {h: t for h, t in self.pending.items() if t > now}

@@ -1,18 +1,23 @@
 """Routing policies. Each ranks the healthy workers for one request; the router sends it to the
 first and, if that one fails before streaming anything, to the next.
 
-cache_aware (default) scores every worker with one continuous formula:
+cache_aware (default) scores every worker by the work a request would wait behind there plus the
+work it brings, in prompt tokens (one unit for every term, so the weights are prices, not knobs):
 
-    score = W_CACHE * cached_fraction - W_LOAD * (load - min_load) / (min_load + LOAD_SCALE) - W_KV * kv_usage
+    cost = queued_prefill_tokens + (1 - cached_fraction) * prompt_tokens
+           + LOAD_TOKENS * load + KV_TOKENS * kv_usage            (score = -cost; lowest cost wins)
 
-cached_fraction: the request's prompt tokens the worker already holds in its prefix cache,
-counted exactly from the worker's own block events (leading chained block hashes);
-load: requests on the worker (the larger of what this router has in flight there and what the
-worker reports waiting + running, so other routers' traffic counts too); kv_usage: the fraction
-of the worker's KV blocks in use by running requests (near 1 means preemption is close).
-With the default weights a fully cached prompt is worth LOAD_SCALE (4) requests of extra queue
-above the least loaded worker: past that, the request goes where it queues less and warms a
-second copy of the prefix there. There is no on/off threshold."""
+queued_prefill_tokens: prompt tokens the worker still has to compute (its report, every 0.25 s,
+plus what this router sent since); cached_fraction: the request's prompt tokens the worker holds
+in its prefix cache or is about to (blocks routed there whose events have not arrived yet),
+counted exactly from the worker's own chained block hashes; load: requests on the worker (the
+larger of this router's in-flight count and the worker's waiting + running, so other routers'
+traffic counts too), each priced at LOAD_TOKENS (64): its decode steps share the worker with the
+new request; kv_usage: the fraction of KV blocks in use (near 1 means preemption is close),
+priced at KV_TOKENS (256) when full.
+A cached 1k-token system prompt is thus worth 1k tokens of queue: a tenant's requests stay on the
+worker that holds its prefix until that worker's queue is longer by more than the prefill they
+save; then the request goes where it waits less and warms a second copy. No on/off threshold."""
 from __future__ import annotations
 
 import itertools
@@ -72,19 +77,18 @@ class LeastLoad:
 
 @dataclass
 class CacheAware:
-    w_cache: float = 1.0
-    w_load: float = 1.0
-    load_scale: float = 4.0
-    w_kv: float = 0.5
+    load_tokens: float = 64.0
+    kv_tokens: float = 256.0
     name: str = "cache_aware"
 
+    def costs(self, req: RouteRequest, workers: list) -> List[float]:
+        n = len(req.token_ids)
+        return [w.kv.queued_prefill_tokens() + (1.0 - req.cached_fraction(w)) * n
+                + self.load_tokens * worker_load(w) + self.kv_tokens * float(w.kv.load.get("kv_usage", 0.0))
+                for w in workers]
+
     def scores(self, req: RouteRequest, workers: list) -> List[float]:
-        loads = [worker_load(w) for w in workers]
-        lo = min(loads)
-        return [self.w_cache * req.cached_fraction(w)
-                - self.w_load * (ld - lo) / (lo + self.load_scale)
-                - self.w_kv * float(w.kv.load.get("kv_usage", 0.0))
-                for w, ld in zip(workers, loads)]
+        return [-c for c in self.costs(req, workers)]
 
     def rank(self, req, workers):
         s = self.scores(req, workers)

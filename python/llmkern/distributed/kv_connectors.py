@@ -1,0 +1,311 @@
+"""KV connectors for prefill-decode hand-over (the interface is engine/kv_transfer.py): the pull
+protocol both implementations share, and build_connector for a dict spec.
+
+Every engine of a prefill-decode group has a rank; rank 0 hosts a torch.distributed TCPStore
+(loopback or any reachable address) that carries the control messages. The decode side pulls:
+for each request it writes `pull/<prefill>/<decode>/<seq>` = {prefill request id, first block,
+number of blocks}, numbering its pulls per prefill peer; the prefill side serves one peer's pulls
+strictly in that order, so both ends of a pair agree on the order of the payloads without any
+extra matching. A pull for a request the prefill side no longer holds (unknown, aborted,
+expired) is answered with a failure, in order, never left unanswered.
+
+What travels for a pull: a status, the block hashes of the full blocks sent, and the blocks'
+bytes (kv_transfer.gather_blocks layout). The decode side checks both against what it expects
+before anything is written into its cache, and writes only on the engine thread (poll)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..engine.kv_transfer import (KVConnector, KVTransferParams, LoadRequest, SendRequest, TransferEvent,
+                                  TransferState, now, scatter_blocks)
+
+NO_KV = "the prefill engine no longer holds this request's KV (unknown id, aborted or expired)"
+STORE_TIMEOUT_S = 30.0
+
+
+def build_connector(spec: dict) -> KVConnector:
+    """A connector from a plain spec (what a CLI or server passes through EngineConfig):
+    {"kind": "p2p" (alias "torch") | "shm", "rank": R, "world_size": W, "master_addr": "127.0.0.1",
+     "master_port": N, "group": "default", "timeout_s": 60, "backend": "gloo" | "nccl" (p2p),
+     "shm_dir": "/dev/shm" (shm)}. Rank 0 hosts the store unless "is_master" says otherwise
+    (master_port 0: any free port, see PullConnector.store_port); the others connect to it; or
+    "store": an existing torch.distributed Store object; "rendezvous": "HOST:PORT" stands for
+    master_addr and master_port; keys set to None take their defaults. master_addr / master_port default to the
+    MASTER_ADDR / MASTER_PORT environment variables (env:// style)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"kv_connector: expected a dict spec, got {type(spec).__name__}")
+    spec = {k: v for k, v in spec.items() if v is not None}  # unset CLI options: the defaults
+    kind = {"torch": "p2p"}.get(spec.get("kind"), spec.get("kind"))
+    if kind not in ("p2p", "shm"):
+        raise ValueError(f"kv_connector: kind must be 'p2p' (or 'torch') or 'shm', got {kind!r}")
+    if "rendezvous" in spec:  # "HOST:PORT"
+        host, _, port = str(spec.pop("rendezvous")).rpartition(":")
+        if not host:
+            raise ValueError(f"kv_connector: rendezvous must be HOST:PORT, got {host}:{port}")
+        spec.update(master_addr=host, master_port=port)
+    known = {"kind", "rank", "world_size", "master_addr", "master_port", "group", "timeout_s", "backend",
+             "shm_dir", "store", "is_master"}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise ValueError(f"kv_connector: unknown key(s) {', '.join(unknown)}")
+    rank, world = spec.get("rank"), spec.get("world_size")
+    if not isinstance(world, int) or world < 2:
+        raise ValueError(f"kv_connector: world_size must be an integer >= 2, got {world!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world:
+        raise ValueError(f"kv_connector: rank must be an integer in [0, {world}), got {rank!r}")
+    timeout_s = spec.get("timeout_s", 60.0)
+    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ValueError(f"kv_connector: timeout_s must be > 0, got {timeout_s!r}")
+    store = spec.get("store")
+    if store is None:
+        addr = spec.get("master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        port = spec.get("master_port", os.environ.get("MASTER_PORT"))
+        try:
+            port = int(port)
+        except (TypeError, ValueError):
+            raise ValueError(f"kv_connector: master_port must be a port number, got {port!r}") from None
+        store = dist.TCPStore(addr, port, world, is_master=bool(spec.get("is_master", rank == 0)), wait_for_workers=False,
+                              timeout=timedelta(seconds=STORE_TIMEOUT_S))
+    group = str(spec.get("group", "default"))
+    if kind == "p2p":
+        from .kv_p2p import P2PConnector
+
+        backend = spec.get("backend", "gloo")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"kv_connector: backend must be 'gloo' or 'nccl', got {backend!r}")
+        return P2PConnector(store, rank, world, group, float(timeout_s), backend)
+    from .kv_shm import ShmConnector
+
+    return ShmConnector(store, rank, world, group, float(timeout_s), spec.get("shm_dir"))
+
+
+@dataclass
+class _Load:
+    req: LoadRequest
+    peer: int
+    seq: int
+    t0: float
+    aborted: bool = False
+
+
+@dataclass
+class _Inflight:
+    t0: float
+    nbytes: int
+    aborted: bool = False
+
+
+class PullConnector(KVConnector):
+    """The pull protocol over a TCPStore; subclasses move the bytes (_send, _begin_recv, _progress)."""
+    kind = "?"
+
+    def __init__(self, store, rank: int, world_size: int, group: str, timeout_s: float):
+        self.base_store = store
+        self.store = dist.PrefixStore(f"llmkern/pd/{group}/", store)
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self.timeout_s = timeout_s
+        self._group_id = f"{self.kind}:{group}@{_store_addr(store)}"
+        self.sends: Dict[str, SendRequest] = {}      # prefill: pinned, not pulled yet
+        self.inflight: Dict[str, _Inflight] = {}     # prefill: pulled, bytes on their way
+        self.loads: Dict[str, _Load] = {}            # decode: pulls posted, not complete
+        self.dropped: Dict[str, float] = {}          # prefill: aborted sends -> their deadline
+        self._pull_in: Dict[int, int] = {}           # prefill: next pull number per decode peer
+        self._pull_out: Dict[int, int] = {}          # decode: next pull number per prefill peer
+        self.broken: Dict[int, str] = {}             # peers that failed: reason
+        self._events: List[TransferEvent] = []
+        self._closed = False
+
+    # -- identity ---------------------------------------------------------------------------------
+    @property
+    def engine_id(self) -> str:
+        return f"{self._group_id}/{self.rank}"
+
+    @property
+    def engine_rank(self) -> int:
+        return self.rank
+
+    @property
+    def store_port(self) -> Optional[int]:
+        return getattr(self.base_store, "port", None)
+
+    def can_reach(self, p: KVTransferParams) -> Optional[str]:
+        group, _, rank = p.engine_id.rpartition("/")
+        if group != self._group_id:
+            return f"this engine's connector is {self._group_id!r}"
+        if str(p.engine_rank) != rank or not 0 <= p.engine_rank < self.world_size or p.engine_rank == self.rank:
+            return f"engine_rank {p.engine_rank} is not another rank of {self.world_size}"
+        return None
+
+    # -- prefill side -----------------------------------------------------------------------------
+    def request_finished(self, req: SendRequest) -> None:
+        self.sends[req.request_id] = req
+
+    def _serve_pulls(self) -> None:
+        for peer in range(self.world_size):
+            if peer == self.rank or peer in self.broken:
+                continue
+            while True:
+                n = self._pull_in.get(peer, 0)
+                key = f"pull/{self.rank}/{peer}/{n}"
+                if not self.store.check([key]):
+                    break
+                msg = json.loads(self.store.get(key))
+                self.store.delete_key(key)
+                self._pull_in[peer] = n + 1
+                self._serve(peer, n, msg)
+
+    def _serve(self, peer: int, seq: int, msg: dict) -> None:
+        rid = msg.get("rid")
+        req = self.sends.pop(rid, None)
+        first, count = msg.get("first", -1), msg.get("n", -1)
+        if req is None or now() > req.deadline:
+            return self._send_failure(peer, seq, NO_KV)
+        if not (isinstance(first, int) and isinstance(count, int) and 0 <= first
+                and first + count <= len(req.block_ids) and count >= 0):
+            self._events.append(TransferEvent(rid, "send", TransferState.FAILED,
+                                              error=f"bad pull: blocks {first}+{count} of {len(req.block_ids)}"))
+            return self._send_failure(peer, seq, "bad block range")
+        ids = req.block_ids[first:first + count]
+        self.inflight[rid] = _Inflight(time.perf_counter(), len(ids) * self.block_bytes)
+        self._send(peer, seq, rid, ids, req.block_hashes[first:first + count])
+
+    def _send_done(self, rid: str, error: Optional[str]) -> None:
+        """A transport finished sending rid's bytes (error None) or gave up."""
+        f = self.inflight.pop(rid, None)
+        if f is None or f.aborted:
+            return
+        dt = time.perf_counter() - f.t0
+        self._events.append(TransferEvent(rid, "send", TransferState.FAILED if error else TransferState.DONE,
+                                          0 if error else f.nbytes, dt, error))
+
+    # -- decode side ------------------------------------------------------------------------------
+    def start_load(self, req: LoadRequest) -> None:
+        p = req.params
+        peer = p.engine_rank
+        if peer in self.broken:
+            self._events.append(TransferEvent(req.request_id, "recv", TransferState.FAILED,
+                                              error=f"prefill engine rank {peer} failed earlier: {self.broken[peer]}"))
+            return
+        seq = self._pull_out.get(peer, 0)
+        msg = {"rid": p.request_id, "first": req.num_local_blocks, "n": req.num_remote_blocks}
+        try:
+            self.store.set(f"pull/{peer}/{self.rank}/{seq}", json.dumps(msg))
+        except Exception as e:  # noqa: BLE001 - the store's host (rank 0) is gone
+            self._peer_failed(peer, f"control store unreachable: {_short(e)}")
+            self._events.append(TransferEvent(req.request_id, "recv", TransferState.FAILED, error=self.broken[peer]))
+            return
+        self._pull_out[peer] = seq + 1
+        self.loads[req.request_id] = _Load(req, peer, seq, time.perf_counter())
+        self._begin_recv(peer, seq, req.request_id)
+
+    def _recv_done(self, rid: str, error: Optional[str], hashes: Optional[List[int]] = None,
+                   data: Optional[torch.Tensor] = None) -> None:
+        """On the engine thread: check what arrived for rid and write it into the blocks."""
+        ld = self.loads.pop(rid, None)
+        if ld is None or ld.aborted:
+            return
+        req, p = ld.req, ld.req.params
+        first, n = req.num_local_blocks, req.num_remote_blocks
+        dt = time.perf_counter() - ld.t0
+        if error is None:
+            want = p.block_hashes[first:first + n]
+            nbytes = 0 if data is None else data.numel()
+            if hashes != want:
+                error = "received block hashes differ from the request's (another prompt or model?)"
+            elif nbytes != n * self.block_bytes:
+                error = f"received {nbytes} KV bytes, expected {n} blocks x {self.block_bytes}"
+        if error is not None:
+            self._events.append(TransferEvent(rid, "recv", TransferState.FAILED, seconds=dt, error=error))
+            return
+        if n:
+            scatter_blocks(self.caches, req.block_ids[first:], data)
+        self._events.append(TransferEvent(rid, "recv", TransferState.DONE, data.numel(), dt))
+
+    # -- both -------------------------------------------------------------------------------------
+    def poll(self) -> List[TransferEvent]:
+        try:
+            if self.role == "prefill":
+                self._serve_pulls()
+            self._progress()
+            t = now()
+            for rid, ld in list(self.loads.items()):
+                if ld.aborted and t > ld.req.deadline:
+                    del self.loads[rid]
+            for rid, until in list(self.dropped.items()):
+                if t > until:
+                    del self.dropped[rid]
+        except Exception as e:  # noqa: BLE001 - the control store's host died: nothing more can move
+            self._fail_all(f"control store unreachable: {_short(e)}")
+        ev, self._events = self._events, []
+        return ev
+
+    def abort(self, request_id: str) -> None:
+        req = self.sends.pop(request_id, None)
+        if req is not None and self.role == "prefill":
+            # A decode engine may still pull it: keep polling until its deadline to refuse
+            # the pull at once (a pull left unanswered would hold up that peer's later ones).
+            self.dropped[request_id] = req.deadline
+        if request_id in self.inflight:
+            self.inflight[request_id].aborted = True  # bytes are a copy; the pull is still answered
+        if request_id in self.loads:
+            self.loads[request_id].aborted = True     # its payload is still drained, then dropped
+
+    def has_pending(self) -> bool:
+        # An aborted load still has a payload to drain (and, for shared memory, a file to
+        # remove), until its deadline: past it, nothing more is expected from the peer.
+        return bool(any(not f.aborted for f in self.inflight.values()) or self.loads or self.dropped)
+
+    def pulls_waiting(self) -> int:
+        """Prefill side: pulls posted by peers and not served yet (for tests and diagnostics)."""
+        n = 0
+        for peer in range(self.world_size):
+            if peer != self.rank and self.store.check([f"pull/{self.rank}/{peer}/{self._pull_in.get(peer, 0)}"]):
+                n += 1
+        return n
+
+    def _peer_failed(self, peer: int, why: str) -> None:
+        self.broken.setdefault(peer, why)
+
+    def _fail_all(self, why: str) -> None:
+        for peer in range(self.world_size):
+            if peer != self.rank:
+                self._peer_failed(peer, why)
+        for rid in list(self.inflight):
+            self._send_done(rid, why)
+        for rid in list(self.loads):
+            self._recv_done(rid, why)
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- transport --------------------------------------------------------------------------------
+    def _send(self, peer: int, seq: int, rid: str, block_ids: List[int], hashes: List[int]) -> None:
+        """Copy the blocks out (on this thread: they are pinned now) and send the copy."""
+        raise NotImplementedError
+
+    def _send_failure(self, peer: int, seq: int, why: str) -> None:
+        raise NotImplementedError
+
+    def _begin_recv(self, peer: int, seq: int, rid: str) -> None:
+        raise NotImplementedError
+
+    def _progress(self) -> None:
+        raise NotImplementedError
+
+
+def _store_addr(store) -> str:
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    return f"{host}:{port}" if host is not None else f"store{id(store)}"
+
+
+def _short(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0][:200] if s else ''}"
