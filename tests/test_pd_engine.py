@@ -500,3 +500,20 @@ def test_shm_prefill_process_killed(tmp_path):
     finally:
         peer.close()
         D.shutdown()
+
+
+def test_streamed_first_token_comes_alone_when_the_kv_arrives(shm_pair, reference):
+    """A streaming decode request emits the prefill's first token as soon as its KV is in, not
+    together with the second token after a decode step (that would add a step to its TTFT)."""
+    P, D = shm_pair()
+    p = PROMPTS[0]
+    o = prefill(P, [p])[0]
+    D.add_request(list(p), GREEDY, request_id="s", stream=True, kv_transfer_params=o.kv_transfer_params)
+    deltas = []
+    t0 = time.monotonic()
+    while D.has_unfinished_requests() and time.monotonic() - t0 < WAIT_S:
+        P.step()
+        deltas += [out.outputs[0].delta_token_ids for out in D.step() if out.outputs[0].delta_token_ids]
+    assert deltas[0] == reference(p)[:1]
+    assert sum(deltas, []) == reference(p)
+    assert_baseline(D)

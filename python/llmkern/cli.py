@@ -6,6 +6,8 @@
     llmkern serve                                           OpenAI-compatible server (needs llmkern[serve])
     llmkern serve --data-parallel-size 2                    two replicas behind a KV-aware router
     llmkern router --worker URL [--worker URL ...]          the router alone, in front of replicas anywhere
+    llmkern serve --pd 1P1D                                 a prefill and a decode replica behind a router
+    llmkern router --pd --prefill URL --decode URL          the router pairing prefill and decode replicas
     llmkern bench throughput                                end-to-end benchmark vs HF transformers
     llmkern bench serve                                     serving benchmark (policies, HF's server)
 
@@ -56,6 +58,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="split every layer over this many processes (Megatron-style)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                    help="split the layers into this many stages, one process group each")
+    g.add_argument("--expert-parallel-size", "-ep", type=int, default=1,
+                   help="MoE models: spread the experts over this many processes (tokens dispatched with "
+                        "all-to-all; attention tensor-parallel over the same processes)")
     g.add_argument("--distributed-timeout-s", type=float, default=60.0,
                    help="with -tp/-pp: a collective not complete by then stops the engine with an error")
     g.add_argument("--speculative", default=None, metavar="METHOD[:K][,key=value...]",
@@ -72,7 +77,18 @@ def _engine_kwargs(a) -> dict:
                 speculative=getattr(a, "speculative", None), policy=getattr(a, "policy", "fcfs"),
                 max_wait_ms=getattr(a, "max_wait_ms", 0.0),
                 tensor_parallel_size=a.tensor_parallel_size, pipeline_parallel_size=a.pipeline_parallel_size,
-                distributed_timeout_s=a.distributed_timeout_s, schedule=getattr(a, "schedule", "arrival"))
+                expert_parallel_size=a.expert_parallel_size,
+                distributed_timeout_s=a.distributed_timeout_s, schedule=getattr(a, "schedule", "arrival"),
+                **_role_kwargs(a))
+
+
+def _role_kwargs(a) -> dict:
+    """A serve --role prefill|decode engine's KV-connector settings (none for a co-located one)."""
+    if getattr(a, "role", "both") == "both":
+        return {}
+    from .serve.pd import engine_kwargs
+
+    return engine_kwargs(a)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -303,6 +319,20 @@ def _cmd_serve(a) -> int:
         raise SystemExit(f"llmkern serve: {e}")
     if a.data_parallel_size < 1:
         raise SystemExit(f"llmkern serve: --data-parallel-size: expected an integer >= 1, got {a.data_parallel_size}")
+    from .serve.pd import check_pd_args
+
+    problem = check_pd_args(a)
+    if problem:
+        raise SystemExit(f"llmkern serve: {problem}")
+    if a.pd is not None:
+        from .router.pd_launch import parse_pd_spec, run_pd
+
+        try:
+            parse_pd_spec(a.pd)
+        except ValueError as e:
+            raise SystemExit(f"llmkern serve: {e}")
+        _check_engine_args(a)
+        return run_pd(a, a.argv[1:])
     if a.data_parallel_size > 1:
         from .router.launch import run_data_parallel
 
@@ -319,7 +349,16 @@ def _cmd_router(a) -> int:
         raise SystemExit(f"{_SERVE_HINT} ({e})")
     try:
         tok = _router_tokenizer(a.model) if a.model else None
-        router = Router(a.worker or [], policy=a.policy, tokenizer=tok)
+        if a.pd:
+            from .router.pd import PDRouter
+
+            if a.worker:
+                raise ValueError("--worker: in --pd mode replicas are given as --prefill URL and --decode URL")
+            router = PDRouter(a.prefill or [], a.decode or [], policy=a.policy, tokenizer=tok)
+        elif a.prefill or a.decode:
+            raise ValueError("--prefill/--decode: only with --pd")
+        else:
+            router = Router(a.worker or [], policy=a.policy, tokenizer=tok)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"llmkern router: {e}")
     if tok is None:
@@ -335,6 +374,13 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
                    help="a replica (`llmkern serve`) base URL, e.g. http://10.0.0.5:8000; repeat for more; more "
                         "can be added at run time with POST /admin/workers")
     p.add_argument("--model", default=None, help="the replicas' model (its tokenizer is loaded to match prefixes)")
+    p.add_argument("--pd", action="store_true",
+                   help="prefill-decode mode: each request is prefilled on a --prefill replica and continued on "
+                        "a --decode replica (which gets the KV blocks)")
+    p.add_argument("--prefill", action="append", default=None, metavar="URL",
+                   help="with --pd: a `llmkern serve --role prefill` replica; repeat for more")
+    p.add_argument("--decode", action="append", default=None, metavar="URL",
+                   help="with --pd: a `llmkern serve --role decode` replica; repeat for more")
     p.add_argument("--policy", default="cache_aware", choices=POLICIES)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -350,6 +396,19 @@ def _bench_router_args(p: argparse.ArgumentParser) -> None:
 
 def _bench_router(a) -> int:
     from .bench.routing import run_bench
+
+    run_bench(a)
+    return 0
+
+
+def _bench_pd_args(p: argparse.ArgumentParser) -> None:
+    from .bench.disagg import add_args
+
+    add_args(p)
+
+
+def _bench_pd(a) -> int:
+    from .bench.disagg import run_bench
 
     run_bench(a)
     return 0
@@ -414,6 +473,8 @@ BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
               _bench_serve_args, _bench_serve),
     "router": ("routing: multi-tenant Poisson load on N replicas behind the router, per policy (hit rate, TTFT)",
                _bench_router_args, _bench_router),
+    "pd": ("prefill-decode disaggregation: chat decoding + long-prompt bursts, co-located vs 1P1D (TTFT, ITL, KV "
+           "bytes moved)", _bench_pd_args, _bench_pd),
 }
 
 
@@ -457,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="N > 1: N replicas (the CPUs split between them, or one GPU each) behind a router on --port")
     dp.add_argument("--router-policy", default="cache_aware",
                     choices=["cache_aware", "approx_tree", "least_load", "round_robin"])
+    from .serve.pd import add_pd_args
+
+    add_pd_args(sv)
     sv.set_defaults(func=_cmd_serve)
 
     r = sub.add_parser("router", help="KV-cache-aware router in front of llmkern serve replicas")

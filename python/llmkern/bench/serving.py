@@ -46,6 +46,7 @@ class Req:
     arrival: float
     prompt: str
     max_tokens: int
+    extra: dict = field(default_factory=dict)   # more body fields (e.g. ignore_eos)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Result:
     e2e: Optional[float] = None
     tokens: int = 0
     status: Optional[int] = None
+    times: List[float] = field(default_factory=list)   # perf_counter() of each streamed token
 
 
 def workload(n: int, rate: float, seed: int, long_frac: float = 0.2) -> List[Req]:
@@ -78,7 +80,7 @@ async def _one(client, url: str, model: str, r: Req, t0: float, headers: dict) -
     await asyncio.sleep(max(0.0, t0 + r.arrival - time.perf_counter()))
     start = t0 + r.arrival
     body = {"model": model, "messages": [{"role": "user", "content": r.prompt}], "max_tokens": r.max_tokens,
-            "temperature": 0.0, "stream": True}
+            "temperature": 0.0, "stream": True, **r.extra}
     last = None
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
@@ -102,6 +104,7 @@ async def _one(client, url: str, model: str, r: Req, t0: float, headers: dict) -
                     res.itls.append(now - last)
                 last = now
                 res.tokens += 1   # one chunk per token while streaming (both servers)
+                res.times.append(now)
         res.e2e = time.perf_counter() - start
         res.ok = res.ttft is not None
     except Exception:  # noqa: BLE001 - a failed request counts as not meeting the SLO

@@ -68,6 +68,29 @@ class Comm:
             return None
         return torch.cat(parts, dim=1)[:, :vocab]
 
+    @property
+    def tp_index(self) -> int:
+        """This rank's place in its tensor-parallel group."""
+        return self.tp_ranks.index(self.rank)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int],
+                   kind: str = "all_to_all") -> None:
+        """Rows [sum(in_splits), ...] of inp go in runs of in_splits[i] to the i-th rank of the
+        tensor-parallel group; out receives sum(out_splits) rows, rank i's run first. Counted:
+        the bytes that leave this rank (its own run stays in memory)."""
+        t0 = time.perf_counter()
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.tp_group)
+        row = inp[0].numel() * inp.element_size() if inp.shape[0] else 0
+        self.stats.add(kind, (sum(in_splits) - in_splits[self.tp_index]) * row, time.perf_counter() - t0)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, ...] from every rank of the tensor-parallel group -> [group size * n, ...] in rank order."""
+        t0 = time.perf_counter()
+        parts = [torch.empty_like(x) for _ in self.tp_ranks]
+        dist.all_gather(parts, x.contiguous(), group=self.tp_group)
+        self.stats.add("all_gather", _nbytes(x), time.perf_counter() - t0)
+        return torch.cat(parts)
+
     def isend(self, t: torch.Tensor, dst: int, kind: str = "send"):
         """Non-blocking send; returns (work, the tensor it reads), to keep until the work is done.
         Its bytes are counted here; the wait shows up in the receiver's recv time."""

@@ -30,7 +30,7 @@ from . import launch
 from .sharding import check_parallel, local_config
 from .stage import Stage, to_device
 from .topology import Topology
-from .control import StageChain, bcast, gather_to_root, process_io_bytes, try_report
+from .control import StageChain, bcast, gather_to_root, try_report
 
 
 class DistributedError(RuntimeError):
@@ -39,14 +39,14 @@ class DistributedError(RuntimeError):
 
 class ParallelExecutor:
     def __init__(self, model, config: EngineConfig, load_format: str = "auto"):
-        T, P = config.tensor_parallel_size, config.pipeline_parallel_size
+        T, P, E = config.ranks_per_stage, config.pipeline_parallel_size, config.expert_parallel_size
         world = T * P
         env = launch.env_launch()
         if env is not None and env["rank"] != 0:
             raise RuntimeError(f"distributed: this process is rank {env['rank']}; rank 0 runs the engine, the "
                                f"others run `python -m llmkern.distributed.worker`")
         if env is not None and env["world_size"] != world:
-            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size: {T} x {P} = {world} ranks, but "
+            raise ValueError(f"tensor/expert_parallel_size x pipeline_parallel_size: {T} x {P} = {world} ranks, but "
                              f"WORLD_SIZE is {env['world_size']}")
         if dist.is_available() and dist.is_initialized():
             raise RuntimeError("distributed: this process already has a torch.distributed process group "
@@ -57,7 +57,7 @@ class ParallelExecutor:
             torch.cuda.set_device(device)
         dtype = config.torch_dtype or default_dtype(device)
         cfg, sd, self.tokenizer = read_checkpoint(model, load_format, config.seed)
-        topo = Topology(T, P, cfg.num_layers)
+        topo = Topology(T, P, cfg.num_layers, E)
         check_parallel(cfg, topo)  # before any process starts
         self.topo, self.device, self.model_config = topo, device, cfg
         self.timeout_s = config.distributed_timeout_s
@@ -170,12 +170,13 @@ class ParallelExecutor:
         return DistributedError(msg)
 
     def stats(self, reset: bool = False) -> List[dict]:
-        """Per rank: collective counters ("comm": calls, payload bytes and seconds per kind) and the
-        bytes the process wrote through system calls so far ("io_bytes", sockets included)."""
+        """Per rank: collective counters ("comm": calls, payload bytes and seconds per kind), the
+        bytes the process wrote through system calls so far ("io_bytes", sockets included) and, with
+        expert parallelism, the MoE dispatch counters ("moe": expert_parallel.EPStats.summary)."""
         self._send(("stats", reset))
-        mine = {"comm": self.stage.comm.stats.summary(), "io_bytes": process_io_bytes()}
+        mine = self.stage.stats()
         if reset:
-            self.stage.comm.stats.reset()
+            self.stage.reset_stats()
         return gather_to_root(self.ctrl, mine)
 
     # -- shutdown -------------------------------------------------------------------------------

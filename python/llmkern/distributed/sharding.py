@@ -12,7 +12,11 @@ Megatron-style split over T ranks:
   all-reduced.
 - gate/up: column-parallel over the intermediate size.
 - embedding and LM head: vocab-parallel over V padded to a multiple of T (padding rows are zero
-  and their logits are cut off after the gather)."""
+  and their logits are cut off after the gather).
+- sparse (MoE) layers: the router (and Qwen3's per-head q/k norm weights) on every rank. Without
+  expert parallelism each expert and the shared expert are split like the dense MLP (gate/up rows,
+  down columns: partial sums, all-reduced); with it (topo.ep == T) rank r holds experts
+  [r E/T, (r+1) E/T) whole and a whole copy of the shared expert (expert_parallel.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +25,7 @@ from typing import Dict, Tuple
 import torch
 
 from ..models.config import ModelConfig
+from ..models.moe_weights import expert_weight, moe_layout
 from .topology import Topology
 
 
@@ -34,6 +39,15 @@ def check_parallel(cfg: ModelConfig, topo: Topology) -> None:
         raise ValueError(f"tensor_parallel_size: {T} does not divide the intermediate size {cfg.intermediate_size}")
     if P > cfg.num_layers:
         raise ValueError(f"pipeline_parallel_size: {P} is more than the model's {cfg.num_layers} layers")
+    if topo.ep > 1 and not cfg.num_experts:
+        raise ValueError(f"expert_parallel_size: {topo.ep}, but the model ({cfg.arch}) has no experts")
+    if topo.ep > 1 and cfg.num_experts % topo.ep:
+        raise ValueError(f"expert_parallel_size: {topo.ep} does not divide the model's {cfg.num_experts} experts")
+    if cfg.num_experts and topo.ep == 1:
+        for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+            if getattr(cfg, name) % T:
+                raise ValueError(f"tensor_parallel_size: {T} does not divide the {name} {getattr(cfg, name)} "
+                                 f"(or spread the experts instead: expert_parallel_size={T})")
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -59,9 +73,14 @@ def local_config(cfg: ModelConfig, topo: Topology, rank: int) -> Tuple[ModelConf
     first, end = topo.layers(topo.stage_of(rank))
     vshard = padded_vocab(cfg.vocab_size, T) // T
     _, hq, _, hkv = head_split(cfg, T, topo.tp_rank_of(rank))
+    split_experts = T if topo.ep == 1 else 1  # expert parallelism keeps experts whole
+    per = cfg.num_experts // topo.ep
+    held = (topo.tp_rank_of(rank) * per, per) if topo.ep > 1 else None
     local = dataclasses.replace(
         cfg, num_heads=hq, num_kv_heads=hkv,
-        intermediate_size=cfg.intermediate_size // T, vocab_size=vshard, num_layers=end - first)
+        intermediate_size=cfg.intermediate_size // T, vocab_size=vshard, num_layers=end - first,
+        moe_intermediate_size=cfg.moe_intermediate_size // split_experts,
+        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // split_experts, local_experts=held)
     return local, topo.tp_rank_of(rank) * vshard
 
 
@@ -90,8 +109,10 @@ def shard_state_dict(cfg: ModelConfig, sd: Dict[str, torch.Tensor], topo: Topolo
     first, end = topo.layers(topo.stage_of(rank))
     for i in range(first, end):
         p, q = f"model.layers.{i}.", f"model.layers.{i - first}."
-        for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-            out[q + name] = sd[p + name]
+        for name in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                     "self_attn.k_norm.weight"):
+            if p + name in sd:
+                out[q + name] = sd[p + name]
         for kind in ("weight", "bias"):
             if p + f"self_attn.q_proj.{kind}" not in sd:
                 continue
@@ -99,6 +120,10 @@ def shard_state_dict(cfg: ModelConfig, sd: Dict[str, torch.Tensor], topo: Topolo
             for n in "kv":
                 out[q + f"self_attn.{n}_proj.{kind}"] = rows(sd[p + f"self_attn.{n}_proj.{kind}"], kv0 * D, hkv * D)
         out[q + "self_attn.o_proj.weight"] = cols(sd[p + "self_attn.o_proj.weight"], q0 * D, hq * D)
+        layout = moe_layout(sd, p)
+        if layout is not None:
+            _shard_moe(cfg, sd, out, topo, r, p, q, *layout)
+            continue
         for n in ("gate_proj", "up_proj"):
             out[q + f"mlp.{n}.weight"] = rows(sd[p + f"mlp.{n}.weight"], r * inter, inter)
         out[q + "mlp.down_proj.weight"] = cols(sd[p + "mlp.down_proj.weight"], r * inter, inter)
@@ -109,3 +134,35 @@ def shard_state_dict(cfg: ModelConfig, sd: Dict[str, torch.Tensor], topo: Topolo
         out["lm_head.weight"] = vocab_rows(sd["lm_head.weight"])
     out["model.norm.weight"] = sd["model.norm.weight"]
     return out
+
+
+def _shard_moe(cfg: ModelConfig, sd, out, topo: Topology, r: int, p: str, q: str, block: str, names) -> None:
+    """A sparse layer's tensors for tensor-parallel rank r (layer prefix p in sd, q in out)."""
+    T = topo.tp
+    qb = q + block[len(p):]
+    out[qb + "gate.weight"] = sd[block + "gate.weight"]
+    gate, up, down = names
+    if topo.ep > 1:  # whole experts, a contiguous run per rank; the shared expert replicated
+        per = cfg.num_experts // topo.ep
+        for e in range(r * per, (r + 1) * per):
+            for n in names:
+                out[expert_weight(qb, e, n)] = sd[expert_weight(block, e, n)]
+        for key in [k for k in sd if k.startswith(block + "shared_expert")]:
+            out[qb + key[len(block):]] = sd[key]
+        return
+
+    def split(key_in: str, key_out: str, n: int, by_cols: bool) -> None:
+        t = sd[key_in]
+        out[key_out] = (t[:, r * n:(r + 1) * n] if by_cols else t[r * n:(r + 1) * n]).clone()
+
+    inter = cfg.moe_intermediate_size // T
+    for e in range(cfg.num_experts):
+        for n in (gate, up):
+            split(expert_weight(block, e, n), expert_weight(qb, e, n), inter, False)
+        split(expert_weight(block, e, down), expert_weight(qb, e, down), inter, True)
+    if block + "shared_expert.gate_proj.weight" in sd:
+        s_in, s_out, n = block + "shared_expert.", qb + "shared_expert.", cfg.shared_expert_intermediate_size // T
+        for name in ("gate_proj", "up_proj"):
+            split(s_in + name + ".weight", s_out + name + ".weight", n, False)
+        split(s_in + "down_proj.weight", s_out + "down_proj.weight", n, True)
+        out[qb + "shared_expert_gate.weight"] = sd[block + "shared_expert_gate.weight"]

@@ -15,7 +15,8 @@ from ..layers.attention import AttnMetadata
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
 from .comm import Comm
-from .control import PendingSends
+from .control import PendingSends, process_io_bytes
+from .expert_parallel import ExpertParallel
 from .launch import Groups
 from .sharding import check_parallel, local_config, shard_state_dict
 from .topology import Topology
@@ -50,11 +51,30 @@ class Stage:
         m.vocab_start = vocab_start
         m.is_first_stage, m.is_last_stage = self.is_first, self.is_last
         m.tp_reduce = self.comm.all_reduce if topo.tp > 1 else None
+        self.ep = ExpertParallel(self.comm, topo.ep) if topo.ep > 1 else None
+        if self.ep is not None:
+            m.moe_forward = self.ep
         self.model = m
         self.kv = None
         # Hidden states and logits leave with non-blocking sends, so a stage starts its next
         # micro-batch while the next stage is still busy with the previous one.
         self.sends = PendingSends(max_pending=4 * topo.pp)
+        self.steps = 0
+
+    def stats(self) -> dict:
+        """Counters since the last reset: steps run, collectives ("comm"), bytes this process wrote
+        through system calls in all ("io_bytes"), and with expert parallelism the MoE dispatch's
+        ("moe")."""
+        out = {"steps": self.steps, "comm": self.comm.stats.summary(), "io_bytes": process_io_bytes()}
+        if self.ep is not None:
+            out["moe"] = self.ep.stats.summary()
+        return out
+
+    def reset_stats(self) -> None:
+        self.steps = 0
+        self.comm.stats.reset()
+        if self.ep is not None:
+            self.ep.stats.reset()
 
     def build_kv(self, config: EngineConfig) -> None:
         """config has the block counts resolved by rank 0 (the same on every rank)."""
@@ -64,6 +84,7 @@ class Stage:
         """This rank's part of a step. Returns the full fp32 logits [rows, vocab] on the rank that
         assembles them, None elsewhere."""
         ids, pos, meta, rows, copies = msg
+        self.steps += 1
         for src, dst, pairs in copies:
             self.kv.copy_blocks_between(src, dst, pairs)
         n, hidden_size = ids.shape[0], self.full_config.hidden_size

@@ -10,6 +10,7 @@ class Topology:
     tp: int           # tensor-parallel size T
     pp: int           # pipeline-parallel size P
     num_layers: int   # decoder layers of the whole model
+    ep: int = 1       # expert-parallel size: 1, or tp (a stage's ranks split the experts between them)
 
     @property
     def world_size(self) -> int:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import launch
-from .control import StageChain, bcast, gather_to_root, process_io_bytes, try_report
+from .control import StageChain, bcast, gather_to_root, try_report
 
 
 def main() -> None:
@@ -61,9 +61,9 @@ def run(rank: int, setup_group, local_rank: int) -> int:
         if kind == "step":
             stage.run(to_device(msg[1], device))
         elif kind == "stats":
-            gather_to_root(ctrl, {"comm": stage.comm.stats.summary(), "io_bytes": process_io_bytes()})
+            gather_to_root(ctrl, stage.stats())
             if msg[1]:
-                stage.comm.stats.reset()
+                stage.reset_stats()
         elif kind == "stop":
             if chain is not None:  # the next stage takes the stop (and what came before it) first
                 chain.pending.wait_all()

@@ -44,6 +44,8 @@ class EngineConfig:
     # process is rank 0 and spawns the others (or joins ranks started by torchrun, see README)
     tensor_parallel_size: int = 1           # Megatron-style shards of every layer
     pipeline_parallel_size: int = 1         # contiguous stages of layers
+    expert_parallel_size: int = 1           # MoE: experts spread over this many ranks per stage
+    #   (attention tensor-parallel over the same ranks; equal to tensor_parallel_size when both > 1)
     distributed_timeout_s: float = 60.0     # a collective not complete by then is an error
     # micro-batches in the pipeline at once (pipeline_parallel_size > 1); None: one per stage, so no
     # stage idles while another works (vLLM's "virtual engines"); 1: one step at a time
@@ -76,7 +78,7 @@ class EngineConfig:
         if self.preemption_mode not in ("recompute", "swap"):
             bad("preemption_mode", "'recompute' or 'swap'")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
-                     "pipeline_parallel_size"):
+                     "pipeline_parallel_size", "expert_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(name, "an integer >= 1")
@@ -91,6 +93,10 @@ class EngineConfig:
         if self.kv_cache_memory_gb is not None and (not _is_num(self.kv_cache_memory_gb)
                                                     or self.kv_cache_memory_gb <= 0):
             bad("kv_cache_memory_gb", "a size in GiB > 0")
+        if 1 < self.tensor_parallel_size != self.expert_parallel_size > 1:
+            raise ValueError(f"expert_parallel_size: {self.expert_parallel_size} must equal tensor_parallel_size "
+                             f"{self.tensor_parallel_size} when both are > 1 (the experts are spread over the "
+                             f"ranks that split attention)")
         v = self.pipeline_micro_batches
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             bad("pipeline_micro_batches", "an integer >= 1 or None")
@@ -154,7 +160,12 @@ class EngineConfig:
     @property
     def world_size(self) -> int:
         """Model-parallel ranks (processes) the engine runs on."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        return self.ranks_per_stage * self.pipeline_parallel_size
+
+    @property
+    def ranks_per_stage(self) -> int:
+        """Ranks sharing each pipeline stage: attention split over them by heads, experts by expert."""
+        return max(self.tensor_parallel_size, self.expert_parallel_size)
 
     @property
     def torch_device(self) -> torch.device:

@@ -304,6 +304,8 @@ class Engine:
         for seq in expired:
             self._finish(seq, "timeout", now)
         handed = self._handover_step() if self.handover is not None else []
+        if any(self._stream.get(s.request.request_id) for s in handed):
+            return self._collect(handed)  # stream the prefill's first token now, not after a decode step
         if spec is not None:
             spec.before_schedule(self.scheduler.running)
         batch = self.scheduler.schedule()

@@ -22,7 +22,8 @@ class LLM:
         """model: None (embedded default), a HF model directory or a .gguf file (or, with
         load_format="dummy", a config for random weights). Other keywords: EngineConfig fields
         (max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching, ...,
-        tensor_parallel_size, pipeline_parallel_size: the model split over that many processes;
+        tensor_parallel_size, pipeline_parallel_size, expert_parallel_size: the model split over
+        that many processes;
         call shutdown() or use `with LLM(...) as llm:` to stop them before the interpreter exits)."""
         config, rest = EngineConfig.split_kwargs(kwargs)
         if rest:

@@ -1,5 +1,7 @@
 """Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM): GQA, RoPE (+ scaling), optional qkv
-bias, tied embeddings, over a paged KV cache.
+bias, tied embeddings, over a paged KV cache. The mixture-of-experts families are the same decoder
+with a MoE MLP (layers/moe.py) in their sparse layers: Mixtral, Qwen2-MoE (shared expert, dense
+layers between sparse ones) and Qwen3-MoE (plus RMSNorm on each query/key head before RoPE).
 
 Lean by construction: token rows of all sequences are one flat [T, hidden] batch; the Q/K/V and
 gate/up projections are single fused matmuls; RoPE is one in-place kernel on the fused q/k rows;
@@ -18,9 +20,11 @@ from ..layers.attention import AttnMetadata, paged_attention
 from ..layers.embed_head import compute_logits, embed_tokens
 from ..layers.layernorm import RMSNorm
 from ..layers.linear import Linear
+from ..layers.moe import MoE, SharedExpert
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
 from .hugepages import move_to_hugepages
+from .moe_weights import moe_layout, stack_experts
 
 
 @dataclass
@@ -29,8 +33,11 @@ class LayerWeights:
     qkv: Linear                     # [(H + 2 Hkv) * D, hidden], optional bias
     o: Linear                       # [hidden, H * D]
     post_norm: RMSNorm
-    gate_up: Linear                 # [2 * inter, hidden]
-    down: Linear                    # [hidden, inter]
+    gate_up: Optional[Linear]       # [2 * inter, hidden] (None in a sparse layer)
+    down: Optional[Linear]          # [hidden, inter]
+    moe: Optional[MoE] = None       # a sparse layer's experts
+    q_norm: Optional[RMSNorm] = None  # Qwen3: per-head norms of the queries and keys
+    k_norm: Optional[RMSNorm] = None
 
 
 class LlamaForCausalLM:
@@ -58,6 +65,15 @@ class LlamaForCausalLM:
         self.vocab_start = 0
         self.is_first_stage = True
         self.is_last_stage = True
+        # A sparse layer's MLP: the experts on this process (expert parallelism replaces it with
+        # a dispatch of the tokens to the ranks holding their experts).
+        self.moe_forward: Callable[[MoE, torch.Tensor], torch.Tensor] = self._moe_local
+
+    def _moe_local(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
+        out = moe(x)
+        if self.tp_reduce is not None:  # experts split by their intermediate size: partial sums
+            self.tp_reduce(out)
+        return out
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -82,13 +98,22 @@ class LlamaForCausalLM:
             bias = None
             if config.qkv_bias:
                 bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).contiguous()
-            gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
-            layers.append(LayerWeights(
+            L = LayerWeights(
                 input_norm=RMSNorm(take(p + "input_layernorm.weight"), eps), qkv=Linear(torch.cat([q, k, v]), bias),
                 o=Linear(take(p + "self_attn.o_proj.weight")),
-                post_norm=RMSNorm(take(p + "post_attention_layernorm.weight"), eps),
-                gate_up=Linear(torch.cat([gate, up])), down=Linear(take(p + "mlp.down_proj.weight"))))
-            del q, k, v, gate, up
+                post_norm=RMSNorm(take(p + "post_attention_layernorm.weight"), eps), gate_up=None, down=None)
+            if config.qk_norm:
+                L.q_norm = RMSNorm(take(p + "self_attn.q_norm.weight"), eps)
+                L.k_norm = RMSNorm(take(p + "self_attn.k_norm.weight"), eps)
+            layout = moe_layout(sd, p)
+            if layout is None:
+                gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
+                L.gate_up, L.down = Linear(torch.cat([gate, up])), Linear(take(p + "mlp.down_proj.weight"))
+                del gate, up
+            else:
+                L.moe = cls._build_moe(config, sd, take, *layout)
+            layers.append(L)
+            del q, k, v
         embed = take("model.embed_tokens.weight")
         head = None if config.tie_word_embeddings else take("lm_head.weight", required=False)
         lm_head = Linear(embed if head is None else head)  # some checkpoints tie without saying so
@@ -100,21 +125,52 @@ class LlamaForCausalLM:
             model._move_to_hugepages()
         return model
 
+    @staticmethod
+    def _build_moe(config: ModelConfig, sd, take, block: str, names) -> MoE:
+        """A sparse layer from its router, its experts (all of them, or the contiguous run an
+        expert-parallel rank holds: config.local_experts) and Qwen2-MoE's shared expert."""
+        first, count = config.local_experts or (0, config.num_experts)
+        w13, w2 = stack_experts(take, block, names, first, count)  # a missing expert: take() names it
+        shared = None
+        if block + "shared_expert.gate_proj.weight" in sd:
+            s = block + "shared_expert."
+            shared = SharedExpert(
+                Linear(torch.cat([take(s + "gate_proj.weight"), take(s + "up_proj.weight")])),
+                Linear(take(s + "down_proj.weight")), Linear(take(block + "shared_expert_gate.weight")))
+        return MoE(Linear(take(block + "gate.weight")), w13, w2, config.num_experts_per_tok, config.norm_topk_prob,
+                   config.num_experts, first, shared)
+
     def _linears(self) -> List[Linear]:
-        return [self.lm_head] + [getattr(L, n) for L in self.layers for n in ("qkv", "o", "gate_up", "down")]
+        out = [self.lm_head] + [getattr(L, n) for L in self.layers for n in ("qkv", "o")]
+        for L in self.layers:
+            if L.moe is None:
+                out += [L.gate_up, L.down]
+            else:
+                out.append(L.moe.router)
+                if L.moe.shared is not None:
+                    out += [L.moe.shared.gate_up, L.moe.shared.down, L.moe.shared.gate]
+        return out
+
+    def _norms(self) -> List[RMSNorm]:
+        out = [self.norm] + [n for L in self.layers for n in (L.input_norm, L.post_norm)]
+        return out + [n for L in self.layers for n in (L.q_norm, L.k_norm) if n is not None]
 
     def _tensors(self) -> List[Optional[torch.Tensor]]:
         """Every weight tensor, in a fixed order (tied ones repeated)."""
-        out = [self.embed, self.norm.weight] + [n.weight for L in self.layers for n in (L.input_norm, L.post_norm)]
-        return out + [t for lin in self._linears() for t in (lin.weight, lin.bias)]
+        out = [self.embed] + [n.weight for n in self._norms()]
+        out += [t for lin in self._linears() for t in (lin.weight, lin.bias)]
+        return out + [t for L in self.layers if L.moe is not None for t in L.moe.expert_tensors()]
 
     def _move_to_hugepages(self) -> None:
         it = iter(move_to_hugepages(self._tensors()))
-        self.embed, self.norm.weight = next(it), next(it)
-        for L in self.layers:
-            L.input_norm.weight, L.post_norm.weight = next(it), next(it)
+        self.embed = next(it)
+        for n in self._norms():
+            n.weight = next(it)
         for lin in self._linears():
             lin.weight, lin.bias = next(it), next(it)
+        for L in self.layers:
+            if L.moe is not None:
+                L.moe.set_expert_tensors([next(it) for _ in L.moe.expert_tensors()])
 
     @property
     def weight_bytes(self) -> int:
@@ -154,6 +210,10 @@ class LlamaForCausalLM:
                 L.input_norm.add_(hidden, residual)
             qkv = L.qkv(hidden)
             q, k, v = qkv[:, :q_size], qkv[:, q_size:qk_size], qkv[:, qk_size:]
+            if L.q_norm is not None:  # per-head norms need each head's row on its own: copies
+                q, k = q.contiguous(), k.contiguous()
+                L.q_norm(q.view(-1, D), out=q.view(-1, D))
+                L.k_norm(k.view(-1, D), out=k.view(-1, D))
             self.rotary(positions, q, k)
             k_cache, v_cache = kv_caches[i]
             paged_attention(q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D), k_cache, v_cache, meta,
@@ -162,6 +222,9 @@ class LlamaForCausalLM:
             if reduce is not None:  # row-parallel o_proj: partial sums over the head shards
                 reduce(hidden)
             L.post_norm.add_(hidden, residual)
+            if L.moe is not None:
+                hidden = self.moe_forward(L.moe, hidden)
+                continue
             hidden = L.down(silu_and_mul(L.gate_up(hidden)))
             if reduce is not None:  # row-parallel down_proj
                 reduce(hidden)
@@ -173,3 +236,4 @@ class LlamaForCausalLM:
     def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """LM head on the selected rows of forward()'s output only; fp32 logits [rows, vocab]."""
         return compute_logits(self.lm_head, hidden, rows)
+

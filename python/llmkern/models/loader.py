@@ -147,6 +147,15 @@ _GGUF_LAYER_NAMES = {
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    # sparse layers (experts stacked [E, ...] in the file: split per expert by _split_experts)
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj", "ffn_up_exps.weight": "mlp.experts.up_proj",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
 _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                    "output.weight": "lm_head.weight"}
@@ -178,7 +187,7 @@ def read_gguf(path: str):
 
     reader, meta, cfg = _open_gguf(path)
     arch = cfg.arch
-    rope_permuted = arch in ("llama", "mistral")  # the converter permutes Q/K for these archs only
+    rope_permuted = arch in ("llama", "mistral", "mixtral")  # the converter permutes Q/K for these archs only
     sd: Dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         if t.name in _GGUF_TOP_NAMES:
@@ -197,8 +206,21 @@ def read_gguf(path: str):
         if rope_permuted and (t.name.endswith("attn_q.weight") or t.name.endswith("attn_k.weight")):
             w = _unpermute_rope(w, cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads)
         w = np.ascontiguousarray(w)
-        sd[hf] = torch.from_numpy(w if w.flags.writeable else w.copy())
+        w = torch.from_numpy(w if w.flags.writeable else w.copy())
+        if hf.endswith("shared_expert_gate.weight"):
+            w = w.reshape(1, -1)  # llama.cpp stores the [1, hidden] gate as a vector
+        if hf.startswith("model.layers.") and ".mlp.experts." in hf:
+            _split_experts(sd, hf, w)
+        else:
+            sd[hf] = w
     return cfg, sd, Tokenizer.from_gguf(meta)
+
+
+def _split_experts(sd: Dict[str, torch.Tensor], stacked: str, w: torch.Tensor) -> None:
+    """A GGUF's stacked expert matrix [E, ...] as the HF per-expert names (views, no copy)."""
+    block, name = stacked.rsplit(".experts.", 1)
+    for e, t in enumerate(w.unbind(0)):
+        sd[f"{block}.experts.{e}.{name}.weight"] = t
 
 
 def save_hf_dir(cfg: ModelConfig, sd: Dict[str, torch.Tensor], path: str) -> None:
@@ -235,10 +257,33 @@ def dummy_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> Dict
             sd[p + "self_attn.q_proj.bias"] = rnd(cfg.num_heads * d)
             sd[p + "self_attn.k_proj.bias"] = rnd(cfg.num_kv_heads * d)
             sd[p + "self_attn.v_proj.bias"] = rnd(cfg.num_kv_heads * d)
+        if cfg.qk_norm:
+            sd[p + "self_attn.q_norm.weight"] = torch.ones(d)
+            sd[p + "self_attn.k_norm.weight"] = torch.ones(d)
+        if cfg.is_moe_layer(i):
+            _dummy_experts(sd, cfg, p, rnd)
+            continue
         sd[p + "mlp.gate_proj.weight"] = rnd(inter, h)
         sd[p + "mlp.up_proj.weight"] = rnd(inter, h)
         sd[p + "mlp.down_proj.weight"] = rnd(h, inter)
     return sd
+
+
+def _dummy_experts(sd, cfg: ModelConfig, p: str, rnd) -> None:
+    """A sparse layer's router, experts and shared expert, under the family's HF names."""
+    h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    block, names = ("block_sparse_moe.", ("w1", "w3", "w2")) if cfg.arch == "mixtral" else \
+        ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    sd[p + block + "gate.weight"] = rnd(cfg.num_experts, h)
+    for e in range(cfg.num_experts):
+        q = f"{p}{block}experts.{e}."
+        sd[q + names[0] + ".weight"], sd[q + names[1] + ".weight"] = rnd(inter, h), rnd(inter, h)
+        sd[q + names[2] + ".weight"] = rnd(h, inter)
+    if cfg.shared_expert_intermediate_size:
+        s, n = p + block + "shared_expert.", cfg.shared_expert_intermediate_size
+        sd[s + "gate_proj.weight"], sd[s + "up_proj.weight"] = rnd(n, h), rnd(n, h)
+        sd[s + "down_proj.weight"] = rnd(h, n)
+        sd[p + block + "shared_expert_gate.weight"] = rnd(1, h)
 
 
 def _read_dummy(model, seed):

@@ -2,4 +2,5 @@
 
 kv_index: the router's exact copy of each replica's prefix cache, from the replica's block events;
 policies: cache_aware (default), approx_tree (SGLang's baseline), least_load, round_robin;
-worker / core: health, KV sync, forwarding with retries; app: the HTTP routes; launch: processes."""
+worker / core: health, KV sync, forwarding with retries; app: the HTTP routes; launch: processes;
+pd / pd_launch: the prefill-decode mode (`router --pd`, `serve --pd NPMD`)."""

@@ -102,7 +102,10 @@ def build_router_app(router: Router, admin_key: Optional[str] = None) -> FastAPI
     @app.get("/admin/workers")
     async def list_workers(request: Request):
         _admin(request)
-        return {"policy": router.policy.name, "workers": [w.info() for w in router.workers.values()]}
+        role_of = getattr(router, "role_of", None)   # --pd mode: each worker's role too
+        return {"policy": router.policy.name,
+                "workers": [dict(w.info(), role=role_of(w.url)) if role_of else w.info()
+                            for w in router.workers.values()]}
 
     @app.post("/admin/workers")
     async def add_worker(request: Request):
@@ -112,10 +115,13 @@ def build_router_app(router: Router, admin_key: Optional[str] = None) -> FastAPI
             url = body["url"]
         except (ValueError, TypeError, KeyError):
             raise APIError(400, "body: expected {\"url\": \"http://host:port\"}", param="url")
+        pd = hasattr(router, "role_of")   # --pd mode: {"url", "role": "prefill"|"decode"}
+        if "role" in body and not pd:
+            raise APIError(400, "role: only a router in --pd mode takes a worker role", param="role")
         try:
-            w = await router.add_worker(url)
+            w = await (router.add_worker(url, body.get("role")) if pd else router.add_worker(url))
         except ValueError as e:
-            raise APIError(400, str(e), param="url")
+            raise APIError(400, str(e), param="role" if str(e).startswith("role") else "url")
         return JSONResponse(w.info(), status_code=201)
 
     @app.delete("/admin/workers")

@@ -41,6 +41,18 @@ class _Collector:
             fam = CounterMetricFamily(name, doc)
             fam.add_metric([], v)
             yield fam
+        pd = getattr(r, "pd_counters", None)      # the prefill-decode mode's paths
+        for name, doc, v in (pd() if pd else []):
+            fam = CounterMetricFamily(name, doc)
+            fam.add_metric([], v)
+            yield fam
+        role_of = getattr(r, "role_of", None)
+        if role_of is not None:
+            fam = GaugeMetricFamily("llmkern_router_worker_role", "1 for the worker's role in --pd mode",
+                                    labels=["worker", "role"])
+            for w in workers:
+                fam.add_metric([w.url, role_of(w.url)], 1)
+            yield fam
 
 
 def render_metrics(router) -> bytes:

@@ -21,6 +21,7 @@ from .config import ServeConfig
 from .errors import APIError, json_response
 from .kv_events import KVEventPublisher
 from .metrics import ServeMetrics
+from .pd import RoleHooks, engine_role
 from .protocol import completion_response, parse_chat, parse_completion
 from .streaming import Run, final_outputs, first_item, stream_events
 
@@ -37,6 +38,7 @@ class ServerState:
         self.metrics = ServeMetrics(loop, model_name)
         self.admission = Admission(cfg, loop, self.metrics)
         self.draining = False
+        self.pd = RoleHooks(engine_role(eng))   # prefill / decode / both
         self.created = int(time.time())
         kv = getattr(eng, "kv", None)       # an engine without a paged cache publishes nothing
         self.kv_events = KVEventPublisher(kv.block_size if kv is not None else 0)
@@ -184,11 +186,12 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
                            code="model_not_found")
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, loop.engine, cfg.max_n, state.max_tokens_limit)
+        extra = state.pd.submit_kwargs(body, req)
         state.admission.check(len(req.prompts), sum(len(ids) for _, ids in req.prompts))
         now = time.perf_counter()
         deadline = now + cfg.queue_timeout_s if cfg.queue_timeout_s else None
         handles = [loop.submit(ids, req.params, stream=req.stream, priority=req.priority, queue_deadline=deadline,
-                               arrival_time=now) for _, ids in req.prompts]
+                               arrival_time=now, **extra) for _, ids in req.prompts]
         run = Run(loop, handles)
         watch = asyncio.ensure_future(_until_disconnect(request))
         streaming = False
@@ -200,7 +203,8 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
                 return Response(status_code=499)
             result = work.result()     # raises the request's APIError
             if not req.stream:
-                return JSONResponse(completion_response(req, name, result, loop.engine.tokenizer))
+                return JSONResponse(state.pd.response(completion_response(req, name, result, loop.engine.tokenizer),
+                                                      result))
             streaming = True           # the stream owns `run` now (it aborts on disconnect)
             return StreamingResponse(stream_events(req, name, run, result, loop.engine.tokenizer),
                                      media_type="text/event-stream",

@@ -87,12 +87,14 @@ class EngineLoop:
             return self._stats, self._pending[0], self._pending[1]
 
     def submit(self, prompt_ids: List[int], params, *, stream: bool, priority: int = 0,
-               queue_deadline: Optional[float] = None, arrival_time: Optional[float] = None) -> RequestHandle:
+               queue_deadline: Optional[float] = None, arrival_time: Optional[float] = None,
+               **engine_kwargs) -> RequestHandle:
+        """engine_kwargs: more Engine.add_request arguments (e.g. a decode role's kv_transfer_params)."""
         if not self.alive:
             raise APIError(503, "the engine is not running", code="engine_dead")
         h = RequestHandle(f"r{next(self._ids)}", asyncio.get_running_loop())
         kw = dict(stream=stream, priority=priority, queue_deadline=queue_deadline,
-                  arrival_time=arrival_time if arrival_time is not None else time.perf_counter())
+                  arrival_time=arrival_time if arrival_time is not None else time.perf_counter(), **engine_kwargs)
         with self._lock:
             self._intake.append(_Submit(h, prompt_ids, params, kw, len(prompt_ids)))
             self._pending[0] += 1

@@ -37,6 +37,31 @@ class _EngineCollector:
         yield family(CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                      st.prefix_hit_tokens)
         yield family(CounterMetricFamily, "num_preemptions", "Preemptions of running sequences.", st.num_preemptions)
+        yield from _kv_transfer_families(st, self.model)
+
+
+def _kv_transfer_families(st, model: str):
+    """Prefill-decode hand-overs (serve --role prefill|decode): KV bytes and seconds by direction,
+    completed and failed transfers, blocks pinned for sends, requests waiting for their KV."""
+    for name, doc, sent, recv in (
+            ("kv_transfer_bytes", "KV-cache bytes handed over, by direction.", "kv_bytes_sent", "kv_bytes_received"),
+            ("kv_transfer_seconds", "Wall time of KV hand-overs, by direction.", "kv_transfer_seconds_sent",
+             "kv_transfer_seconds_received")):
+        f = CounterMetricFamily(P + name, doc, labels=["model_name", "direction"])
+        f.add_metric([model, "sent"], getattr(st, sent, 0))
+        f.add_metric([model, "received"], getattr(st, recv, 0))
+        yield f
+    for cls, name, doc, attr in (
+            (CounterMetricFamily, "kv_transfers", "KV hand-overs completed (both directions).", "kv_transfers_done"),
+            (CounterMetricFamily, "kv_transfers_failed", "KV hand-overs that failed (deadline, peer gone, bad data).",
+             "kv_transfers_failed"),
+            (GaugeMetricFamily, "kv_blocks_pinned", "Blocks a prefill engine holds for hand-overs in progress.",
+             "kv_blocks_pinned"),
+            (GaugeMetricFamily, "num_requests_waiting_for_kv", "Requests on a decode engine whose KV is arriving.",
+             "num_waiting_for_kv")):
+        f = cls(P + name, doc, labels=["model_name"])
+        f.add_metric([model], getattr(st, attr, 0))
+        yield f
 
 
 class ServeMetrics:

@@ -15,7 +15,8 @@ from .errors import APIError, from_value_error
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
              "repetition_penalty", "n", "stop", "stop_token_ids", "seed", "ignore_eos", "min_tokens",
              "include_stop_str_in_output", "skip_special_tokens", "max_tokens")
-_COMMON = ("model", "stream", "stream_options", "priority", "user", "logprobs")
+_COMMON = ("model", "stream", "stream_options", "priority", "user", "logprobs",
+           "kv_transfer_params")   # prefill-decode hand-over (serve/pd.py checks it per role)
 _COMPLETION_ONLY = ("prompt",)
 _CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs")
 # Accepted only at their "off" value (an OpenAI client may send them explicitly).

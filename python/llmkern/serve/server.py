@@ -58,4 +58,9 @@ def run_server(engine, cfg: ServeConfig, model_name: str, log_level: str = "warn
         server.run()
     finally:
         loop.stop()
+        try:    # the engine's own resources: model-parallel workers, a KV connector's groups and files
+            if not loop.alive and hasattr(engine, "shutdown"):   # never under a step still running
+                engine.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway; say why the clean-up was cut short
+            logging.getLogger("llmkern.serve").exception("llmkern: engine shutdown failed")
     return 0

@@ -18,6 +18,9 @@ def _as_error(item) -> Optional[APIError]:
     if getattr(item, "finished", False) and item.finish_reason == "timeout":
         return APIError(503, "the request waited in the queue past the server's queue timeout without "
                              "starting; retry later", code="queue_timeout", headers={"Retry-After": "1"})
+    if getattr(item, "finished", False) and item.finish_reason == "error":   # e.g. a failed KV hand-over
+        return APIError(503, getattr(item, "error", None) or "the request failed in the engine",
+                        code="kv_transfer_failed")
     return None
 
 

@@ -1,0 +1,105 @@
+"""`llmkern serve --pd NPMD` (e.g. 1P1D): N prefill and M decode replicas of `llmkern serve` on
+loopback ports, each pinned to its share of the CPUs (llmkern's cpu_share rule, like
+--data-parallel-size) or its own GPU, and the router in --pd mode on the public port. The replicas
+die with the launcher (SIGTERM drains them; PDEATHSIG covers a launcher that was killed)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from typing import List, Tuple
+
+from .launch import _child_setup, _free_port, _router_tokenizer, replica_argv, run_router, split_cpus, stop_replicas
+
+_SPEC = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
+# Options the launcher decides for each replica (besides those of data parallelism).
+_LAUNCHER_OPTS = ("--pd", "--role", "--kv-connector", "--kv-rendezvous", "--kv-rank", "--kv-world-size")
+
+
+def parse_pd_spec(spec: str) -> Tuple[int, int]:
+    """'1P1D' -> (1, 1): prefill and decode replica counts."""
+    m = _SPEC.match(spec or "")
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ValueError(f"--pd: expected NPMD with N, M >= 1 (e.g. 1P1D, 2P1D), got {spec!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _strip(argv: List[str], names) -> List[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in names:
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def pd_replica_argv(argv: List[str], role: str, index: int, extra: List[str]) -> List[str]:
+    """One replica's serve arguments: the user's, less the launcher's own, plus its role."""
+    return _strip(replica_argv(argv), _LAUNCHER_OPTS) + ["--role", role] + extra
+
+
+def start_pd_replicas(argv: List[str], n_prefill: int, n_decode: int, use_gpus: bool = False,
+                      connector_argv=None):
+    """[(Popen, url, role)] of the prefill replicas then the decode replicas on free loopback ports.
+    connector_argv(role, index) gives each replica's KV-connector options."""
+    from ..cpu_affinity import format_cpus
+
+    n = n_prefill + n_decode
+    shares = split_cpus(n)
+    roles = ["prefill"] * n_prefill + ["decode"] * n_decode
+    procs = []
+    try:
+        for i, role in enumerate(roles):
+            port = _free_port()
+            env = dict(os.environ)
+            cpus = None
+            if use_gpus:
+                env["CUDA_VISIBLE_DEVICES"] = str(i)
+            else:
+                cpus = shares[i]
+                env["OMP_NUM_THREADS"] = str(len(cpus))
+                env["LLMKERN_CPUS"] = format_cpus(cpus)
+            extra = connector_argv(role, i) if connector_argv else []
+            cmd = [sys.executable, "-m", "llmkern.cli", "serve", *pd_replica_argv(argv, role, i, extra),
+                   "--host", "127.0.0.1", "--port", str(port)]
+            p = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cpus))
+            procs.append((p, f"http://127.0.0.1:{port}", role))
+    except BaseException:
+        stop_replicas([(p, u) for p, u, _ in procs], 5)
+        raise
+    return procs
+
+
+def run_pd(a, argv: List[str]) -> int:
+    from .pd import PDRouter
+
+    n_prefill, n_decode = parse_pd_spec(a.pd)
+    use_gpus = False
+    if a.device != "cpu":
+        try:
+            import torch
+
+            use_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= n_prefill + n_decode
+        except ImportError:
+            pass
+    tokenizer = _router_tokenizer(a.model, a.load_format)
+    procs = start_pd_replicas(argv, n_prefill, n_decode, use_gpus, connector_argv=_connector_argv(a))
+    try:
+        router = PDRouter([u for _, u, r in procs if r == "prefill"], [u for _, u, r in procs if r == "decode"],
+                          policy=a.router_policy, tokenizer=tokenizer)
+        return run_router(router, a.host, a.port, log_level=a.log_level)
+    finally:
+        stop_replicas([(p, u) for p, u, _ in procs], a.shutdown_grace_s + 5)
+
+
+def _connector_argv(a):
+    """Each replica's KV-connector options (filled in by serve/pd.py's launch_connector_argv)."""
+    from ..serve.pd import launch_connector_argv
+
+    return launch_connector_argv(a)
