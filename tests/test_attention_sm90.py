@@ -1,6 +1,6 @@
 """The sm_90a prefill kernel (csrc/attention/flash_prefill_sm90.cuh: TMA producer, two wgmma
-consumer warpgroups) against the plain-torch references: on the SIMT emulator with the test
-switch that selects it, and on an sm_90 GPU (marker `cuda`) where the op selects it by itself.
+consumer warpgroups) against the plain-torch references, with the switch that selects it
+(use_sm90_prefill): on the SIMT emulator, and on an sm_90 GPU (marker `cuda`).
 Each case also checks that the call really ran on that kernel."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def sm90(request):
             pytest.skip("llmkern was not compiled for 90a")
     ctx, b = _enter(request.param)
     mod = _module(request.param)
-    prev = mod.simt_use_sm90_prefill(True) if request.param == "simt" else None
+    prev = mod.use_sm90_prefill(True)
     try:
         if ctx is None:
             yield b, mod
@@ -38,8 +38,7 @@ def sm90(request):
             with ctx:
                 yield b, mod
     finally:
-        if prev is not None:
-            mod.simt_use_sm90_prefill(prev)
+        mod.use_sm90_prefill(prev)
 
 
 CASES = [

@@ -9,9 +9,7 @@ void bind_attention(pybind11::module_& m) {
   m.def("flash_attn_kvcache_fwd_ext", &flash_attn_kvcache_fwd_ext, release_gil());
 #if defined(LLMK_SIMT) || defined(LLMK_WITH_CUDA)
   m.def("sm90_prefill_launches", &gpu::attn::sm90_prefill_launches);
-#endif
-#if defined(LLMK_SIMT)
-  m.def("simt_use_sm90_prefill", &gpu::attn::set_sm90_prefill_emulation);
+  m.def("use_sm90_prefill", &gpu::attn::use_sm90_prefill);
 #endif
 }
 }  // namespace llmk

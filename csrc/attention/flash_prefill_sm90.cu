@@ -1,7 +1,7 @@
-// Launcher of the sm_90a prefill kernel (flash_prefill_sm90.cuh) and the switch that selects it:
-// on a CUDA build compiled for 90a, whenever the current device is sm_90 (unless the environment
-// sets LLMKERN_SM90_PREFILL=0); under the SIMT
-// emulator, only when a test turns it on (llmkern._simt.simt_use_sm90_prefill).
+// Launcher of the sm_90a prefill kernel (flash_prefill_sm90.cuh) and the switch that selects it
+// (use_sm90_prefill, or LLMKERN_SM90_PREFILL=1 in a CUDA process): on a CUDA build with sm_90a code
+// when the current device is sm_90, under the SIMT emulator for any call it applies to. Opt-in
+// until the kernel has been checked on a Hopper GPU (bench/device_check.sh turns it on).
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +18,12 @@ namespace attn {
 
 namespace {
 
-std::atomic<bool> g_emulate{false};
+bool env_enabled() {
+  const char* e = std::getenv("LLMKERN_SM90_PREFILL");
+  return e && std::strcmp(e, "1") == 0;
+}
+
+std::atomic<bool> g_enabled{env_enabled()};
 std::atomic<long> g_launches{0};
 
 // [batches,] rows, heads, D with 16-bit elements: boxes of 64 columns x 1 head x `box_rows` rows
@@ -33,7 +38,7 @@ bool rows_map(simt::TensorMap* m, const void* base, int64_t rows, int heads, int
 
 }  // namespace
 
-bool set_sm90_prefill_emulation(bool on) { return g_emulate.exchange(on); }
+bool use_sm90_prefill(bool on) { return g_enabled.exchange(on); }
 long sm90_prefill_launches() { return g_launches.load(); }
 
 bool sm90_prefill_selected(const KernelArgs& a, int padded_head_dim) {
@@ -44,17 +49,12 @@ bool sm90_prefill_selected(const KernelArgs& a, int padded_head_dim) {
   if (!scores_fold(p) || a.pack != 1 || a.num_splits != 1) return false;
 #if defined(__CUDACC__)
 #if defined(LLMK_HAS_SM90A)
-  // LLMKERN_SM90_PREFILL=0 keeps sm_90 on the mma.sync kernel (A/B comparisons, a fallback).
-  static const bool off = [] {
-    const char* e = std::getenv("LLMKERN_SM90_PREFILL");
-    return e && std::strcmp(e, "0") == 0;
-  }();
-  return !off && device_is_sm90();
+  return g_enabled.load() && device_is_sm90();
 #else
   return false;
 #endif
 #else
-  return g_emulate.load();
+  return g_enabled.load();
 #endif
 }
 

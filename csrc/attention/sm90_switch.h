@@ -6,9 +6,10 @@ namespace llmk {
 namespace gpu {
 namespace attn {
 
-// SIMT: select the kernel where it applies (on) or never (off); returns the previous setting.
-// (CUDA builds select it by the device alone; the setting has no effect there.)
-bool set_sm90_prefill_emulation(bool on);
+// Select the kernel where it applies (on: an sm_90 device in a CUDA build, any call under SIMT) or
+// never (off); returns the previous setting. Off by default: the kernel has run only under the
+// emulator so far; a CUDA process also turns it on with LLMKERN_SM90_PREFILL=1.
+bool use_sm90_prefill(bool on);
 // Calls that ran on it so far.
 long sm90_prefill_launches();
 

@@ -1,7 +1,12 @@
 // MoE front ends: argument checks, then the backend kernels (moe_cpu.cpp, moe.cu).
 #include "moe/moe.h"
 
+#include <initializer_list>
+#include <string>
+#include <utility>
+
 #include "common/checks.h"
+#include "common/overlap.h"
 #include "moe/moe_workspace.h"
 
 namespace llmk {
@@ -32,6 +37,13 @@ void check_routing(const TensorView& x, const TensorView& topk_weights, const Te
   }
   check_index_range(topk_ids, "topk_ids", 0, id_hi,
                     expert_map ? "global experts (expert_map entries)" : "experts (w13.shape[0])", true);
+}
+
+// out may be hidden_states itself (vLLM's inplace=True: every read of it precedes the first write);
+// any other sharing with an input would be read after it was overwritten.
+void check_out_alone(const TensorView& out, std::initializer_list<std::pair<const TensorView*, const char*>> inputs) {
+  for (const auto& [t, name] : inputs)
+    if (t) check_no_overlap(*t, name, out, "out", std::string(name) == "hidden_states");
 }
 
 void check_hidden(const TensorView& out, const TensorView& x, int64_t H) {
@@ -126,6 +138,8 @@ void fused_moe(TensorView out, TensorView x, TensorView w13, TensorView w2, Tens
   check_contiguous(w2, "w2");
   check_routing(x, topk_weights, topk_ids, expert_map, E);
   const TensorView* ws = workspace ? &*workspace : nullptr;
+  check_out_alone(out, {{&x, "hidden_states"}, {&w13, "w13"}, {&w2, "w2"}, {&topk_weights, "topk_weights"},
+                        {&topk_ids, "topk_ids"}, {expert_map ? &*expert_map : nullptr, "expert_map"}, {ws, "workspace"}});
   if (x.is_cuda() || kSimt) {
     LLMK_CHECK(ws != nullptr, ValueError, "workspace: the CUDA kernels need one (fused_moe_workspace_bytes)");
     check_contiguous(*ws, "workspace");
@@ -158,6 +172,9 @@ void fused_moe_packed(TensorView out, TensorView x, TensorView w13_packed, Tenso
   check_hidden(out, x, H);
   check_on_cpu(x, "hidden_states");
   check_routing(x, topk_weights, topk_ids, expert_map, E);
+  check_out_alone(out, {{&x, "hidden_states"}, {&w13_packed, "w13"}, {&w2_packed, "w2"},
+                        {&topk_weights, "topk_weights"}, {&topk_ids, "topk_ids"},
+                        {expert_map ? &*expert_map : nullptr, "expert_map"}});
   if (x.size(0) == 0) return;
   LLMK_RUN_CPU(x, fused_moe_packed, out, x, w13_packed, w2_packed, inter, topk_weights, topk_ids,
                expert_map ? &*expert_map : nullptr, stream);

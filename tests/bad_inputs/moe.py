@@ -10,6 +10,7 @@ w13 = torch.randn(E, 2 * I, H)
 w2 = torch.randn(E, H, I)
 w = torch.full((T, 2), 0.5)
 ids = torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2]], dtype=torch.int32)
+buf = torch.randn(T + 1, H)
 bad = ids.clone()
 bad[0, 0] = 3
 P = llmkern.pack_moe_weights(w13, w2)
@@ -50,6 +51,9 @@ CASES = [
     ("moe-activation", lambda: f(x, w13, w2, w, ids, activation="gelu"), ValueError, "activation"),
     ("moe-out-shape", lambda: f(x, w13, w2, w, ids, out=torch.empty(T, H + 1)), ValueError, "out"),
     ("moe-out-dtype", lambda: f(x, w13, w2, w, ids, out=torch.empty(T, H).half()), TypeError, "out"),
+    ("moe-out-overlap", lambda: f(buf[:-1], w13, w2, w, ids, out=buf[1:]), ValueError, "hidden_states"),
+    ("moe-out-weights", lambda: f(x, w13, w2, w, ids, out=w13.view(-1)[:T * H].view(T, H)), ValueError, "w13"),
+    ("moe-packed-out-overlap", lambda: f(buf[:-1], P, None, w, ids, out=buf[1:]), ValueError, "hidden_states"),
     ("moe-map-range", lambda: f(x, w13, w2, w, ids, expert_map=emap(0, 5, 1)), ValueError, "expert_map"),
     ("moe-map-short", lambda: f(x, w13, w2, w, ids, expert_map=emap(0, 1)), ValueError, "topk_ids"),
     ("moe-map-float", lambda: f(x, w13, w2, w, ids, expert_map=torch.zeros(3)), TypeError, "expert_map"),

@@ -209,8 +209,12 @@ def fused_moe(hidden_states: torch.Tensor, w13: Union[torch.Tensor, MoEWeights],
       equal to -1 contribute nothing (tokens routed to experts on other ranks).
     - ``expert_map`` int32/int64 ``[global_num_experts]``: global id -> local expert row, -1 = not
       local (contributes nothing). Without it ids index w13/w2 directly.
-    - ``out [T, H]`` (hidden_states' dtype), written and returned; allocated when None.
-    Intermediates are fp32; the result is rounded once to hidden_states' dtype.
+    - ``out [T, H]`` (hidden_states' dtype), written and returned; allocated when None. It may be
+      hidden_states itself (in place, vLLM's ``inplace=True``) but share no memory with the others.
+    On CPU the intermediates are fp32 and the result is rounded once to hidden_states' dtype; the
+    CUDA kernels (fp16/bf16 on tensor cores, fp32 accumulation) round the SiLU-and-mul activations
+    to the input dtype before the down projection, as vLLM's do. Experts no token picked are not
+    read. CUDA tensors get a scratch buffer from torch's allocator (CUDA-graph safe; no host sync).
     """
     require_tensor(hidden_states, "hidden_states", 2, "[num_tokens, hidden_size]")
     if activation not in ACTIVATIONS:
