@@ -135,3 +135,11 @@ def test_cli_rejects_bad_arguments():
         main(["router", "--worker", "notaurl"])
     with pytest.raises(SystemExit, match="--data-parallel-size: expected an integer >= 1"):
         main(["serve", "--data-parallel-size", "0"])
+
+
+def test_cache_aware_spreads_new_prefixes():
+    """A prompt cached nowhere, equal loads: the worker holding less cache takes it."""
+    pol = CacheAware()
+    full, empty = FakeWorker("full", list(range(500, 540))), FakeWorker("empty")
+    assert pol.rank(RouteRequest(PROMPT, ""), [full, empty])[0] is empty
+    assert pol.rank(RouteRequest(PROMPT, ""), [empty, full])[0] is empty

@@ -177,7 +177,7 @@ def run_bench(a) -> dict:
     from ..models.loader import default_model_path
 
     model = a.model or default_model_path()
-    report = {"args": vars(a), "variants": {}}
+    report = {"args": {k: v for k, v in vars(a).items() if not callable(v)}, "variants": {}}
     for variant in a.variants:
         reqs = workload(a, variant)
         rows = []

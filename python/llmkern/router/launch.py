@@ -66,26 +66,28 @@ def _child_setup(cpus: Optional[List[int]]):
     return setup
 
 
-def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
-    """[(Popen, url)] of n replicas on free loopback ports."""
+def spawn_replica(serve_argv: List[str], index: int, shares, use_gpus: bool = False):
+    """(Popen, url) of one `llmkern serve` replica on a free loopback port: GPU `index`, or the
+    CPUs shares[index] (the replica pins itself to them and sizes its threads)."""
     from ..cpu_affinity import format_cpus
 
+    port = _free_port()
+    env = dict(os.environ)
+    cpus = None
+    if use_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(index)
+    else:
+        cpus = shares[index]
+        env["OMP_NUM_THREADS"] = str(len(cpus))
+        env["LLMKERN_CPUS"] = format_cpus(cpus)
+    cmd = [sys.executable, "-m", "llmkern.cli", "serve", *serve_argv, "--host", "127.0.0.1", "--port", str(port)]
+    return subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cpus)), f"http://127.0.0.1:{port}"
+
+
+def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
+    """[(Popen, url)] of n replicas on free loopback ports."""
     shares = split_cpus(n)
-    procs = []
-    for i in range(n):
-        port = _free_port()
-        env = dict(os.environ)
-        cpus = None
-        if use_gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(i)
-        else:
-            cpus = shares[i]
-            env["OMP_NUM_THREADS"] = str(len(cpus))
-            env["LLMKERN_CPUS"] = format_cpus(cpus)  # the replica pins itself and sizes its threads
-        cmd = [sys.executable, "-m", "llmkern.cli", "serve", *serve_argv, "--host", "127.0.0.1", "--port", str(port)]
-        p = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cpus))
-        procs.append((p, f"http://127.0.0.1:{port}"))
-    return procs
+    return [spawn_replica(serve_argv, i, shares, use_gpus) for i in range(n)]
 
 
 def stop_replicas(procs, grace_s: float = 30.0) -> None:

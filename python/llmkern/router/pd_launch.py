@@ -4,13 +4,10 @@ loopback ports, each pinned to its share of the CPUs (llmkern's cpu_share rule, 
 die with the launcher (SIGTERM drains them; PDEATHSIG covers a launcher that was killed)."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from typing import List, Tuple
 
-from .launch import _child_setup, _free_port, _router_tokenizer, replica_argv, run_router, split_cpus, stop_replicas
+from .launch import _router_tokenizer, replica_argv, run_router, spawn_replica, split_cpus, stop_replicas
 
 _SPEC = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 # Options the launcher decides for each replica (besides those of data parallelism).
@@ -48,28 +45,14 @@ def start_pd_replicas(argv: List[str], n_prefill: int, n_decode: int, use_gpus: 
                       connector_argv=None):
     """[(Popen, url, role)] of the prefill replicas then the decode replicas on free loopback ports.
     connector_argv(role, index) gives each replica's KV-connector options."""
-    from ..cpu_affinity import format_cpus
-
-    n = n_prefill + n_decode
-    shares = split_cpus(n)
+    shares = split_cpus(n_prefill + n_decode)
     roles = ["prefill"] * n_prefill + ["decode"] * n_decode
     procs = []
     try:
         for i, role in enumerate(roles):
-            port = _free_port()
-            env = dict(os.environ)
-            cpus = None
-            if use_gpus:
-                env["CUDA_VISIBLE_DEVICES"] = str(i)
-            else:
-                cpus = shares[i]
-                env["OMP_NUM_THREADS"] = str(len(cpus))
-                env["LLMKERN_CPUS"] = format_cpus(cpus)
             extra = connector_argv(role, i) if connector_argv else []
-            cmd = [sys.executable, "-m", "llmkern.cli", "serve", *pd_replica_argv(argv, role, i, extra),
-                   "--host", "127.0.0.1", "--port", str(port)]
-            p = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cpus))
-            procs.append((p, f"http://127.0.0.1:{port}", role))
+            p, url = spawn_replica(pd_replica_argv(argv, role, i, extra), i, shares, use_gpus)
+            procs.append((p, url, role))
     except BaseException:
         stop_replicas([(p, u) for p, u, _ in procs], 5)
         raise

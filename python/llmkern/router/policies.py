@@ -91,8 +91,11 @@ class CacheAware:
         return [-c for c in self.costs(req, workers)]
 
     def rank(self, req, workers):
+        # Ties (a prefix cached nowhere, equal queues) go to the worker holding the fewest blocks:
+        # new prefixes spread over the workers instead of piling onto the first one.
         s = self.scores(req, workers)
-        order = sorted(range(len(workers)), key=lambda i: (-s[i], worker_load(workers[i]), i))
+        order = sorted(range(len(workers)), key=lambda i: (-s[i], worker_load(workers[i]),
+                                                           len(workers[i].kv.hashes) + len(workers[i].kv.pending), i))
         return [workers[i] for i in order]
 
 
