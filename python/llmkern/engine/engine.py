@@ -260,6 +260,8 @@ class Engine:
 
     def ready_in(self) -> float:
         """Seconds until step() has work (0: now; > 0: a dynamic batch is forming; inf: idle)."""
+        if self._inflight:
+            return 0.0  # a step in the pipeline waits to be completed
         wait = self.scheduler.ready_in(time.perf_counter())
         if self.handover is not None and self.handover.has_work:
             from .kv_handover import POLL_INTERVAL_S
