@@ -4,7 +4,7 @@ first and, if that one fails before streaming anything, to the next.
 cache_aware (default) scores every worker by the work a request would wait behind there plus the
 work it brings, in prompt tokens (one unit for every term, so the weights are prices, not knobs):
 
-    cost = queued_prefill_tokens + (1 - cached_fraction) * prompt_tokens
+    cost = queued_prefill_tokens + MISS_PRICE * (1 - cached_fraction) * prompt_tokens
            + LOAD_TOKENS * load + KV_TOKENS * kv_usage            (score = -cost; lowest cost wins)
 
 queued_prefill_tokens: prompt tokens the worker still has to compute (its report, every 0.25 s,
@@ -14,10 +14,13 @@ counted exactly from the worker's own chained block hashes; load: requests on th
 larger of this router's in-flight count and the worker's waiting + running, so other routers'
 traffic counts too), each priced at LOAD_TOKENS (64): its decode steps share the worker with the
 new request; kv_usage: the fraction of KV blocks in use (near 1 means preemption is close),
-priced at KV_TOKENS (256) when full.
-A cached 1k-token system prompt is thus worth 1k tokens of queue: a tenant's requests stay on the
-worker that holds its prefix until that worker's queue is longer by more than the prefill they
-save; then the request goes where it waits less and warms a second copy. No on/off threshold."""
+priced at KV_TOKENS (256) when full. A prompt token to compute is priced at MISS_PRICE (2): the
+request waits for it, and so does every request queued behind it on that worker (and the copy it
+writes evicts other prefixes); pricing a miss at its own wait alone spread tenants under load
+and lost hits to spill-over (measured: bench router, 16 tenants).
+A cached 1k-token system prompt is thus worth 2k tokens of queue: a tenant's requests stay on the
+worker that holds its prefix until that worker's queue is longer by more than that; then the
+request goes where it waits less and warms a second copy. No on/off threshold."""
 from __future__ import annotations
 
 import itertools
@@ -77,13 +80,14 @@ class LeastLoad:
 
 @dataclass
 class CacheAware:
+    miss_price: float = 2.0
     load_tokens: float = 64.0
     kv_tokens: float = 256.0
     name: str = "cache_aware"
 
     def costs(self, req: RouteRequest, workers: list) -> List[float]:
         n = len(req.token_ids)
-        return [w.kv.queued_prefill_tokens() + (1.0 - req.cached_fraction(w)) * n
+        return [w.kv.queued_prefill_tokens() + self.miss_price * (1.0 - req.cached_fraction(w)) * n
                 + self.load_tokens * worker_load(w) + self.kv_tokens * float(w.kv.load.get("kv_usage", 0.0))
                 for w in workers]
 
