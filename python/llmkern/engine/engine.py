@@ -310,7 +310,8 @@ class Engine:
             return self._collect(handed)  # stream the prefill's first token now, not after a decode step
         if spec is not None:
             spec.before_schedule(self.scheduler.running)
-        batch = self.scheduler.schedule()
+        cap = self._micro_batch_seqs()
+        batch = self.scheduler.schedule() if cap is None else self.scheduler.schedule(max_seqs=cap)
         if spec is not None:
             spec.before_forward(batch)
         if batch.empty:
@@ -332,6 +333,15 @@ class Engine:
         if len(self._inflight) < self.pipeline_depth:
             return self._collect(handed)
         return self._collect(handed + self._complete(self._inflight.popleft()))
+
+    def _micro_batch_seqs(self) -> Optional[int]:
+        """With P micro-batches in flight, each takes about 1/P of the sequences (else the first
+        would take them all and leave the other stages idle)."""
+        if self.pipeline_depth == 1:
+            return None
+        sch = self.scheduler
+        n = len(sch.running) + len(sch.waiting) + len(sch.swapped)
+        return max(1, -(-min(n, self.config.max_num_seqs) // self.pipeline_depth))
 
     def _complete(self, step: _Launched) -> List[Sequence]:
         """Finish a launched step: sample, advance the sequences, check stops. Returns the

@@ -108,8 +108,11 @@ class Scheduler:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
     # -- the step plan --------------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, max_seqs: int = None) -> ScheduledBatch:
+        """max_seqs: at most this many sequences in the batch (pipeline parallelism splits the
+        running sequences over its micro-batches)."""
         batch = ScheduledBatch()
+        cap = max_seqs if max_seqs is not None else float("inf")
         budget = self.budget
         scheduled = set()
         chunked = self.config.enable_chunked_prefill
@@ -121,7 +124,7 @@ class Scheduler:
         order = ([s for s in self.running if s.num_computed_tokens >= s.num_tokens - 1]
                  + [s for s in self.running if s.num_computed_tokens < s.num_tokens - 1])
         for seq in order:
-            if budget <= 0:
+            if budget <= 0 or len(batch.decodes) + len(batch.prefills) >= cap:
                 break
             if seq.status is not SeqStatus.RUNNING or seq.seq_id in self.busy:
                 continue  # preempted earlier in this loop, or still in the pipeline
@@ -157,7 +160,8 @@ class Scheduler:
             return batch  # the pool is under pressure: admit nothing new this step
 
         # 2. swapped sequences back in (they decode right away).
-        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while (self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs
+               and len(batch.decodes) + len(batch.prefills) < cap):
             seq = self.swapped[0]
             n = seq.num_tokens - seq.num_computed_tokens
             if n > budget or not self.kv.can_swap_in(seq, n):
@@ -188,7 +192,8 @@ class Scheduler:
         inflight = (admission.inflight_hashes(self.running, self.kv.block_size)
                     if throughput and self.kv.enable_prefix_caching else set())
         i = 0  # throughput: requests waiting for an in-flight prefix are passed over, not blocking
-        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while (i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs
+               and len(batch.decodes) + len(batch.prefills) < cap):
             seq = self.waiting[i]
             if inflight and admission.waits_for_inflight(seq, inflight, self.kv.block_size):
                 i += 1
