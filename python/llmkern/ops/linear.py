@@ -108,6 +108,7 @@ def _(x, weight_packed, out_features, bias=None):
     return x.new_empty(x.shape[0], out_features)
 
 
+@kernel_op("pack_gate_up_weight")
 def pack_gate_up_weight(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``gate``, ``up [inter, in_features]`` -> fp32 panel pairs ``[2 * ceil(inter / 16), in_features, 16]``
     for ``linear_packed_silu_mul``: ``pack_linear_weight`` of each, gate panel i at 2i, up panel i at 2i + 1."""
@@ -117,6 +118,11 @@ def pack_gate_up_weight(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"up: expected the shape of gate [inter, in_features] {tuple(gate.shape)}, got {tuple(up.shape)}")
     g, u = pack_linear_weight(gate), pack_linear_weight(up)
     return torch.stack([g, u], dim=1).reshape(2 * g.shape[0], g.shape[1], PANEL)
+
+
+@pack_gate_up_weight.op.register_fake
+def _(gate, up):
+    return gate.new_empty(2 * -(-gate.shape[0] // PANEL), gate.shape[1], PANEL, dtype=torch.float32)
 
 
 @kernel_op("linear_packed_silu_mul")
