@@ -5,7 +5,10 @@ import json
 
 import pytest
 
-from llmkern.models.config import ModelConfig
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+
+from llmkern.models.config import ModelConfig  # noqa: E402
 from llmkern.optimize.estimate import (EngineKnobs, ModelShape, SimRequest, concurrency_estimate, simulate,
                                        step_time)
 from llmkern.optimize.profiles import DATASHEETS, HardwareProfile, load, save
