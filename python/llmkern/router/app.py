@@ -12,9 +12,8 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..serve.errors import APIError, json_response
+from ..serve.errors import APIError, install_error_handlers, json_response
 from .core import Router
 from .metrics import render_metrics
 
@@ -35,19 +34,7 @@ def build_router_app(router: Router, admin_key: Optional[str] = None) -> FastAPI
     app = FastAPI(title="llmkern router", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.router = router
 
-    @app.exception_handler(APIError)
-    async def _api_error(request, exc: APIError):
-        return json_response(exc)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request, exc):
-        msg = "not found" if exc.status_code == 404 else str(exc.detail)
-        return json_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {msg}"))
-
-    @app.exception_handler(Exception)
-    async def _internal(request, exc):
-        log.exception("llmkern router: internal error")
-        return json_response(APIError(500, "internal server error", code="internal_error"))
+    install_error_handlers(app, log, "llmkern router")
 
     @app.get("/health")
     async def health():

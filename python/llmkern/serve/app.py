@@ -14,11 +14,10 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .admission import Admission
 from .config import ServeConfig
-from .errors import APIError, json_response
+from .errors import APIError, install_error_handlers, json_response
 from .kv_events import KVEventPublisher
 from .metrics import ServeMetrics
 from .pd import RoleHooks, engine_role
@@ -134,19 +133,7 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
     app = FastAPI(title="llmkern", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.llmkern = state
 
-    @app.exception_handler(APIError)
-    async def _api_error(request, exc: APIError):
-        return json_response(exc)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request, exc):
-        msg = "not found" if exc.status_code == 404 else str(exc.detail)
-        return json_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {msg}"))
-
-    @app.exception_handler(Exception)
-    async def _internal(request, exc):
-        log.exception("llmkern: internal error")
-        return json_response(APIError(500, "internal server error", code="internal_error"))
+    install_error_handlers(app, log, "llmkern")
 
     @app.get("/health")
     async def health():

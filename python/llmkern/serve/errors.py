@@ -39,3 +39,24 @@ def json_response(err: APIError):
     from fastapi.responses import JSONResponse
 
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def install_error_handlers(app, log, what: str) -> None:
+    """Every error of a FastAPI app as an OpenAI-style error object: APIError as raised, routing
+    errors (404, 405) naming the request, anything else a 500 logged with its traceback (never
+    shown to the client). `what` names the server in the log."""
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return json_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):
+        msg = "not found" if exc.status_code == 404 else str(exc.detail)
+        return json_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {msg}"))
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc):
+        log.exception("%s: internal error", what)
+        return json_response(APIError(500, "internal server error", code="internal_error"))
