@@ -49,6 +49,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     g.add_argument("--kv-cache-memory-gb", type=float, default=None,
                    help="KV cache size in GiB (default: 2 on CPU, free memory x 0.85 on GPU)")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                   help="exactly this many KV-cache blocks, whatever the memory (benchmarks, tests)")
     g.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     g.add_argument("--no-chunked-prefill", action="store_true", help="run each prompt's prefill in one step")
     g.add_argument("--cpu-offload-gb", type=float, default=0.0, help="host tier for evicted prefix blocks, GiB")
@@ -74,7 +76,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _engine_kwargs(a) -> dict:
     return dict(device=a.device, dtype=a.dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
                 max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
-                kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
+                kv_cache_memory_gb=a.kv_cache_memory_gb, num_gpu_blocks=getattr(a, "num_gpu_blocks_override", None),
+                enable_prefix_caching=not a.no_prefix_caching,
                 enable_chunked_prefill=not a.no_chunked_prefill, cpu_offload_gb=a.cpu_offload_gb,
                 preemption_mode=a.preemption_mode, scheduler=a.scheduler,
                 speculative=getattr(a, "speculative", None), policy=getattr(a, "policy", "fcfs"),

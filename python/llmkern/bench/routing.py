@@ -1,11 +1,22 @@
 """Router benchmark (`llmkern bench router`, bench/bench_router.py): N replicas behind the router,
 a multi-tenant workload (each tenant its own long system prompt, short user turns), Poisson
 arrivals; the same requests and seed for every policy, fresh replicas (empty caches) per policy.
-Variants: `uniform` (tenants equally likely) and `skewed` (one tenant sends --skew of the traffic).
+Variants: `uniform` (tenants equally likely) and `skewed` (one hot tenant sends --skew of the
+traffic, the rest is spread over all tenants: many cold ones).
+
+The regime is the one where routing matters: the tenants' prefixes together do not fit one
+replica's KV cache, but do fit the replicas' caches together. Each replica gets exactly
+--kv-blocks-per-replica KV blocks; by default room for KV_FIT (60%) of the tenants' prompts. A policy that copies every tenant onto every replica
+(least_load, round_robin) then evicts prefixes it will need again; one that partitions the tenants
+keeps them all cached. `--tenants 4` with a large --kv-blocks-per-replica is the easy case (every
+replica holds every prefix: all policies hit alike).
 
 Per policy: prefix-cache hit rate (prompt tokens, from the replicas' own counters), TTFT p50/p99
 (client side, first streamed token), throughput, per-replica share of requests. `prefix_only`
-always picks the replica with the longest cached prefix: the oracle hit rate."""
+always picks the replica with the longest cached prefix: the oracle hit rate.
+
+`--simulate` runs the same workload and the same policy code against a model of the replicas
+(bench/router_sim.py) in seconds; `--calibrate` measures that model's step costs first."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +31,8 @@ import sys
 import time
 from typing import List
 
+KV_FIT = 0.6          # share of the tenants' prompts one replica's cache holds
+KV_RUNNING = 4        # and at least this many whole requests
 POLICIES = ["round_robin", "least_load", "approx_tree", "cache_aware", "prefix_only"]
 WORDS = ("system user policy answer invoice refund order account billing shipment delay customer "
          "product support ticket priority escalate summary polite brief cite reference manual").split()
@@ -29,8 +42,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--threads-per-replica", type=int, default=1)
-    p.add_argument("--tenants", type=int, default=4)
-    p.add_argument("--system-words", type=int, default=700, help="words per system prompt (~1k tokens)")
+    p.add_argument("--tenants", type=int, default=8)
+    p.add_argument("--system-words", type=int, default=700, help="words per system prompt (~1 token each)")
     p.add_argument("--requests", type=int, default=40)
     p.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
     p.add_argument("--max-tokens", type=int, default=8)
@@ -38,7 +51,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed"])
     p.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-blocks-per-replica", type=int, default=None,
+                   help=f"KV blocks of each replica (default: room for {KV_FIT:.0%} of the tenants' prompts)")
+    p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--out", default=None, help="write the report as JSON here")
+    p.add_argument("--simulate", action="store_true", help="the replicas simulated (bench/router_sim.py)")
+    p.add_argument("--calibrate", action="store_true", help="with --simulate: measure the step costs first")
 
 
 def workload(a, variant: str):
@@ -54,6 +72,18 @@ def workload(a, variant: str):
         user = " ".join(rng.choice(WORDS) for _ in range(12))
         reqs.append((t, systems[k] + f"\nUser {i}: {user}\nAssistant:"))
     return reqs
+
+
+def kv_blocks_per_replica(a, tokenizer) -> int:
+    """--kv-blocks-per-replica, or room for KV_FIT of the tenants' prompts (at least KV_RUNNING
+    whole requests)."""
+    if a.kv_blocks_per_replica is not None:
+        if a.kv_blocks_per_replica < 1:
+            raise ValueError(f"--kv-blocks-per-replica: expected >= 1, got {a.kv_blocks_per_replica}")
+        return a.kv_blocks_per_replica
+    prompt_tokens = max(len(tokenizer.encode(p)) for _, p in workload(a, "uniform")[:8])
+    request_blocks = -(-(prompt_tokens + a.max_tokens) // a.block_size)
+    return max(int(KV_FIT * a.tenants * request_blocks), KV_RUNNING * request_blocks)
 
 
 def _port() -> int:
@@ -126,7 +156,7 @@ def _pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def run_policy(a, policy: str, reqs, model: str) -> dict:
+def run_policy(a, policy: str, reqs, model: str, num_blocks: int) -> dict:
     import httpx
 
     from ..router.launch import split_cpus, stop_replicas
@@ -138,7 +168,8 @@ def run_policy(a, policy: str, reqs, model: str) -> dict:
         for i in range(a.replicas):
             port = _port()
             cpus = shares[i][:a.threads_per_replica]
-            reps.append((_spawn(["serve", "--model", model, "--port", str(port), "--kv-cache-memory-gb", "0.5"],
+            reps.append((_spawn(["serve", "--model", model, "--port", str(port), "--block-size", str(a.block_size),
+                                 "--num-gpu-blocks-override", str(num_blocks)],
                                 {"OMP_NUM_THREADS": str(len(cpus))}, cpus), f"http://127.0.0.1:{port}"))
         rport = _port()
         args = ["router", "--model", model, "--policy", policy, "--port", str(rport)]
@@ -174,22 +205,41 @@ def run_policy(a, policy: str, reqs, model: str) -> dict:
 
 
 def run_bench(a) -> dict:
-    from ..models.loader import default_model_path
+    from ..models.loader import default_model_path, load_tokenizer
+    from . import router_sim
 
     model = a.model or default_model_path()
-    report = {"args": {k: v for k, v in vars(a).items() if not callable(v)}, "variants": {}}
+    tok = load_tokenizer(model)
+    num_blocks = kv_blocks_per_replica(a, tok)
+    report = {"args": {k: v for k, v in vars(a).items() if not callable(v)}, "variants": {},
+              "kv_blocks_per_replica": num_blocks}
+    print(f"{a.replicas} replicas x {num_blocks} KV blocks of {a.block_size} tokens, {a.tenants} tenants, "
+          f"{a.requests} requests at {a.rate}/s, load average {os.getloadavg()[0]:.2f}"
+          + (" (simulated)" if a.simulate else ""), flush=True)
+    if a.simulate:
+        costs = router_sim.calibrate(model, a.threads_per_replica) if a.calibrate else router_sim.Costs()
+        print(f"replica model: {costs}", flush=True)
+        report["sim_costs"] = vars(costs)
     for variant in a.variants:
-        reqs = workload(a, variant)
-        rows = []
-        for pol in a.policies:
-            row = run_policy(a, pol, reqs, model)
-            rows.append(row)
-            print(_fmt(variant, row), flush=True)
+        if a.simulate:
+            treqs = router_sim.tokenized_workload(a, variant, tok)
+            rows = [router_sim.simulate(pol, treqs, a.replicas, num_blocks, costs, a.block_size, a.max_tokens)
+                    for pol in a.policies]
+            for row in rows:
+                print(_fmt(variant, row), flush=True)
+        else:
+            reqs = workload(a, variant)
+            rows = []
+            for pol in a.policies:
+                row = run_policy(a, pol, reqs, model, num_blocks)
+                rows.append(row)
+                print(_fmt(variant, row), flush=True)
         report["variants"][variant] = rows
         oracle = next((r for r in rows if r["policy"] == "prefix_only"), None)
         if oracle and oracle["hit_rate"]:
             for r in rows:
                 r["hit_vs_oracle"] = r["hit_rate"] / oracle["hit_rate"]
+    report["load_average_end"] = os.getloadavg()[0]
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)

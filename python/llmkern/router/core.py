@@ -117,6 +117,15 @@ class Router:
             self.routed_cached_tokens += int(round(req.cached_fraction(ranked[0]) * len(req.token_ids)))
         return ranked
 
+    @staticmethod
+    def note_sent(w: Worker, req: RouteRequest) -> None:
+        """Count a request sent to w: in flight there, its blocks about to be cached there."""
+        w.requests += 1
+        w.inflight += 1
+        if req.token_ids and w.kv.synced:
+            new = len(req.token_ids) - int(req.cached_fraction(w) * len(req.token_ids))
+            w.kv.note_routed(req.hashes(w.kv.block_size), new)
+
     # -- forwarding -------------------------------------------------------------------------------
     async def forward(self, path: str, raw: bytes, headers: Dict[str, str], req: RouteRequest, stream: bool):
         """(status, headers, body bytes) or (200, headers, async iterator of bytes) for a stream."""
@@ -126,11 +135,7 @@ class Router:
             raise APIError(503, "no healthy worker is available", code="no_workers")
         last: Optional[Tuple[int, bytes]] = None
         for i, w in enumerate(ranked):
-            w.requests += 1
-            w.inflight += 1
-            if req.token_ids and w.kv.synced:
-                new = len(req.token_ids) - int(req.cached_fraction(w) * len(req.token_ids))
-                w.kv.note_routed(req.hashes(w.kv.block_size), new)
+            self.note_sent(w, req)
             handed_over = False
             try:
                 req_ = self.client.build_request("POST", w.url + path, content=raw, headers=headers)

@@ -28,6 +28,7 @@ class ReplicaKV:
         self.block_size: Optional[int] = None
         self.load = {"num_waiting": 0, "num_running": 0, "prefill_tokens_pending": 0, "kv_usage": 0.0}
         self.resyncs = 0
+        self.clock = time.monotonic        # the router simulator (bench/router_sim.py) sets its own
 
     @property
     def synced(self) -> bool:
@@ -80,7 +81,7 @@ class ReplicaKV:
         cached here) to this replica: count the blocks as cached until the replica's events say
         so (or PENDING_TTL_S passes), and the tokens as queued until its next load report."""
         self.routed_tokens += new_tokens
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         if len(self.pending) > 65536:  # bound the memory: drop what aged out
             self.pending = {h: t for h, t in self.pending.items() if t > now}
         for h in hashes:
@@ -91,7 +92,7 @@ class ReplicaKV:
         """How many leading blocks of a request (its chained hashes) this replica holds or is
         about to hold (pending). Chaining makes a hash stand for its whole prefix, so the first
         miss ends the match."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         n = 0
         for h in hashes:
             if h not in self.hashes and self.pending.get(h, 0.0) <= now:
