@@ -45,16 +45,16 @@ def test_cached_fraction_counts_leading_blocks_only():
 
 def test_cache_aware_prefers_cache_then_balances_continuously():
     pol = CacheAware()
-    long_prompt = list(range(1000, 1401))     # 401 tokens: the cache is worth 2 x 400 tokens of queue
+    long_prompt = list(range(1000, 1401))     # 401 tokens: the cache is worth 4 x 400 tokens of queue
     req = RouteRequest(long_prompt, "")
     cold, warm = FakeWorker("cold"), FakeWorker("warm", long_prompt)
     assert pol.rank(req, [cold, warm])[0] is warm
     warm.inflight = 4                          # busier (4 x 64 tokens), but the cache is worth more
     assert pol.rank(req, [cold, warm])[0] is warm
-    warm.inflight = 16                         # 16 x 64 = 1024 > 800: the idle worker wins
+    warm.inflight = 32                         # 32 x 64 = 2048 > 1600: the idle worker wins
     assert pol.rank(req, [cold, warm])[0] is cold
     warm.inflight = 0
-    warm.kv.load["prefill_tokens_pending"] = 900   # a long queue of prompts to compute: same
+    warm.kv.load["prefill_tokens_pending"] = 1700  # a long queue of prompts to compute: same
     assert pol.rank(req, [cold, warm])[0] is cold
     warm.kv.load["prefill_tokens_pending"] = 0
     # The score falls steadily with load (no cliff) and with KV usage.
@@ -67,7 +67,7 @@ def test_cache_aware_prefers_cache_then_balances_continuously():
     assert pol.rank(req, [cold, part])[0] is part
     # Tokens this router just sent count as queued until the next load report resets them.
     busy = FakeWorker("busy", long_prompt)
-    busy.kv.note_routed([], new_tokens=850)
+    busy.kv.note_routed([], new_tokens=1700)
     assert pol.rank(req, [cold, busy])[0] is cold
     busy.kv.apply_message({"seq": 0, "events": [], "load": {"num_waiting": 0, "num_running": 0}})
     assert pol.rank(req, [cold, busy])[0] is busy

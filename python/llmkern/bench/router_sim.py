@@ -119,7 +119,7 @@ class SimReplica:
             self._event("stored", h)
 
     def _release(self, r: _Req) -> None:
-        for h in r.shared:
+        for h in reversed(r.shared):        # the tail first: it is evicted before the head (as in the engine)
             self.refs[h] -= 1
             if self.refs[h] == 0:
                 self.lru[h] = None
@@ -130,7 +130,7 @@ class SimReplica:
         pend = sum(len(r.tokens) - r.computed for r in list(self.waiting) + self.running if r.computed < len(r.tokens))
         in_use = len(self.refs) - len(self.lru) + self.private
         return {"num_waiting": len(self.waiting), "num_running": len(self.running),
-                "prefill_tokens_pending": pend, "kv_usage": in_use / self.num_blocks}
+                "prefill_tokens_pending": pend, "kv_usage": in_use / self.num_blocks, "kv_blocks_total": self.num_blocks}
 
     def start_step(self):
         """The step's plan and duration, or None when there is nothing to do."""
@@ -261,7 +261,8 @@ def simulate(policy: str, reqs, num_replicas: int, num_blocks: int, costs: Costs
             "ttft_p99_s": _pct(ttfts, 0.99), "req_per_s": len(all_reqs) / wall,
             "output_tok_per_s": len(all_reqs) * max_tokens / wall, "requests_per_replica": counts,
             "imbalance": max(counts) / (sum(counts) / len(counts)) if sum(counts) else None,
-            "retries": 0, "failures": 0}
+            "retries": 0, "failures": 0,
+            "trace": [(r.rid, i, r.hit_tokens, round(r.ttft, 2)) for r, i in sorted(all_reqs, key=lambda x: x[0].rid)]}
 
 
 def _pct(xs, q):

@@ -10,6 +10,7 @@ see no cached prefix anywhere and could warm a second copy of it on another repl
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import Dict, Iterable, List, Optional, Set
 
 from ..engine.block_pool import chain_block_hashes
@@ -17,6 +18,7 @@ from ..engine.block_pool import chain_block_hashes
 __all__ = ["ReplicaKV", "chain_block_hashes"]
 
 PENDING_TTL_S = 30.0  # longer than a prefill takes; a request that failed or was evicted ages out
+LIVE_S = 30.0         # a block this router asked a replica for within LIVE_S is its live working set
 
 
 class ReplicaKV:
@@ -29,6 +31,7 @@ class ReplicaKV:
         self.load = {"num_waiting": 0, "num_running": 0, "prefill_tokens_pending": 0, "kv_usage": 0.0}
         self.resyncs = 0
         self.clock = time.monotonic        # the router simulator (bench/router_sim.py) sets its own
+        self.recent: "OrderedDict[int, float]" = OrderedDict()  # block hash -> when last routed here
 
     @property
     def synced(self) -> bool:
@@ -87,6 +90,19 @@ class ReplicaKV:
         for h in hashes:
             if h not in self.hashes:
                 self.pending[h] = now + PENDING_TTL_S
+            self.recent[h] = now
+            self.recent.move_to_end(h)
+        self._age_recent(now)
+
+    def _age_recent(self, now: float) -> None:
+        while self.recent and next(iter(self.recent.values())) < now - LIVE_S:
+            self.recent.popitem(last=False)
+
+    def live_blocks(self, exclude: Iterable[int] = (), now: Optional[float] = None) -> int:
+        """Blocks this router asked this replica for within LIVE_S, other than `exclude`: the
+        prefixes its traffic keeps coming back for (they stay cached only while they fit)."""
+        self._age_recent(self.clock() if now is None else now)
+        return len(self.recent) - sum(1 for h in exclude if h in self.recent)
 
     def matched_blocks(self, hashes: Iterable[int], now: Optional[float] = None) -> int:
         """How many leading blocks of a request (its chained hashes) this replica holds or is

@@ -2,25 +2,34 @@
 first and, if that one fails before streaming anything, to the next.
 
 cache_aware (default) scores every worker by the work a request would wait behind there plus the
-work it brings, in prompt tokens (one unit for every term, so the weights are prices, not knobs):
+work it brings, now and later, in prompt tokens (one unit for every term, so the weights are
+prices, not knobs):
 
-    cost = queued_prefill_tokens + MISS_PRICE * (1 - cached_fraction) * prompt_tokens
+    cost = queued_prefill_tokens + MISS_PRICE * new_tokens + EVICT_PRICE * evicted_tokens
            + LOAD_TOKENS * load + KV_TOKENS * kv_usage            (score = -cost; lowest cost wins)
 
 queued_prefill_tokens: prompt tokens the worker still has to compute (its report, every 0.25 s,
-plus what this router sent since); cached_fraction: the request's prompt tokens the worker holds
-in its prefix cache or is about to (blocks routed there whose events have not arrived yet),
-counted exactly from the worker's own chained block hashes; load: requests on the worker (the
-larger of this router's in-flight count and the worker's waiting + running, so other routers'
-traffic counts too), each priced at LOAD_TOKENS (64): its decode steps share the worker with the
-new request; kv_usage: the fraction of KV blocks in use (near 1 means preemption is close),
-priced at KV_TOKENS (256) when full. A prompt token to compute is priced at MISS_PRICE (2): the
-request waits for it, and so does every request queued behind it on that worker (and the copy it
-writes evicts other prefixes); pricing a miss at its own wait alone spread tenants under load
-and lost hits to spill-over (measured: bench router, 16 tenants).
-A cached 1k-token system prompt is thus worth 2k tokens of queue: a tenant's requests stay on the
-worker that holds its prefix until that worker's queue is longer by more than that; then the
-request goes where it waits less and warms a second copy. No on/off threshold."""
+plus what this router sent since); new_tokens: the request's prompt tokens the worker does not
+hold in its prefix cache and is not about to (blocks routed there whose events have not arrived
+yet), counted exactly from the worker's own chained block hashes; evicted_tokens: how much of the
+worker's live working set (blocks this router sent there within LIVE_S, kv_index.py) the new
+blocks would push out of a cache of kv_blocks_total blocks: 0 while they fit; load: requests on
+the worker (the larger of this router's in-flight count and the worker's waiting + running, so
+other routers' traffic counts too), each priced at LOAD_TOKENS (64): its decode steps share the
+worker; kv_usage: the fraction of KV blocks in use (near 1 means preemption is close), priced at
+KV_TOKENS (256) when full.
+
+The prices of a miss are lasting costs, not only the request's own wait. MISS_PRICE (4): the
+request waits for its tokens, so does every request queued behind it on that worker, and a
+replica that spends its time on copies has less for its own tenants (prices 1 and 2 spread the
+tenants under load: a spill made a miss, the miss made a queue, the queue made more spills;
+measured with bench router --simulate, 8 and 16 tenants, prices 2..6: 4 matched approx_tree's
+hit rate, 2 lost 2-3 points). EVICT_PRICE (4): an evicted live block is recomputed by the next
+request of the prefix it belonged to, and, with a cache smaller than its working set, again
+on every round of that replica's LRU. A cached 700-token prompt is thus worth ~2.8k tokens of
+queue (7 s of prefill on one CPU thread): a tenant's requests stay where their prefix is until that
+worker's queue is longer by more than that, then go where they wait less (a hot tenant spreads);
+a new prefix goes where it evicts nothing that is still asked for. No on/off threshold."""
 from __future__ import annotations
 
 import itertools
@@ -56,6 +65,18 @@ def worker_load(w) -> int:
     return max(w.inflight, int(rep.get("num_waiting", 0)) + int(rep.get("num_running", 0)))
 
 
+def evicted_tokens(req: RouteRequest, w, new_tokens: float) -> float:
+    """Tokens of w's live working set that new_tokens more would push out of its cache (0 when
+    the worker does not report its size)."""
+    kv = w.kv
+    total = int(kv.load.get("kv_blocks_total") or 0)
+    if not total or not kv.synced or new_tokens <= 0:
+        return 0.0
+    new_blocks = new_tokens / kv.block_size
+    over = kv.live_blocks(req.hashes(kv.block_size)) + new_blocks - total
+    return max(0.0, min(new_blocks, over)) * kv.block_size
+
+
 def _by_load(workers):
     return sorted(workers, key=lambda w: (worker_load(w), w.inflight))
 
@@ -80,16 +101,21 @@ class LeastLoad:
 
 @dataclass
 class CacheAware:
-    miss_price: float = 2.0
+    miss_price: float = 4.0
+    evict_price: float = 4.0
     load_tokens: float = 64.0
     kv_tokens: float = 256.0
     name: str = "cache_aware"
 
     def costs(self, req: RouteRequest, workers: list) -> List[float]:
         n = len(req.token_ids)
-        return [w.kv.queued_prefill_tokens() + self.miss_price * (1.0 - req.cached_fraction(w)) * n
-                + self.load_tokens * worker_load(w) + self.kv_tokens * float(w.kv.load.get("kv_usage", 0.0))
-                for w in workers]
+        out = []
+        for w in workers:
+            new = (1.0 - req.cached_fraction(w)) * n
+            out.append(w.kv.queued_prefill_tokens() + self.miss_price * new
+                       + self.evict_price * evicted_tokens(req, w, new)
+                       + self.load_tokens * worker_load(w) + self.kv_tokens * float(w.kv.load.get("kv_usage", 0.0)))
+        return out
 
     def scores(self, req: RouteRequest, workers: list) -> List[float]:
         return [-c for c in self.costs(req, workers)]

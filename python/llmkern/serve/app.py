@@ -51,7 +51,8 @@ class ServerState:
         used = st.kv_blocks_total - st.kv_blocks_free
         return {"num_waiting": st.num_waiting + pend_reqs, "num_running": st.num_running,
                 "prefill_tokens_pending": st.prefill_tokens_pending + pend_tokens,
-                "kv_usage": used / st.kv_blocks_total if st.kv_blocks_total else 0.0}
+                "kv_usage": used / st.kv_blocks_total if st.kv_blocks_total else 0.0,
+                "kv_blocks_total": st.kv_blocks_total}
 
     async def drain(self, grace_s: float) -> None:
         """Stop accepting (503), let in-flight requests finish for up to grace_s, then abort the
