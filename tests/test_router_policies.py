@@ -65,11 +65,18 @@ def test_cache_aware_prefers_cache_then_balances_continuously():
     # A partial hit against an equal-load cold worker: the partial hit wins.
     part = FakeWorker("part", long_prompt[:12])
     assert pol.rank(req, [cold, part])[0] is part
-    # Tokens this router just sent count as queued until the next load report resets them.
+    # Tokens this router just sent count as queued until a load report that left the replica
+    # after them arrives (one arriving at once may have crossed them on the way).
     busy = FakeWorker("busy", long_prompt)
+    now = [100.0]
+    busy.kv.clock = lambda: now[0]
     busy.kv.note_routed([], new_tokens=1700)
     assert pol.rank(req, [cold, busy])[0] is cold
-    busy.kv.apply_message({"seq": 0, "events": [], "load": {"num_waiting": 0, "num_running": 0}})
+    report = {"seq": 0, "events": [], "load": {"num_waiting": 0, "num_running": 0}}
+    busy.kv.apply_message(report)
+    assert pol.rank(req, [cold, busy])[0] is cold
+    now[0] += 0.3
+    busy.kv.apply_message(report)
     assert pol.rank(req, [cold, busy])[0] is busy
 
 

@@ -95,7 +95,7 @@ def test_a_new_prefix_goes_where_it_evicts_nothing_still_asked_for():
     full, roomy = _W("full", 40), _W("roomy", 40)
     full.kv.note_routed(list(range(10 ** 6, 10 ** 6 + 35)))  # 35 live blocks: 20 more evict 15
     roomy.kv.note_routed(list(range(2 * 10 ** 6, 2 * 10 ** 6 + 10)))
-    roomy.kv.routed_tokens = 600                        # a longer queue, still cheaper than evicting
+    roomy.kv.load["prefill_tokens_pending"] = 600       # a longer queue, still cheaper than evicting
     assert pol.rank(req, [full, roomy])[0] is roomy
     c_full, c_roomy = pol.costs(req, [full, roomy])
     assert c_full - c_roomy == pytest.approx(pol.evict_price * 15 * BS - 600, abs=pol.miss_price * BS)

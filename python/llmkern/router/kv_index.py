@@ -10,7 +10,7 @@ see no cached prefix anywhere and could warm a second copy of it on another repl
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Dict, Iterable, List, Optional, Set
 
 from ..engine.block_pool import chain_block_hashes
@@ -18,6 +18,7 @@ from ..engine.block_pool import chain_block_hashes
 __all__ = ["ReplicaKV", "chain_block_hashes"]
 
 PENDING_TTL_S = 30.0  # longer than a prefill takes; a request that failed or was evicted ages out
+REPORT_LAG_S = 0.1    # a load report may have left the replica this long before it arrives
 LIVE_S = 30.0         # a block this router asked a replica for within LIVE_S is its live working set
 
 
@@ -25,7 +26,7 @@ class ReplicaKV:
     def __init__(self):
         self.hashes: Set[int] = set()
         self.pending: Dict[int, float] = {}  # block hash -> expiry (time.monotonic())
-        self.routed_tokens = 0  # prompt tokens to compute that this router sent since the last load report
+        self.routed: deque = deque()  # (when, prompt tokens to compute) this router sent, not yet in a report
         self.seq: Optional[int] = None     # None: no snapshot yet (nothing is known)
         self.block_size: Optional[int] = None
         self.load = {"num_waiting": 0, "num_running": 0, "prefill_tokens_pending": 0, "kv_usage": 0.0}
@@ -43,7 +44,7 @@ class ReplicaKV:
         self.block_size = int(snap["block_size"])
         if snap.get("load"):
             self.load = dict(snap["load"])
-            self.routed_tokens = 0
+            self._reported()
 
     def apply_message(self, msg: dict) -> bool:
         """Apply one stream message; False when the copy fell out of step (a reset, or an event
@@ -65,7 +66,7 @@ class ReplicaKV:
             self.seq = seq
         if msg.get("load"):
             self.load = dict(msg["load"])
-            self.routed_tokens = 0
+            self._reported()
         return True
 
     def invalidate(self) -> None:
@@ -73,6 +74,18 @@ class ReplicaKV:
             self.resyncs += 1
         self.seq = None
         self.hashes = set()
+
+    def _reported(self) -> None:
+        """A load report arrived: it counts what this router sent up to REPORT_LAG_S ago (what
+        was sent later may have crossed it on the way, and stays counted)."""
+        cut = self.clock() - REPORT_LAG_S
+        while self.routed and self.routed[0][0] < cut:
+            self.routed.popleft()
+
+    @property
+    def routed_tokens(self) -> int:
+        """Prompt tokens to compute this router sent here that the last report may not count."""
+        return sum(n for _, n in self.routed)
 
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens waiting to be computed here: the replica's last report plus what this
@@ -83,8 +96,9 @@ class ReplicaKV:
         """This router sent a request with these block hashes (and new_tokens prompt tokens not
         cached here) to this replica: count the blocks as cached until the replica's events say
         so (or PENDING_TTL_S passes), and the tokens as queued until its next load report."""
-        self.routed_tokens += new_tokens
         now = self.clock() if now is None else now
+        if new_tokens:
+            self.routed.append((now, new_tokens))
         if len(self.pending) > 65536:  # bound the memory: drop what aged out
             self.pending = {h: t for h, t in self.pending.items() if t > now}
         for h in hashes:
