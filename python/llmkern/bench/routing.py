@@ -234,16 +234,22 @@ def run_bench(a) -> dict:
                 row = run_policy(a, pol, reqs, model, num_blocks)
                 rows.append(row)
                 print(_fmt(variant, row), flush=True)
+                report["variants"][variant] = rows
+                _save(a, report)               # a long run stopped early keeps what it measured
         report["variants"][variant] = rows
         oracle = next((r for r in rows if r["policy"] == "prefix_only"), None)
         if oracle and oracle["hit_rate"]:
             for r in rows:
                 r["hit_vs_oracle"] = r["hit_rate"] / oracle["hit_rate"]
     report["load_average_end"] = os.getloadavg()[0]
+    _save(a, report)
+    return report
+
+
+def _save(a, report: dict) -> None:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
-    return report
 
 
 def _fmt(variant, r) -> str:
