@@ -51,6 +51,7 @@ def one_line_error(argv) -> str:
     (["--block-size", "0"], "--block-size:"),
     (["--kv-cache-memory-gb", "1e6"], "--kv-cache-memory-gb:"),
     (["--kv-cache-memory-gb", "nan"], "--kv-cache-memory-gb:"),
+    (["--num-gpu-blocks-override", "-1"], "--num-gpu-blocks-override:"),
     (["--cpu-offload-gb", "1e9"], "--cpu-offload-gb:"),
     (["--device", "tpu"], "--device:"),
     (["--device", "meta"], "--device:"),

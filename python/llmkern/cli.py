@@ -117,10 +117,14 @@ def _sampling_dict(a) -> dict:
                 stop=a.stop, ignore_eos=a.ignore_eos)
 
 
+_CONFIG_FLAGS = {"num_gpu_blocks": "num_gpu_blocks_override"}   # config field -> flag, where they differ
+
+
 def _as_option(msg: str) -> str:
     """'max_tokens: expected ...' -> '--max-tokens: expected ...' (errors name the flag the user typed)."""
     field, sep, rest = msg.partition(":")
     if sep and field.isidentifier():
+        field = _CONFIG_FLAGS.get(field, field)
         return f"--{field.replace('_', '-')}:{rest}"
     return msg
 

@@ -262,7 +262,7 @@ def simulate(policy: str, reqs, num_replicas: int, num_blocks: int, costs: Costs
             "output_tok_per_s": len(all_reqs) * max_tokens / wall, "requests_per_replica": counts,
             "imbalance": max(counts) / (sum(counts) / len(counts)) if sum(counts) else None,
             "retries": 0, "failures": 0,
-            "trace": [(r.rid, i, r.hit_tokens, round(r.ttft, 2)) for r, i in sorted(all_reqs, key=lambda x: x[0].rid)]}
+            "per_request": [(r.rid, i, r.hit_tokens, round(r.ttft, 3)) for r, i in sorted(all_reqs, key=lambda x: x[0].rid)]}
 
 
 def _pct(xs, q):
