@@ -102,3 +102,8 @@ def test_a_new_prefix_goes_where_it_evicts_nothing_still_asked_for():
     # Blocks not asked for within LIVE_S no longer count.
     full.kv.clock = lambda: 10 ** 9
     assert pol.rank(req, [full, roomy])[0] is full
+
+
+def test_a_cache_too_small_for_one_request_is_an_error_not_a_hang():
+    with pytest.raises(ValueError, match="num_blocks"):
+        simulate("cache_aware", _workload(2, 4, 0), 2, 10, Costs(), BS, 8)

@@ -13,8 +13,9 @@ one that does not fit waits), and a step time of
     step_s + prefill_tok_s * prompt tokens computed + decode_seq_s * decoding sequences.
 
 Those three costs are measured (`--calibrate`: an engine in this process, on --threads-per-replica
-threads) or taken from the defaults below (SmolLM2-135M fp32, one thread, this project's CI
-machine). Replicas publish their block events EVENT_DELAY_S after the step that caused them and
+threads, wall time: on a busy machine they come out slower, as the real replicas run) or taken
+from the defaults below (the default SmolLM2-135M GGUF on one thread, CPU time of the same
+measurement on a 2-core x86 machine, i.e. what a quiet machine would give). Replicas publish their block events EVENT_DELAY_S after the step that caused them and
 their load every REPORT_S, like the real event stream."""
 from __future__ import annotations
 
@@ -187,6 +188,9 @@ class _SimWorker:
 def simulate(policy: str, reqs, num_replicas: int, num_blocks: int, costs: Costs, block_size: int = 16,
              max_tokens: int = 8) -> dict:
     """reqs: [(arrival_s, prompt text, token_ids)]. The same report fields as the real benchmark."""
+    need = max((-(-(len(toks) + max_tokens) // block_size) for _, _, toks in reqs), default=0)
+    if need > num_blocks:
+        raise ValueError(f"num_blocks: {num_blocks} KV blocks cannot hold a request of {need} blocks")
     now = [0.0]
     clock = lambda: now[0]  # noqa: E731
     router = Router([], policy=policy)

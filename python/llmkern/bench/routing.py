@@ -51,12 +51,19 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed"])
     p.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-blocks-per-replica", type=int, default=None,
+    p.add_argument("--kv-blocks-per-replica", type=_positive_int, default=None,
                    help=f"KV blocks of each replica (default: room for {KV_FIT:.0%} of the tenants' prompts)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--out", default=None, help="write the report as JSON here")
     p.add_argument("--simulate", action="store_true", help="the replicas simulated (bench/router_sim.py)")
     p.add_argument("--calibrate", action="store_true", help="with --simulate: measure the step costs first")
+
+
+def _positive_int(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return n
 
 
 def workload(a, variant: str):
@@ -77,12 +84,13 @@ def workload(a, variant: str):
 def kv_blocks_per_replica(a, tokenizer) -> int:
     """--kv-blocks-per-replica, or room for KV_FIT of the tenants' prompts (at least KV_RUNNING
     whole requests)."""
-    if a.kv_blocks_per_replica is not None:
-        if a.kv_blocks_per_replica < 1:
-            raise ValueError(f"--kv-blocks-per-replica: expected >= 1, got {a.kv_blocks_per_replica}")
-        return a.kv_blocks_per_replica
     prompt_tokens = max(len(tokenizer.encode(p)) for _, p in workload(a, "uniform")[:8])
     request_blocks = -(-(prompt_tokens + a.max_tokens) // a.block_size)
+    if a.kv_blocks_per_replica is not None:
+        if a.kv_blocks_per_replica < request_blocks:
+            raise SystemExit(f"llmkern bench router: --kv-blocks-per-replica: {a.kv_blocks_per_replica} blocks "
+                             f"cannot hold one request ({request_blocks} blocks of {a.block_size} tokens)")
+        return a.kv_blocks_per_replica
     return max(int(KV_FIT * a.tenants * request_blocks), KV_RUNNING * request_blocks)
 
 
