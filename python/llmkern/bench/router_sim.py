@@ -208,6 +208,7 @@ def simulate(policy: str, reqs, num_replicas: int, num_blocks: int, costs: Costs
         heapq.heappush(q, (t, next(tie), kind, args))
 
     all_reqs = []
+    routed = {}                 # request id -> its RouteRequest
     for i, (t, text, toks) in enumerate(reqs):
         at(t, "arrive", i, text, toks)
     for i in range(num_replicas):
@@ -233,6 +234,7 @@ def simulate(policy: str, reqs, num_replicas: int, num_blocks: int, costs: Costs
             i = workers.index(w)
             r = _Req(rid, rr.token_ids, chain_block_hashes(rr.token_ids[:-1], block_size), now[0], max_tokens)
             all_reqs.append((r, i))
+            routed[rid] = rr
             at(now[0] + NET_S, "deliver", i, r)
         elif kind == "deliver":
             i, r = args
@@ -243,13 +245,14 @@ def simulate(policy: str, reqs, num_replicas: int, num_blocks: int, costs: Costs
             rep = reps[i]
             rep.busy = False
             for r in rep.end_step(plan, now[0]):
-                at(now[0] + NET_S, "done", i)
+                at(now[0] + NET_S, "done", i, r)
             if rep.events:
                 at(now[0] + EVENT_DELAY_S, "kv", i, {"events": rep.events})
                 rep.events = []
             kick(i)
         elif kind == "done":
-            workers[args[0]].inflight -= 1
+            i, r = args
+            router.note_done(workers[i], routed[r.rid])
             pending -= 1
         elif kind == "kv":
             workers[args[0]].kv.apply_message(args[1])

@@ -126,6 +126,13 @@ class Router:
             new = len(req.token_ids) - int(req.cached_fraction(w) * len(req.token_ids))
             w.kv.note_routed(req.hashes(w.kv.block_size), new)
 
+    @staticmethod
+    def note_done(w: Worker, req: RouteRequest) -> None:
+        """A request sent to w ended (finished, failed or handed to the next worker)."""
+        w.inflight -= 1
+        if req.token_ids and w.kv.block_size:
+            w.kv.settle(req.hashes(w.kv.block_size))
+
     # -- forwarding -------------------------------------------------------------------------------
     async def forward(self, path: str, raw: bytes, headers: Dict[str, str], req: RouteRequest, stream: bool):
         """(status, headers, body bytes) or (200, headers, async iterator of bytes) for a stream."""
@@ -156,7 +163,7 @@ class Router:
                         rest = b"".join([c async for c in chunks])
                         return 200, _json_headers(resp), first + rest
                     handed_over = True
-                    return 200, {"cache-control": "no-cache"}, self._relay(w, resp, first, chunks)
+                    return 200, {"cache-control": "no-cache"}, self._relay(w, req, resp, first, chunks)
                 finally:
                     if not handed_over:
                         await resp.aclose()
@@ -167,12 +174,13 @@ class Router:
                 continue
             finally:
                 if not handed_over:
-                    w.inflight -= 1
+                    self.note_done(w, req)
         if last is not None:
             return last[0], {"content-type": "application/json"}, last[1]
         raise APIError(503, f"the request failed on every worker tried ({len(ranked)})", code="all_workers_failed")
 
-    async def _relay(self, w: Worker, resp: httpx.Response, first: bytes, chunks) -> AsyncIterator[bytes]:
+    async def _relay(self, w: Worker, req: RouteRequest, resp: httpx.Response, first: bytes,
+                     chunks) -> AsyncIterator[bytes]:
         try:
             yield first
             async for c in chunks:
@@ -184,7 +192,7 @@ class Router:
                                 "the output is incomplete", code="replica_failed")
             yield f"\n\ndata: {json.dumps(err.body())}\n\ndata: [DONE]\n\n".encode()
         finally:
-            w.inflight -= 1
+            self.note_done(w, req)
             await resp.aclose()
 
     async def get_json(self, path: str, headers: Dict[str, str]):

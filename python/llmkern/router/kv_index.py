@@ -4,7 +4,8 @@ carry consecutive sequence numbers; a gap means something was missed, and the co
 snapshot instead of guessing.
 
 Besides what the replica reports, the copy remembers the blocks of requests this router has just
-sent there ("pending", for PENDING_TTL_S or until the replica's event for the block arrives): a
+sent there ("pending", until the replica's event for the block arrives, the request ends, or
+PENDING_TTL_S passes: a queue under overload can hold a request longer than any fixed TTL): a
 tenant's second request, arriving while the first one's prefill is still running, would otherwise
 see no cached prefix anywhere and could warm a second copy of it on another replica."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..engine.block_pool import chain_block_hashes
 
 __all__ = ["ReplicaKV", "chain_block_hashes"]
 
-PENDING_TTL_S = 30.0  # longer than a prefill takes; a request that failed or was evicted ages out
+PENDING_TTL_S = 600.0  # the router's request timeout: a request lost without an end ages out
 REPORT_LAG_S = 0.1    # a load report may have left the replica this long before it arrives
 LIVE_S = 30.0         # a block this router asked a replica for within LIVE_S is its live working set
 
@@ -117,6 +118,12 @@ class ReplicaKV:
         prefixes its traffic keeps coming back for (they stay cached only while they fit)."""
         self._age_recent(self.clock() if now is None else now)
         return len(self.recent) - sum(1 for h in exclude if h in self.recent)
+
+    def settle(self, hashes: Iterable[int]) -> None:
+        """A request sent here ended: its blocks are cached now (their events came before its
+        last token) or never will be; stop counting them as about to be."""
+        for h in hashes:
+            self.pending.pop(h, None)
 
     def matched_blocks(self, hashes: Iterable[int], now: Optional[float] = None) -> int:
         """How many leading blocks of a request (its chained hashes) this replica holds or is
