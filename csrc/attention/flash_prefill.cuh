@@ -270,10 +270,7 @@ LLMK_ATTN_UNROLL
           for (int e = 0; e < 2; ++e) {
             float x = sacc[mt][nt][hh * 2 + e];
             const int j = j_base + nt * 8 + e;
-            if (!kFold) {
-              x = xf.apply(x);
-              if (has_alibi) x += attn_alibi(slope, qi, j, rule.sq, rule.sk);
-            }
+            if (!kFold) x = unfolded_score(xf, x, has_alibi, slope, qi, j, rule);
             if (kMask && (j < kr.lo || j >= kr.hi)) x = -INFINITY;
             sacc[mt][nt][hh * 2 + e] = x;
             mx = fmaxf(mx, x);
