@@ -183,12 +183,11 @@ struct ScoreXform {
 };
 
 // The log2-domain score of a kernel that does not fold the scale (softcap or ALiBi present):
-// softcap of scale * q.k, plus the ALiBi bias of query i and key j when `alibi` (slope_log2 from
-// alibi_slope_log2). Shared by the mma.sync and the sm_90a prefill.
-LLMK_DEVICE float unfolded_score(const ScoreXform& xf, float qk, bool alibi, float slope_log2, int i, int j,
-                                 const MaskRule& m) {
+// softcap of scale * q.k, plus the ALiBi bias at query-key distance `dist` (attn_alibi_dist) when
+// `alibi` (slope_log2 from alibi_slope_log2). Shared by the mma.sync and the sm_90a prefill.
+LLMK_DEVICE float unfolded_score(const ScoreXform& xf, float qk, bool alibi, float slope_log2, float dist) {
   const float x = xf.apply(qk);
-  return alibi ? x + attn_alibi(slope_log2, i, j, m.sq, m.sk) : x;
+  return alibi ? x + attn_alibi_dist(slope_log2, dist) : x;
 }
 
 LLMK_DEVICE ScoreXform score_xform(const AttnParams& p) {

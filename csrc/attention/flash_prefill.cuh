@@ -263,6 +263,7 @@ LLMK_ATTN_UNROLL
           slope = sSlope[rloc];
         }
         const KeyRange kr = rule.range(qi);
+        const float dist0 = float(qi + rule.sk - rule.sq - j_base);  // ALiBi distance to key j_base
         float mx = -INFINITY;
 LLMK_ATTN_UNROLL
         for (int nt = 0; nt < kNT; ++nt)
@@ -270,7 +271,7 @@ LLMK_ATTN_UNROLL
           for (int e = 0; e < 2; ++e) {
             float x = sacc[mt][nt][hh * 2 + e];
             const int j = j_base + nt * 8 + e;
-            if (!kFold) x = unfolded_score(xf, x, has_alibi, slope, qi, j, rule);
+            if (!kFold) x = unfolded_score(xf, x, has_alibi, slope, dist0 - float(nt * 8 + e));
             if (kMask && (j < kr.lo || j >= kr.hi)) x = -INFINITY;
             sacc[mt][nt][hh * 2 + e] = x;
             mx = fmaxf(mx, x);

@@ -178,9 +178,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_prefill_sm90_kernel(co
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 LLMK_ATTN_UNROLL
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
-  // Rows g and g + 8 of this warp's 16: their query index, head and ALiBi slope. Rows past the
-  // tile (128 / pack * pack < 128) or the sequence compute on whatever Q holds and are not written.
-  int qi[2], qh[2];
+  // Rows g and g + 8 of this warp's 16: their query index, head, visible keys, key position and
+  // ALiBi slope (fixed for the whole row: computed once). Rows past the tile (128 / pack * pack
+  // < 128) or the sequence compute on whatever Q holds and are not written.
+  int qi[2], qh[2], qpos[2];
+  KeyRange kr[2];
   float slope[2];
 LLMK_ATTN_UNROLL
   for (int hh = 0; hh < 2; ++hh) {
@@ -188,6 +190,8 @@ LLMK_ATTN_UNROLL
     R = R < last_row ? R : last_row;
     qi[hh] = R / pack;
     qh[hh] = head0 + R % pack;
+    kr[hh] = rule.range(qi[hh]);
+    qpos[hh] = qi[hh] + rule.sk - rule.sq;
     slope[hh] = has_alibi ? alibi_slope_log2(p, b, qh[hh]) : 0.f;
   }
 
@@ -260,7 +264,7 @@ LLMK_ATTN_UNROLL
     float alpha[2];
 LLMK_ATTN_UNROLL
     for (int hh = 0; hh < 2; ++hh) {
-      const KeyRange kr = rule.range(qi[hh]);
+      const float dist0 = float(qpos[hh] - j_base);  // ALiBi distance to key j_base
       float mx = -INFINITY;
 LLMK_ATTN_UNROLL
       for (int i = 0; i < kBlockN / 8; ++i)
@@ -268,8 +272,8 @@ LLMK_ATTN_UNROLL
         for (int e = 0; e < 2; ++e) {
           float x = sacc[4 * i + 2 * hh + e];
           const int j = j_base + 8 * i + e;
-          if (!kFold) x = unfolded_score(xf, x, has_alibi, slope[hh], qi[hh], j, rule);
-          if (kMask && (j < kr.lo || j >= kr.hi)) x = -INFINITY;
+          if (!kFold) x = unfolded_score(xf, x, has_alibi, slope[hh], dist0 - float(8 * i + e));
+          if (kMask && (j < kr[hh].lo || j >= kr[hh].hi)) x = -INFINITY;
           sacc[4 * i + 2 * hh + e] = x;
           mx = fmaxf(mx, x);
         }
