@@ -56,6 +56,8 @@ CASES = [
     ("fp16-hd64-paged16-noncausal", FP16, 64, [129], [150], 1, 1, 16, {}),
     ("bf16-hd64-paged64-causal-prefix", BF16, 64, [140], [200], 2, 1, 64, dict(causal=True)),
     ("fp16-hd128-paged256-window", FP16, 128, [130], [300], 1, 1, 256, dict(window=(40, 0))),
+    ("bf16-hd128-paged8-noncausal", BF16, 128, [129], [140], 1, 1, 8, {}),
+    ("fp16-hd64-paged32-causal-prefix", FP16, 64, [129], [250], 2, 2, 32, dict(causal=True)),
     # GQA: 9/3 (3 heads do not divide the 128-row tile: 126 rows per CTA when packed), 32/8
     ("bf16-hd64-gqa9-3-packed-causal", BF16, 64, [50, 7], [80, 7], 9, 3, None, dict(causal=True)),
     ("fp16-hd128-gqa9-3-paged16", FP16, 128, [130], [160], 9, 3, 16, dict(causal=True)),
