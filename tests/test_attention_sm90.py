@@ -177,3 +177,49 @@ def test_sm90_prefill_not_taken_where_it_does_not_apply(sm90):
     run_varlen(b.device, FP16, 64, [130], [130], 1, 1, page=4, causal=True)
     run_kvcache(b.device, BF16, 64, [60], 40, 2, 1, page=16, append=True, causal=True, num_splits=2)
     assert mod.sm90_prefill_launches() == before
+
+
+def test_sm90_prefill_engine_layer(sm90):
+    """The engine's attention layer (layers.attention.paged_attention) as a prompt is prefilled in
+    two chunks: the first on the fresh K/V (dense), the second over the paged cache holding the
+    first (chunked prefill / a cached prefix), q/k/v being views of one fused QKV projection.
+    Both prefill calls run on the sm_90 kernel; outputs match attention over the whole prompt."""
+    from llmkern.layers.attention import AttnMetadata, paged_attention
+
+    b, mod = sm90
+    dev = b.device
+    torch.manual_seed(17)
+    hq, hkv, D, page, nblk = 4, 2, 64, 16, 24
+    first, second = 150, 100
+    n = first + second
+    qkv = torch.randn(n, (hq + 2 * hkv) * D).to(BF16)
+    q = qkv[:, :hq * D].view(n, hq, D)
+    k = qkv[:, hq * D:(hq + hkv) * D].view(n, hkv, D)
+    v = qkv[:, (hq + hkv) * D:].view(n, hkv, D)
+    kc = torch.zeros(nblk, page, hkv, D, dtype=BF16, device=dev)
+    vc = torch.zeros_like(kc)
+    blocks = torch.randperm(nblk)[:(n + page - 1) // page].to(torch.int32)
+    slots = (blocks.long()[torch.arange(n) // page] * page + torch.arange(n) % page)
+    scale = D ** -0.5
+    ref, _ = ref_attention(q, k, v, scale, causal=True)
+    same, _ = ref_attention(q, k, v, scale, causal=True, compute_dtype=BF16)
+    before = mod.sm90_prefill_launches()
+
+    def cu(x):
+        return torch.tensor([0, x], dtype=torch.int32, device=dev)
+
+    rows = slice(0, first)
+    out = torch.empty(first, hq, D, dtype=BF16, device=dev)
+    meta = AttnMetadata(slot_mapping=slots[rows].to(dev), num_prefill_tokens=first, prefill_cu_q=cu(first),
+                        prefill_max_q=first)
+    paged_attention(q[rows].to(dev), k[rows].to(dev), v[rows].to(dev), kc, vc, meta, scale, (-1, -1), out)
+    assert_fa_close(out, ref[rows], same[rows], "first chunk (dense)")
+
+    rows = slice(first, n)
+    out = torch.empty(second, hq, D, dtype=BF16, device=dev)
+    meta = AttnMetadata(slot_mapping=slots[rows].to(dev), num_prefill_tokens=second, prefill_cu_q=cu(second),
+                        prefill_cu_k=cu(n), prefill_max_q=second, prefill_max_k=n,
+                        prefill_block_table=blocks.view(1, -1).to(dev))
+    paged_attention(q[rows].to(dev), k[rows].to(dev), v[rows].to(dev), kc, vc, meta, scale, (-1, -1), out)
+    assert_fa_close(out, ref[rows], same[rows], "second chunk (paged, GQA packed)")
+    assert mod.sm90_prefill_launches() == before + 2
