@@ -62,6 +62,10 @@ CASES = [
     ("bf16-hd64-gqa9-3-packed-causal", BF16, 64, [50, 7], [80, 7], 9, 3, None, dict(causal=True)),
     ("fp16-hd128-gqa9-3-paged16", FP16, 128, [130], [160], 9, 3, 16, dict(causal=True)),
     ("bf16-hd64-gqa32-8-packed-paged16", BF16, 64, [40], [100], 32, 8, 16, dict(causal=True)),
+    # head dim 256: 64-key tiles (page 16 = 4 slices per tile; page 128 = a tile inside a page)
+    ("bf16-hd256-causal-prefix", BF16, 256, [130], [200], 1, 1, None, dict(causal=True)),
+    ("fp16-hd256-paged16-gqa-packed-softcap", FP16, 256, [40], [90], 4, 2, 16, dict(causal=True, softcap=5.0)),
+    ("bf16-hd256-paged128-noncausal", BF16, 256, [129], [150], 1, 1, 128, {}),
     # softcap and ALiBi in the consumers' softmax (unfolded scores)
     ("bf16-hd128-softcap-causal", BF16, 128, [130], [130], 2, 2, None, dict(causal=True, softcap=4.0)),
     ("fp16-hd64-alibi-paged16", FP16, 64, [70, 40], [100, 40], 4, 2, 16, dict(causal=True, alibi=torch.rand(2, 4))),
@@ -167,8 +171,9 @@ def test_sm90_prefill_dense_and_unused_rows(sm90):
 
 
 def test_sm90_prefill_not_taken_where_it_does_not_apply(sm90):
-    """Other head dims, page sizes that are not a multiple of 8 dividing 128 (nor a multiple of
-    128), and split-KV stay on the mma.sync kernel (and still give the right answer)."""
+    """Head dims other than 64, 128 and 256, page sizes that are not a multiple of 8 dividing the
+    key tile (nor a multiple of it), and split-KV stay on the mma.sync kernel (and still give the
+    right answer)."""
     b, mod = sm90
     torch.manual_seed(5)
     before = mod.sm90_prefill_launches()

@@ -37,7 +37,6 @@ bool rows_map(simt::TensorMap* m, const void* base, int64_t rows, int heads, int
   return simt::make_tensor_map(m, base, 2, batches ? 4 : 3, dims, strides, box, 128);
 }
 
-constexpr int kTileN = Sm90Cfg<128>::kBlockN;  // both head dims
 
 }  // namespace
 
@@ -46,11 +45,13 @@ long sm90_prefill_launches() { return g_launches.load(); }
 
 bool sm90_prefill_selected(const KernelArgs& a, int padded_head_dim) {
   const AttnParams& p = a.p;
-  if (!(padded_head_dim == 64 || padded_head_dim == 128) || p.head_dim != padded_head_dim) return false;
+  if (!(padded_head_dim == 64 || padded_head_dim == 128 || padded_head_dim == 256) || p.head_dim != padded_head_dim)
+    return false;
+  const int tile_n = padded_head_dim > 128 ? Sm90Cfg<256>::kBlockN : Sm90Cfg<128>::kBlockN;
   if (p.dtype != DType::F16 && p.dtype != DType::BF16) return false;
   if (p.q_rows <= 0 || a.num_splits != 1 || a.pack > Sm90Cfg<128>::kBlockM) return false;
   if (p.block_table) {
-    if (!sm90_page_size_ok<kTileN>(p.block_size) || p.k_blocks <= 0) return false;
+    if (!sm90_page_size_ok(p.block_size, tile_n) || p.k_blocks <= 0) return false;
   } else if (p.k_rows <= 0 || !(p.cu_seqlens_k || p.k_batches > 0)) {
     return false;
   }
@@ -68,7 +69,6 @@ bool sm90_prefill_selected(const KernelArgs& a, int padded_head_dim) {
 template <typename T, int kD>
 bool launch_prefill_sm90(KernelArgs a, int64_t stream) {
   using Cfg = Sm90Cfg<kD>;
-  static_assert(Cfg::kBlockN == kTileN, "one K/V tile height for both head dims");
   const AttnParams& p = a.p;
   Sm90Args args;
   const int per_head = Cfg::kBlockM / a.pack;  // query positions per tile
@@ -102,6 +102,8 @@ template bool launch_prefill_sm90<__half, 64>(KernelArgs a, int64_t stream);
 template bool launch_prefill_sm90<__nv_bfloat16, 64>(KernelArgs a, int64_t stream);
 template bool launch_prefill_sm90<__half, 128>(KernelArgs a, int64_t stream);
 template bool launch_prefill_sm90<__nv_bfloat16, 128>(KernelArgs a, int64_t stream);
+template bool launch_prefill_sm90<__half, 256>(KernelArgs a, int64_t stream);
+template bool launch_prefill_sm90<__nv_bfloat16, 256>(KernelArgs a, int64_t stream);
 
 }  // namespace attn
 }  // namespace gpu

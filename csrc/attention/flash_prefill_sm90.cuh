@@ -5,18 +5,18 @@
 // A CTA of three warpgroups computes up to 128 query rows of one head (or, packed, rows R =
 // query R / pack of head R % pack: the Q box is pack heads x 128 / pack positions, so its rows
 // land in that order). Warpgroup 0 is the producer: its first warp issues TMA loads of Q once
-// and of K/V tiles (128 keys) into a two-stage ring (paged: one load per page slice of the tile,
-// a lane per page resolving its block-table entry; pages past the sequence are not loaded and
-// count no bytes), each
-// stage with a "full" mbarrier (arrival + transaction bytes) and an "empty" one (released by the
-// consumers after their P V); it gives its registers away (setmaxnreg.dec). Warpgroups 1 and 2
+// and of K/V tiles (128 keys; 64 at head dim 256) into a two-stage ring (paged: one load per
+// page slice of the tile, a lane per page resolving its block-table entry; pages past the
+// sequence are not loaded and count no bytes), each stage with a "full" mbarrier (arrival +
+// transaction bytes) and an "empty" one (released by the consumers after their P V); it gives
+// its registers away (setmaxnreg.dec). Warpgroups 1 and 2
 // are consumers of 64 rows each (setmaxnreg.inc): S = Q K^T by wgmma with both operands in
 // shared memory, the online softmax on the accumulator registers, then O += P V with P from
 // registers (the S accumulator layout is the A-fragment layout) and V read transposed (MN-major).
 // Two named barriers make the consumers take turns issuing their GEMMs, so one warpgroup's
 // softmax runs while the other's GEMMs do; inside a warpgroup, tile n's S GEMM is issued with
-// tile n-1's P V, and tile n's softmax overlaps that P V. Shared tiles are TMA boxes of 64 columns x rows with
-// the 128-byte swizzle (the wgmma descriptors' canonical layout). Tiles are visited from the
+// tile n-1's P V, and tile n's softmax overlaps that P V. Shared tiles are TMA boxes of 64
+// columns x rows with the 128-byte swizzle (the wgmma descriptors' canonical layout). Tiles are visited from the
 // last to the first, masked ones first, as in flash_prefill.cuh.
 #pragma once
 #include <type_traits>
@@ -28,10 +28,12 @@ namespace llmk {
 namespace gpu {
 namespace attn {
 
+// Head dim 256 takes 64-key tiles (FA3 shrinks the tile there too): its O accumulators are 128
+// registers per consumer thread, and Q plus two stages of K and V then fit in 193 KiB.
 template <int kD_>
 struct Sm90Cfg {
   static constexpr int kD = kD_;
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr int kBlockM = 128, kBlockN = kD > 128 ? 64 : 128, kStages = 2;
   static constexpr int kThreads = 384;
   static constexpr int kCols = kD / 64;              // 64-column boxes per row (128 bytes each)
   static constexpr int kQBytes = kBlockM * kD * 2;
@@ -51,11 +53,10 @@ struct Sm90Args {
   int kv_box = 0;     // key rows per K/V load: kBlockN, or the page size when smaller
 };
 
-// Page sizes the paged loads take: a divisor of kBlockN whose slices keep the 1024-byte alignment
-// of the 128-byte swizzle (a multiple of 8 rows), or a multiple of kBlockN.
-template <int kBlockN>
-LLMK_HD bool sm90_page_size_ok(int page) {
-  return page > 0 && ((page < kBlockN && kBlockN % page == 0 && page % 8 == 0) || page % kBlockN == 0);
+// Page sizes the paged loads of tiles of `tile_n` keys take: a divisor of tile_n whose slices keep
+// the 1024-byte alignment of the 128-byte swizzle (a multiple of 8 rows), or a multiple of tile_n.
+LLMK_HD bool sm90_page_size_ok(int page, int tile_n) {
+  return page > 0 && ((page < tile_n && tile_n % page == 0 && page % 8 == 0) || page % tile_n == 0);
 }
 
 // Named barriers 1, 2: consumer warpgroup c waits on 1 + c before issuing its S GEMM.
