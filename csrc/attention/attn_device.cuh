@@ -208,6 +208,16 @@ LLMK_HD bool scores_fold(const AttnParams& p) {
   return !(p.softcap > 0.f) && p.alibi_slopes == nullptr && p.softmax_scale > 0.f;
 }
 
+// Score variants of the tensor-core prefill kernels (a template parameter): raw scores with the
+// scale folded into the exponent (scores_fold), softcap alone, or ALiBi (with or without softcap).
+// ALiBi gets its own instantiation: its per-row bias terms cost registers (spills at head dim 128)
+// that the softcap-only kernels then do without.
+enum ScoreMode : int { kScoresFolded = 0, kScoresSoftcap = 1, kScoresAlibi = 2 };
+
+LLMK_HD ScoreMode score_mode(const AttnParams& p) {
+  return scores_fold(p) ? kScoresFolded : p.alibi_slopes ? kScoresAlibi : kScoresSoftcap;
+}
+
 // ALiBi slope of query head h times log2e (0 when off): attn_alibi(slope_log2, ...) is then the
 // bias in the log2 domain.
 LLMK_DEVICE float alibi_slope_log2(const AttnParams& p, int b, int h) {

@@ -86,7 +86,10 @@ bool launch_prefill_sm90(KernelArgs a, int64_t stream) {
                 kv_batches, v_outer))
     return false;  // strides TMA cannot express: the caller falls back to the cp.async kernel
   a.m_blocks = int((int64_t(p.max_seqlen_q) * a.pack + args.tile_rows - 1) / args.tile_rows);
-  auto kernel = scores_fold(p) ? &flash_prefill_sm90_kernel<T, Cfg, true> : &flash_prefill_sm90_kernel<T, Cfg, false>;
+  const ScoreMode mode = score_mode(p);
+  auto kernel = mode == kScoresFolded    ? &flash_prefill_sm90_kernel<T, Cfg, kScoresFolded>
+                : mode == kScoresSoftcap ? &flash_prefill_sm90_kernel<T, Cfg, kScoresSoftcap>
+                                         : &flash_prefill_sm90_kernel<T, Cfg, kScoresAlibi>;
   allow_dynamic_smem(kernel, Cfg::kSmem);
   for_each_grid_chunk(p.batch, [&](int64_t first, unsigned count) {
     a.batch0 = int(first);

@@ -62,10 +62,11 @@ LLMK_HD bool sm90_page_size_ok(int page, int tile_n) {
 // Named barriers 1, 2: consumer warpgroup c waits on 1 + c before issuing its S GEMM.
 constexpr int kSchedBar = 1;
 
-// kFold: scores_fold(p) (no softcap, no ALiBi: raw scores, the scale folded into exp2's FMA).
-template <typename T, typename Cfg, bool kFold>
+// kScores: score_mode(p) (folded: raw scores, the scale folded into exp2's FMA).
+template <typename T, typename Cfg, int kScores>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_prefill_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #if defined(LLMK_SM90A) || !defined(__CUDACC__)
+  constexpr bool kFold = kScores == kScoresFolded, has_alibi = kScores == kScoresAlibi;
   constexpr int kD = Cfg::kD, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kCols = Cfg::kCols;
   const KernelArgs& a = args.a;
@@ -172,7 +173,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_prefill_sm90_kernel(co
   const ScoreXform xf = score_xform(p);
   // Exponent FMA: exp2(x * x_mul - m) with x the raw score (kFold) or the log2-domain score.
   const float x_mul = kFold ? xf.scale_log2 : 1.f;
-  const bool has_alibi = !kFold && p.alibi_slopes != nullptr;
   if (c == 1) simt::named_bar_arrive(kSchedBar, 256);  // consumer 0 goes first
 
   float o[kD / 2];
