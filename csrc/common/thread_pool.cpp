@@ -48,6 +48,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+int64_t since_start_ns() {
+  static const Clock::time_point start = Clock::now();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+}
+
 struct Stats {
   std::atomic<int64_t> jobs{0}, chunks{0}, worker_chunks{0}, solo_jobs{0}, stalls{0}, wait_ns{0}, stall_wait_ns{0};
 } g_stats;
@@ -147,7 +152,7 @@ class Pool {
   bool try_run(int n, bool team, TeamFn fn, void* ctx) {
     std::unique_lock<std::mutex> own(run_mu_, std::try_to_lock);
     if (!own.owns_lock()) return false;
-    if (guard_.solo_now()) {  // a worker stalled a recent job: the caller runs this one alone
+    if (guard_.solo_now(since_start_ns())) {  // a worker stalled a recent job: the caller runs this one alone
       g_stats.solo_jobs.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
@@ -175,7 +180,7 @@ class Pool {
     g_stats.jobs.fetch_add(1, std::memory_order_relaxed);
     g_stats.chunks.fetch_add(n, std::memory_order_relaxed);
     g_stats.wait_ns.fetch_add(wait_ns, std::memory_order_relaxed);
-    if (guard_.record(own_ns, own_chunks, wait_ns)) {
+    if (guard_.record(since_start_ns(), own_ns, own_chunks, wait_ns)) {
       g_stats.stalls.fetch_add(1, std::memory_order_relaxed);
       g_stats.stall_wait_ns.fetch_add(wait_ns, std::memory_order_relaxed);
     }

@@ -9,8 +9,8 @@
 //   between two kernels) and then sleep on a futex, but stop spinning at once when sched_yield()
 //   shows another thread wants the core; joins and team barriers spin at most
 //   LLMKERN_JOIN_SPIN_US (default 50 us) before they sleep.
-// - shrinks to the caller alone for a while after a join that waited far longer than a chunk takes
-//   (a worker was descheduled mid-chunk), and retries the workers later (stall_guard.h;
+// - shrinks to the caller alone for a while (a few times the wait) after a join that waited far
+//   longer than a chunk takes (a worker was descheduled mid-chunk), then retries (stall_guard.h;
 //   LLMKERN_ADAPTIVE_THREADS=0 turns this off). The chunks are the same either way, so results are too.
 // LLMKERN_THREADS=openmp runs the parallel loops on OpenMP (the runtime torch loads) instead. A
 // forked child always uses the pool (libgomp's threads do not survive a fork).

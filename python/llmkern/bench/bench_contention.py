@@ -17,7 +17,10 @@ shows what splitting costs beyond having fewer cores (shared L3 and memory bandw
 Workloads are those of bench_e2e: offline-32 (32 random prompts of 32-256 tokens, 16-128 forced
 greedy outputs) and batch-1 decode (128-token prompt, 128 new tokens). The ratio printed is solo
 time / shared time, i.e. the fraction of solo throughput kept (target >= 0.40; a fair share of
-two cores between two equal engines is 0.5). Machine load (load average) is printed with it."""
+two cores between two equal engines is 0.5). Machine load (load average) is printed with it, and
+the CPU efficiency (solo CPU time per token / shared CPU time per token), which other processes on a
+busy machine disturb far less; stalls and jobs run alone are the pool's counters
+(llmkern._C.thread_pool_stats)."""
 from __future__ import annotations
 
 import argparse
@@ -187,7 +190,12 @@ def run(quick: bool = False, device: str = "cpu", modes=None, workloads=None, dt
             for s in scenarios:
                 t = shared[s]["seconds"]
                 pool = shared[s].get("pool") or {}
-                more = {"threads": shared[s].get("threads"), "stalls": pool.get("stalls"),
+                solo_cpu = sum(r["cpu_s"] for r in solo) / len(solo)
+                # CPU time per token, solo / shared: how much of the CPU it gets the engine turns into
+                # tokens as well as alone (other processes on a shared machine move it far less than
+                # wall time); the wall-time fraction is about this times the share of the CPUs it got.
+                more = {"cpu_efficiency": solo_cpu / shared[s]["cpu_s"] if shared[s]["cpu_s"] else None,
+                        "threads": shared[s].get("threads"), "stalls": pool.get("stalls"),
                         "solo_jobs": pool.get("solo_jobs"), "stall_wait_s": (pool.get("stall_wait_us") or 0) / 1e6,
                         "worker_chunk_share": pool.get("worker_chunks", 0) / max(1, pool.get("chunks", 0))}
                 if s == "split" and half is not None:  # the fair base: the same engine alone on its half
@@ -205,7 +213,8 @@ def run(quick: bool = False, device: str = "cpu", modes=None, workloads=None, dt
                                           "series": f"{mode}: {what[s]}"} if name == "offline" else {})))
                 print(f"[contention] {label} {mode} {s}: {tokens / t:.1f} tok/s vs solo {tokens / solo_s:.1f} "
                       f"= {solo_s / t:.2f} of solo (load {load:.1f}); CPU ms/token "
-                      f"{recs[-1].extra['cpu_ms_per_token']:.1f} vs solo {recs[-1].extra['solo_cpu_ms_per_token']:.1f}; "
+                      f"{recs[-1].extra['cpu_ms_per_token']:.1f} vs solo {recs[-1].extra['solo_cpu_ms_per_token']:.1f} "
+                      f"(CPU efficiency {more['cpu_efficiency'] or 0:.2f}); "
                       f"{more['threads']} threads, {more['stalls']} stalls ({more['stall_wait_s']:.2f} s), "
                       f"{more['solo_jobs']} jobs run alone"
                       + (f"; vs solo on half the CPUs ({tokens / half['seconds']:.1f} tok/s, {half.get('threads')} "
