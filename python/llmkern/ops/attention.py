@@ -35,6 +35,7 @@ import torch
 from .._args import float_arg, int_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 from ._splitkv import split_workspace
+from .sm90_check import ensure_decided as ensure_sm90_decided
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -102,6 +103,7 @@ def _varlen(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    ensure_sm90_decided(q, lib_for(q))
     lib_for(q).flash_attn_varlen_fwd(
         dl(q), dl(k), dl(v), dl(cu_seqlens_q), dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
         softmax_scale, causal, window_left, window_right, softcap, dl(alibi_slopes),
@@ -206,6 +208,7 @@ def _kvcache(
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,),
                       dtype=torch.float32, device=q.device)
     lib = lib_for(q)
+    ensure_sm90_decided(q, lib)
     num_splits, workspace = split_workspace(lib, q, k_cache, block_table, num_splits)
     # Rotated queries go to a buffer the attention then reads (q itself is the caller's).
     q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary_cos is not None else None
