@@ -84,8 +84,8 @@ def check(lib, device, attend: Optional[Callable] = None) -> Optional[str]:
 def ensure_decided(t: torch.Tensor, lib) -> None:
     """Called by the attention ops with their query tensor: decides once per process."""
     global _decided
-    if _decided is not None or not t.is_cuda:
-        return
+    if _decided is not None or not t.is_cuda or torch.cuda.is_current_stream_capturing():
+        return   # (a CUDA graph being captured must not see the check's syncs: decide on a later call)
     with _lock:
         if _decided is not None:
             return
