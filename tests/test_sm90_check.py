@@ -77,6 +77,7 @@ def test_who_decides(monkeypatch, env, cap, want_on, want_checks):
     monkeypatch.setattr(sm90_check, "_decided", None)
     monkeypatch.setattr(sm90_check, "check", fake_check)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     if env is None:
         monkeypatch.delenv("LLMKERN_SM90_PREFILL", raising=False)
     else:
@@ -94,6 +95,7 @@ def test_a_failed_check_warns_and_keeps_the_old_kernel(monkeypatch):
     monkeypatch.setattr(sm90_check, "_decided", None)
     monkeypatch.setattr(sm90_check, "check", lambda l, d: "case x: max |difference| 1 > 0.03")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.delenv("LLMKERN_SM90_PREFILL", raising=False)
     with pytest.warns(RuntimeWarning, match="LLMKERN_SM90_PREFILL"):
         sm90_check.ensure_decided(types.SimpleNamespace(is_cuda=True, device="cuda:0"), lib)
@@ -103,4 +105,15 @@ def test_a_failed_check_warns_and_keeps_the_old_kernel(monkeypatch):
 def test_cpu_tensors_decide_nothing(monkeypatch):
     monkeypatch.setattr(sm90_check, "_decided", None)
     sm90_check.ensure_decided(torch.zeros(1), _FakeLib())
+    assert sm90_check._decided is None
+
+
+def test_nothing_is_decided_while_a_cuda_graph_is_captured(monkeypatch):
+    lib = _FakeLib()
+    monkeypatch.setattr(sm90_check, "_decided", None)
+    monkeypatch.setattr(sm90_check, "check", lambda l, d: pytest.fail("checked during a capture"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.delenv("LLMKERN_SM90_PREFILL", raising=False)
+    sm90_check.ensure_decided(types.SimpleNamespace(is_cuda=True, device="cuda:0"), lib)
     assert sm90_check._decided is None
