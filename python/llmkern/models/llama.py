@@ -213,10 +213,9 @@ class LlamaForCausalLM:
                 q, k = q.contiguous(), k.contiguous()
                 L.q_norm(q.view(-1, D), out=q.view(-1, D))
                 L.k_norm(k.view(-1, D), out=k.view(-1, D))
-            self.rotary(positions, q, k)
             k_cache, v_cache = kv_caches[i]
             paged_attention(q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D), k_cache, v_cache, meta,
-                            self.scale, self.window, attn_out)
+                            self.scale, self.window, attn_out, self.rotary, positions)
             hidden = L.o(attn_out.view(T, H * D))
             if reduce is not None:  # row-parallel o_proj: partial sums over the head shards
                 reduce(hidden)
