@@ -12,6 +12,7 @@
   cache (as a model's layers do), and each row carries its own read-bandwidth reference (a
   streaming sum over 256 MiB at the same thread count, the better of one measurement just before
   and one just after the row), so that on a shared machine the fraction compares like with like.
+  With one thread (--threads 1) both are timed in the thread's CPU time (less disturbed by load).
 - paged prefill: a 512-token chunk over a 4k cached prefix (flash_attn_varlen_func with
   block_table) vs torch gather + SDPA with the bottom-right causal mask.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for the big K/V caches (before torch starts)
 
@@ -117,14 +119,56 @@ def _smollm2_decode(device, dtype, nseq, ctx, min_time):
         kc, vc, bt = sets[i]
         return F.scaled_dot_product_attention(qt, _gather(kc, bt, ctx), _gather(vc, bt, ctx), enable_gqa=True)
 
+    if _cpu_clock(device):
+        return _thread_time_pair(Rotation(ours, n), Rotation(peer, n), min_time) + (kv_bytes,)
     t, tp = timeit_pair(Rotation(ours, n), Rotation(peer, n), device, min_time=min_time)
     return t, tp, kv_bytes
+
+
+def _cpu_clock(device) -> bool:
+    """One thread on CPU: time the calling thread's CPU time, which other processes on a shared
+    machine disturb far less than wall time (as bench_decode_profile --threads 1)."""
+    return device == "cpu" and llmkern.get_num_threads() == 1 and torch.get_num_threads() == 1
+
+
+def _thread_time_pair(fn, peer_fn, min_time: float) -> tuple:
+    """(best s per call of fn, of peer_fn) in thread CPU time, batches of the two alternating."""
+    best = [float("inf"), float("inf")]
+    spent = [0.0, 0.0]
+    for f in (fn, peer_fn):
+        f()
+    while min(spent) < min_time or min(best) == float("inf"):
+        for i, f in enumerate((fn, peer_fn)):
+            t0 = time.thread_time()
+            calls = 0
+            while calls == 0 or time.thread_time() - t0 < 0.05:
+                f()
+                calls += 1
+            dt = time.thread_time() - t0
+            best[i] = min(best[i], dt / calls)
+            spent[i] += dt
+    return best[0], best[1]
+
+
+def _read_bw_thread_time(nbytes: int = 256 << 20) -> float:
+    """read_bandwidth's streaming sum, one thread, best of several in thread CPU time."""
+    a = torch.ones(nbytes // 4)
+    a.sum()
+    best = float("inf")
+    for _ in range(9):
+        t0 = time.thread_time()
+        a.sum()
+        best = min(best, time.thread_time() - t0)
+    return nbytes / best
 
 
 def smollm2_decode_rows(device="cpu", quick=False, min_time=0.5) -> list:
     """The SmolLM2 decode rows (see the module docstring), each with its own bandwidth reference."""
     out = []
-    bw_now = getattr(read_bandwidth, "__wrapped__", read_bandwidth)  # a fresh measurement each time
+    if _cpu_clock(device):
+        bw_now = lambda _device: _read_bw_thread_time()  # noqa: E731
+    else:
+        bw_now = getattr(read_bandwidth, "__wrapped__", read_bandwidth)  # a fresh measurement each time
     shapes = SMOLLM2_DECODE[::2] if quick else SMOLLM2_DECODE
     for dtype in (torch.float32, torch.bfloat16):
         dn = str(dtype).replace("torch.", "")
@@ -134,7 +178,8 @@ def smollm2_decode_rows(device="cpu", quick=False, min_time=0.5) -> list:
             bw = max(before, bw_now(device)) / 1e9
             out.append(Record("attention/smollm2 decode", f"{dn} {nseq}x{ctx} 9/3x64 bs16", t,
                               "torch gather+SDPA", tp, "GB/s", kv_bytes / t / 1e9, bw,
-                              extra={"read_gb_s": round(bw, 1), "threads": llmkern.get_num_threads()},
+                              extra={"read_gb_s": round(bw, 1), "threads": llmkern.get_num_threads(),
+                                     "clock": "thread CPU time" if _cpu_clock(device) else "wall"},
                               axes={"batch": nseq, "seqlen": ctx, "series": f"{dn} smollm2 decode"}))
     return out
 
