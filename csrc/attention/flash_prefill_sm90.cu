@@ -1,7 +1,8 @@
 // Launcher of the sm_90a prefill kernel (flash_prefill_sm90.cuh) and the switch that selects it
 // (use_sm90_prefill, or LLMKERN_SM90_PREFILL=1 in a CUDA process): on a CUDA build with sm_90a code
-// when the current device is sm_90, under the SIMT emulator for any call it applies to. Opt-in
-// until the kernel has been checked on a Hopper GPU (bench/device_check.sh turns it on).
+// when the current device is sm_90, under the SIMT emulator for any call it applies to. Off until
+// turned on: the Python layer turns it on after checking it once per process on the GPU
+// (llmkern.ops.sm90_check); bench/device_check.sh turns it on for its tests and benchmarks.
 #include <atomic>
 #include <cstdlib>
 #include <cstring>

@@ -114,13 +114,13 @@ class _HF:
 
 
 def _llm(**kw):
-    from ..llm import LLM
+    from ..engine.llm import LLM
 
     return LLM(kv_cache_memory_gb=kw.pop("kv_cache_memory_gb", 1.0), **kw)
 
 
 def _run_llmkern(llm, prompts, outs):
-    from ..sampling_params import SamplingParams
+    from ..engine.sampling_params import SamplingParams
 
     sps = [SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in outs]
     t0 = time.perf_counter()
@@ -167,7 +167,7 @@ def throughput(quick: bool = False, device: str = "cpu", num_requests: Optional[
         ttft = {}
         for caching in (True, False):
             eng = _llm(device=device, enable_prefix_caching=caching).engine if not caching else llm.engine
-            from ..sampling_params import SamplingParams
+            from ..engine.sampling_params import SamplingParams
 
             sp = SamplingParams(temperature=0, max_tokens=4, min_tokens=4)
             vals = []
