@@ -41,6 +41,7 @@ class PeerProcess:
                                      stdout=subprocess.PIPE, stderr=self.log, env=child_env, cwd=HERE,
                                      start_new_session=True)
         self._buf = b""
+        self._stuck = False  # a reply is overdue: the channel is out of step, close() kills at once
 
     def __enter__(self):
         return self
@@ -61,6 +62,7 @@ class PeerProcess:
             while b"\n" not in self._buf:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._stuck = True
                     raise PeerError(f"no reply within {timeout:.0f} s")
                 if not sel.select(left):
                     continue
@@ -99,7 +101,7 @@ class PeerProcess:
         return float(r["seconds"]), ids
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and not self._stuck:
             try:
                 self.request({"op": "exit"}, timeout=30)
                 self.proc.wait(timeout=30)
