@@ -1,4 +1,4 @@
-"""The peer drivers of `llmkern bench e2e` (vLLM CPU, CTranslate2) and their protocol, with stand-in
+"""The peer drivers of `llmkern bench e2e` (vLLM CPU, CTranslate2, llama.cpp) and their protocol, with stand-in
 peer modules instead of the real ones (those live in their own venvs, absent in CI): the driver
 maps the job onto the peer's API (token-id prompts, greedy, forced lengths), replies survive a
 peer that prints on stdout, failures and hangs become PeerError with the process group reaped,
@@ -91,6 +91,25 @@ class TransformersConverter:
             json.dump([f"tok{i}" for i in range(2000)], f)
 '''
 
+FAKE_LLAMA_CPP = '''
+__version__ = "0.0-fake"
+print("llama banner on stdout")
+
+class Llama:
+    def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_batch, seed, verbose):
+        self.ctx = []
+
+    def reset(self):
+        self.ctx = []
+
+    def eval(self, tokens):
+        self.ctx += list(tokens)
+
+    def sample(self, temp):
+        assert temp == 0.0
+        return (sum(self.ctx) * 7 + len(self.ctx)) % 1000
+'''
+
 PROMPTS = [[5, 7, 9], [100, 1], [3], [42, 8, 8, 8]]
 LENGTHS = [4, 9, 1, 6]
 
@@ -100,6 +119,7 @@ def fake_peers(tmp_path):
     root = tmp_path / "site"
     (root / "vllm").mkdir(parents=True)
     (root / "vllm" / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
+    (root / "llama_cpp.py").write_text(textwrap.dedent(FAKE_LLAMA_CPP))
     (root / "ctranslate2" / "converters").mkdir(parents=True)
     (root / "ctranslate2" / "__init__.py").write_text(textwrap.dedent(FAKE_CT2))
     (root / "ctranslate2" / "converters" / "__init__.py").write_text(textwrap.dedent(FAKE_CT2_CONVERTERS))
@@ -135,6 +155,20 @@ def test_ct2_driver_converts_once_and_truncates_batches(fake_peers, tmp_path):
     assert not os.path.exists(ct2_dir + ".partial")
 
 
+def test_llamacpp_driver_feeds_back_each_token(fake_peers, tmp_path):
+    def greedy(prompt, n):  # the stand-in's rule, applied to the context the driver must build
+        ctx, out = list(prompt), []
+        for _ in range(n):
+            out.append((sum(ctx) * 7 + len(ctx)) % 1000)
+            ctx.append(out[-1])
+        return out
+
+    with PeerProcess(sys.executable, "llamacpp_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
+        p.init(str(tmp_path), "float32", 2, gguf=str(tmp_path / "m.gguf"))
+        _, ids = p.generate(PROMPTS, LENGTHS, timeout=60)
+    assert ids == [greedy(pr, n) for pr, n in zip(PROMPTS, LENGTHS)]
+
+
 def test_ct2_driver_rejects_a_dtype_it_lacks(fake_peers, tmp_path):
     with PeerProcess(sys.executable, "ct2_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
         with pytest.raises(PeerError, match="dtype: .*not bfloat16"):
@@ -167,7 +201,7 @@ def test_a_hung_peer_times_out_and_is_reaped(fake_peers, tmp_path):
 
 
 def test_unconfigured_peers_are_skipped_with_the_reason(monkeypatch, tmp_path):
-    for var in ("LLMKERN_VLLM_PYTHON", "LLMKERN_CT2_PYTHON"):
+    for var in ("LLMKERN_VLLM_PYTHON", "LLMKERN_CT2_PYTHON", "LLMKERN_LLAMACPP_PYTHON"):
         monkeypatch.delenv(var, raising=False)
     assert find_python(None, "LLMKERN_VLLM_PYTHON") == (
         None, "LLMKERN_VLLM_PYTHON is not set (the python of the peer's own venv; see bench/README.md)")

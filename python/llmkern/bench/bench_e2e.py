@@ -36,29 +36,9 @@ def _to_record(r: dict) -> Record:
 
 def write_f32_gguf(src: str, dst: str) -> None:
     """The GGUF at src with every tensor dequantised to F32 (metadata copied as is)."""
-    import gguf
-    import numpy as np
-    from gguf.quants import dequantize
+    from llmkern.bench.peers.model_dir import write_gguf
 
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        if key == "general.file_type":
-            w.add_file_type(gguf.LlamaFileType.ALL_F32)
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, field.contents(), vtype, sub_type=sub)
-    for t in reader.tensors:
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        w.add_tensor(t.name, arr.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else arr.reshape(-1))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(src, dst, "float32")
 
 
 def llama_cpp_decode(n_new: int = 128):

@@ -1,5 +1,6 @@
-"""llmkern vs the peers that run in their own venvs (vLLM's CPU build, CTranslate2; see
-peers/__init__.py), on offline-32 and batch-1 decode (throughput.py's workloads), fp32 and bf16.
+"""llmkern vs the peers that run in their own venvs (vLLM's CPU build, CTranslate2, llama.cpp;
+see peers/__init__.py), on offline-32 and batch-1 decode (throughput.py's workloads; llama.cpp
+on batch-1 decode only), fp32 and bf16.
 
 Each pair is measured alternately (llmkern, peer, llmkern, peer, ...; medians reported) so load
 that comes and goes on a shared machine hits both sides alike; the load average is recorded with
@@ -51,8 +52,8 @@ def _workloads(quick: bool, num_requests: Optional[int]):
     n = num_requests or (4 if quick else 32)
     prompts, outs = offline_workload(n, quick)
     prompt, n_new = decode_workload(quick)
-    return [(f"offline-{n}", "out tok/s", prompts, outs, {"requests": n, "panel": "e2e/offline"}),
-            ("decode-b1", "tok/s", [prompt], [n_new], {})]
+    return {"offline": (f"offline-{n}", "out tok/s", prompts, outs, {"requests": n, "panel": "e2e/offline"}),
+            "decode": ("decode-b1", "tok/s", [prompt], [n_new], {})}
 
 
 def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _Llmkern, work, reps: int) -> Record:
@@ -93,7 +94,7 @@ def run_peers(quick: bool = False, device: str = "cpu", num_requests: Optional[i
     options: {peer name: driver init options} over the defaults; reps: alternating pairs per row
     (default 3, 1 with quick); dtypes: restrict to these."""
     from ..cpu_affinity import allowed_cpus
-    from .peers.model_dir import hf_model_dir, model_cache_dir
+    from .peers.model_dir import hf_model_dir
 
     pythons, options = pythons or {}, options or {}
     reps = reps or (1 if quick else 3)
@@ -111,18 +112,18 @@ def run_peers(quick: bool = False, device: str = "cpu", num_requests: Optional[i
             _log(f"{spec.name} skipped: {why}")
             continue
         model_dir = hf_model_dir()
-        opts = dict(spec.options(model_cache_dir()), **options.get(spec.name, {}))
         for dtype in spec.dtypes:
             if dtypes and dtype not in dtypes:
                 continue
             try:
+                opts = dict(spec.options(dtype), **options.get(spec.name, {}))
                 with PeerProcess(python, spec.driver, env=spec.env(cpus)) as peer:
                     t0 = time.perf_counter()
                     info = peer.init(model_dir, dtype, len(cpus), **opts)
                     _log(f"{spec.name} {info.get('version')} {dtype} ready in {time.perf_counter() - t0:.0f} s "
                          f"({info.get('config')})")
-                    for work in works:
-                        records.append(_compare(spec, peer, info, dtype, ours, work, reps))
+                    for w in spec.workloads:
+                        records.append(_compare(spec, peer, info, dtype, ours, works[w], reps))
             except (PeerError, OSError) as e:
                 why = f"{dtype}: {e}"
                 skipped.setdefault(spec.name, []).append(why)

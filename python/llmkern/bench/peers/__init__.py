@@ -16,7 +16,8 @@ class PeerSpec:
     flag: str
     dtypes: Tuple[str, ...]
     env: Callable[[List[int]], Dict[str, str]] = field(default=lambda cpus: {})   # cpus -> driver env
-    options: Callable[[str], dict] = field(default=lambda cache_dir: {})          # model cache dir -> init options
+    options: Callable[[str], dict] = field(default=lambda dtype: {})              # dtype -> init options
+    workloads: Tuple[str, ...] = ("offline", "decode")
 
 
 def _vllm_env(cpus: List[int]) -> Dict[str, str]:
@@ -29,8 +30,16 @@ def _vllm_env(cpus: List[int]) -> Dict[str, str]:
     return {k: os.environ.get(k, v) for k, v in env.items()}  # the user's settings win
 
 
-def _ct2_options(cache_dir: str) -> dict:
-    return {"ct2_dir": os.path.join(cache_dir, "ct2-float32"), "inter_threads": 1, "max_batch": 32}
+def _ct2_options(dtype: str) -> dict:
+    from .model_dir import model_cache_dir
+
+    return {"ct2_dir": os.path.join(model_cache_dir(), "ct2-float32"), "inter_threads": 1, "max_batch": 32}
+
+
+def _llamacpp_options(dtype: str) -> dict:
+    from .model_dir import gguf_model_file
+
+    return {"gguf": gguf_model_file(dtype)}
 
 
 PEERS: Tuple[PeerSpec, ...] = (
@@ -38,4 +47,6 @@ PEERS: Tuple[PeerSpec, ...] = (
              env=_vllm_env),
     PeerSpec("ctranslate2", "ct2_driver.py", "LLMKERN_CT2_PYTHON", "--ct2-python", ("float32", "bfloat16"),
              options=_ct2_options),
+    PeerSpec("llama.cpp", "llamacpp_driver.py", "LLMKERN_LLAMACPP_PYTHON", "--llamacpp-python",
+             ("float32", "bfloat16"), options=_llamacpp_options, workloads=("decode",)),
 )
