@@ -84,3 +84,17 @@ def test_shards_reassemble_the_checkpoint(T, P):
                     assert torch.equal(shards[r][q + "self_attn." + n], sd[p + "self_attn." + n][kv0 * D:(kv0 + hkv) * D])
         emb = torch.cat([shards[r]["model.embed_tokens.weight"] for r in ranks])
         assert torch.equal(emb[:250], sd["model.embed_tokens.weight"]) and not emb[250:].any()
+
+
+@pytest.mark.parametrize("step,only", [(2, []), (1, [0, 3]), (3, [2])])
+def test_a_stage_config_knows_which_of_its_layers_are_sparse(step, only):
+    # stages renumber their layers from 0; which are MoE must follow the whole model's numbering
+    c = cfg(arch="qwen2_moe", num_layers=7, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            decoder_sparse_step=step, mlp_only_layers=only)
+    for P in (1, 2, 3):
+        t = Topology(1, P, 7)
+        got = []
+        for s in range(P):
+            local, _ = local_config(c, t, s)
+            got += [local.is_moe_layer(j) for j in range(local.num_layers)]
+        assert got == [(i + 1) % step == 0 and i not in only for i in range(7)]

@@ -166,7 +166,10 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         argv = [a.replace("{port}", str(self.port)) for a in argv]
         self.log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env or os.environ.copy())
+        from ..router.launch import _child_setup   # dies with this process even if it is SIGKILLed
+
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
+                                     preexec_fn=_child_setup(None))
         end = time.monotonic() + timeout
         try:
             while time.monotonic() < end:
@@ -181,8 +184,9 @@ class Server:
         except BaseException:   # Ctrl-C while waiting: the caller never gets the object to close
             self.close()
             raise
+        tail = self.tail()
         self.close()
-        raise RuntimeError(f"{name}: not ready after {timeout} s: {self.tail()}")
+        raise RuntimeError(f"{name}: not ready after {timeout} s: {tail}")
 
     def tail(self, n: int = 2000) -> str:
         self.log.seek(0)

@@ -80,7 +80,9 @@ def local_config(cfg: ModelConfig, topo: Topology, rank: int) -> Tuple[ModelConf
         cfg, num_heads=hq, num_kv_heads=hkv,
         intermediate_size=cfg.intermediate_size // T, vocab_size=vshard, num_layers=end - first,
         moe_intermediate_size=cfg.moe_intermediate_size // split_experts,
-        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // split_experts, local_experts=held)
+        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // split_experts, local_experts=held,
+        # the shard's layers are renumbered from 0: spell its dense layers out instead of a step
+        decoder_sparse_step=1, mlp_only_layers=[j for j in range(end - first) if not cfg.is_moe_layer(first + j)])
     return local, topo.tp_rank_of(rank) * vshard
 
 

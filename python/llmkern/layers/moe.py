@@ -11,8 +11,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from ..ops.moe import MoEWeights, fused_moe, pack_moe_weights, topk_softmax
-from .activation import silu_and_mul
-from .linear import Linear
+from .linear import GateUpLinear, Linear
 
 
 class SharedExpert:
@@ -20,11 +19,11 @@ class SharedExpert:
 
     __slots__ = ("gate_up", "down", "gate")
 
-    def __init__(self, gate_up: Linear, down: Linear, gate: Linear):
+    def __init__(self, gate_up: GateUpLinear, down: Linear, gate: Linear):
         self.gate_up, self.down, self.gate = gate_up, down, gate
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.down(silu_and_mul(self.gate_up(x)))
+        out = self.down(self.gate_up(x))
         return out.mul_(torch.sigmoid(self.gate(x)))
 
 

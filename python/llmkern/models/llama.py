@@ -134,7 +134,7 @@ class LlamaForCausalLM:
         if block + "shared_expert.gate_proj.weight" in sd:
             s = block + "shared_expert."
             shared = SharedExpert(
-                Linear(torch.cat([take(s + "gate_proj.weight"), take(s + "up_proj.weight")])),
+                GateUpLinear(take(s + "gate_proj.weight"), take(s + "up_proj.weight")),
                 Linear(take(s + "down_proj.weight")), Linear(take(block + "shared_expert_gate.weight")))
         return MoE(Linear(take(block + "gate.weight")), w13, w2, config.num_experts_per_tok, config.norm_topk_prob,
                    config.num_experts, first, shared)
