@@ -56,7 +56,10 @@ def _workloads(quick: bool, num_requests: Optional[int]):
             "decode": ("decode-b1", "tok/s", [prompt], [n_new], {})}
 
 
-def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _Llmkern, work, reps: int) -> Record:
+def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _Llmkern, work, reps: int,
+             outputs: dict) -> Record:
+    """One row: reps alternating pairs. outputs: {(engine, dtype, workload): greedy ids} of the
+    rows so far, which bf16 rows read to say how far each engine's bf16 moves from its own fp32."""
     name, metric, prompts, outs, axes = work
     peer.generate(prompts[:2], [4] * min(2, len(prompts)))  # warm-up (also the llmkern side's, in run())
     ours.run(dtype, prompts[:2], [4] * min(2, len(prompts)))
@@ -69,6 +72,8 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
         t_peer.append(dt)
     load1 = os.getloadavg()[0]
     agree = token_agreement(ids_ours, ids_peer)
+    outputs[(spec.name, dtype, name)] = ids_peer
+    outputs[("llmkern", dtype, name)] = ids_ours
     med_ours, med_peer = statistics.median(t_ours), statistics.median(t_peer)
     toks = sum(outs)
     short = _DTYPE_SHORT.get(dtype, dtype)
@@ -81,6 +86,14 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
              "llmkern_s_runs": " ".join(f"{t:.2f}" for t in t_ours),
              "peer_s_runs": " ".join(f"{t:.2f}" for t in t_peer),
              "loadavg_1m": f"{load0:.2f} -> {load1:.2f}"}
+    if dtype != "float32":  # how far each engine's own rounding moves its greedy tokens: the scale
+        ref = outputs.get(("llmkern", "float32", name))  # against which to read the agreement above
+        if ref is None:
+            ref = outputs[("llmkern", "float32", name)] = ours.run("float32", prompts, outs)[1]
+        extra["agreement_prefix_llmkern_vs_own_fp32"] = token_agreement(ref, ids_ours)["prefix"]
+        if (spec.name, "float32", name) in outputs:
+            extra[f"agreement_prefix_{spec.name}_vs_own_fp32"] = token_agreement(
+                outputs[(spec.name, "float32", name)], ids_peer)["prefix"]
     if axes:
         axes = dict(axes, series=f"llmkern {short} vs {spec.name}")
     return Record(f"e2e/{name}", f"vs {spec.name} {short}", med_ours, spec.name, med_peer, metric,
@@ -103,6 +116,7 @@ def run_peers(quick: bool = False, device: str = "cpu", num_requests: Optional[i
     if device != "cpu":
         return records, {s.name: ["CPU-only peer; --device is " + device] for s in PEERS}
     ours = _Llmkern(device)
+    outputs: dict = {}
     works = _workloads(quick, num_requests)
     cpus = allowed_cpus()
     for spec in PEERS:
@@ -123,7 +137,7 @@ def run_peers(quick: bool = False, device: str = "cpu", num_requests: Optional[i
                     _log(f"{spec.name} {info.get('version')} {dtype} ready in {time.perf_counter() - t0:.0f} s "
                          f"({info.get('config')})")
                     for w in spec.workloads:
-                        records.append(_compare(spec, peer, info, dtype, ours, works[w], reps))
+                        records.append(_compare(spec, peer, info, dtype, ours, works[w], reps, outputs))
             except (PeerError, OSError) as e:
                 why = f"{dtype}: {e}"
                 skipped.setdefault(spec.name, []).append(why)
