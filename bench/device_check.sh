@@ -242,8 +242,18 @@ print_records(recs)
 json.dump([r.as_dict() for r in recs], open(path, "w"), indent=1)
 EOF
 # spec = module:cap:reserve (seconds held back for the modules after it).
+if ((HAVE_GPU && BUILT)); then
+  # What a user's process decides on this GPU about the sm_90a prefill kernel (ops/sm90_check.py):
+  # the benchmarks below then time whichever kernel it chose.
+  RESERVE=120 stage "sm90_check" 60 "$PY" -c "
+import sys, torch, llmkern
+from llmkern.ops import sm90_check
+cap = torch.cuda.get_device_capability()
+why = sm90_check.check(llmkern._C, 'cuda') if cap == (9, 0) else 'not an sm_90 device'
+print('sm90 check:', why or 'the sm_90a prefill kernel agrees with mma.sync: selected')
+sys.exit(1 if cap == (9, 0) and why else 0)"
+fi
 if ((HAVE_GPU && BUILT)) || [[ ${LLMK_CHECK_DEVICE:-cuda} == cpu ]]; then
-  export LLMKERN_SM90_PREFILL=1  # the benchmarks time the Hopper prefill kernel (opt-in elsewhere)
   for spec in bench_attention_gpu:170:75 bench_attention:60:45 bench_cache_ops:45:25 bench_sampling:60:0; do
     mod=${spec%%:*}
     cap=${spec#*:} && cap=${cap%%:*}

@@ -268,6 +268,7 @@ int main() {
   decode<__nv_bfloat16, 64>(); decode<__nv_bfloat16, 128>(); decode<__nv_bfloat16, 256>();
   decode<float, 64>(); decode<float, 128>(); decode<float, 256>();
   sm90<__half, 64>(); sm90<__half, 128>(); sm90<__nv_bfloat16, 64>(); sm90<__nv_bfloat16, 128>();
+  sm90<__half, 256>(); sm90<__nv_bfloat16, 256>();
   return 0;
 }
 """

@@ -73,9 +73,13 @@ LLMK_HD KeyRange attn_key_range(int i, int sq, int sk, int window_left, int wind
 
 LLMK_HD float attn_softcap(float s, float cap) { return cap > 0.f ? cap * tanhf(s / cap) : s; }
 
+// The bias at distance d = pos - j between the query's key position pos (query i: pos = i + sk -
+// sq) and key j, d as a float (exact below 2^24): kernels form it as a per-row, per-tile base
+// minus a constant, one FADD and one FFMA per score.
+LLMK_HD float attn_alibi_dist(float slope, float d) { return -slope * fabsf(d); }
+
 LLMK_HD float attn_alibi(float slope, int i, int j, int sq, int sk) {
-  const int d = i + sk - sq - j;
-  return -slope * float(d < 0 ? -d : d);
+  return attn_alibi_dist(slope, float(i + sk - sq - j));
 }
 
 // ---- online softmax ---------------------------------------------------------------------------

@@ -182,6 +182,14 @@ struct ScoreXform {
   }
 };
 
+// The log2-domain score of a kernel that does not fold the scale (softcap or ALiBi present):
+// softcap of scale * q.k, plus the ALiBi bias at query-key distance `dist` (attn_alibi_dist) when
+// `alibi` (slope_log2 from alibi_slope_log2). Shared by the mma.sync and the sm_90a prefill.
+LLMK_DEVICE float unfolded_score(const ScoreXform& xf, float qk, bool alibi, float slope_log2, float dist) {
+  const float x = xf.apply(qk);
+  return alibi ? x + attn_alibi_dist(slope_log2, dist) : x;
+}
+
 LLMK_DEVICE ScoreXform score_xform(const AttnParams& p) {
   ScoreXform x;
   x.scale_log2 = p.softmax_scale * kLog2e;
@@ -198,6 +206,16 @@ LLMK_DEVICE ScoreXform score_xform(const AttnParams& p) {
 // FMA of the exponent: exp2(qk * scale_log2 - m).
 LLMK_HD bool scores_fold(const AttnParams& p) {
   return !(p.softcap > 0.f) && p.alibi_slopes == nullptr && p.softmax_scale > 0.f;
+}
+
+// Score variants of the tensor-core prefill kernels (a template parameter): raw scores with the
+// scale folded into the exponent (scores_fold), softcap alone, or ALiBi (with or without softcap).
+// ALiBi gets its own instantiation: its per-row bias terms cost registers (spills at head dim 128)
+// that the softcap-only kernels then do without.
+enum ScoreMode : int { kScoresFolded = 0, kScoresSoftcap = 1, kScoresAlibi = 2 };
+
+LLMK_HD ScoreMode score_mode(const AttnParams& p) {
+  return scores_fold(p) ? kScoresFolded : p.alibi_slopes ? kScoresAlibi : kScoresSoftcap;
 }
 
 // ALiBi slope of query head h times log2e (0 when off): attn_alibi(slope_log2, ...) is then the

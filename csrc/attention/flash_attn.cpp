@@ -107,6 +107,7 @@ int64_t set_paged(AttnParams& p, const TensorView& kc, const TensorView& vc, con
   p.block_table = bt.ptr<const int32_t>();
   p.block_table_stride = bt.stride(0);
   p.block_size = static_cast<int>(kc.size(1));
+  p.k_blocks = kc.size(0);
   p.k_block_stride = kc.stride(0), p.k_row_stride = kc.stride(1), p.k_head_stride = kc.stride(2);
   p.v_block_stride = vc.stride(0), p.v_row_stride = vc.stride(1), p.v_head_stride = vc.stride(2);
   (void)vname;

@@ -61,7 +61,7 @@ void dispatch(attn::KernelArgs& a, int64_t stream) {
     // Fold the query heads of a kv head into the row tile when a head alone would leave it
     // mostly empty: the K/V tiles are then shared by the whole group.
     a.pack = a.group > 1 && p.max_seqlen_q < kBlockM ? a.group : 1;
-    if (kD <= 128 && sm90_prefill_selected(a, kD) && launch_prefill_sm90<T, kD <= 64 ? 64 : 128>(a, stream)) return;
+    if (sm90_prefill_selected(a, kD) && launch_prefill_sm90<T, kD>(a, stream)) return;
     launch_prefill<T, kD>(a, stream);
   }
   if (a.num_splits > 1) launch_combine<T>(a, stream);

@@ -51,8 +51,8 @@ struct AttnParams {
   // leftpad_k[b] + j (attention_math.h: attn_cache_batch, attn_k_row0).
   // Row counts for the sm_90 kernel's TMA descriptors (loads past them read zeros); 0 = not
   // given. q_rows: query rows; k_rows: dense varlen k.size(0), or a dense cache's rows per batch
-  // entry (k_cache.size(1)) with k_batches = k_cache.size(0).
-  int64_t q_rows = 0, k_rows = 0, k_batches = 0;
+  // entry (k_cache.size(1)) with k_batches = k_cache.size(0); k_blocks: a paged cache's blocks.
+  int64_t q_rows = 0, k_rows = 0, k_batches = 0, k_blocks = 0;
   const int32_t* cache_batch_idx = nullptr;
   const int32_t* leftpad_k = nullptr;
 

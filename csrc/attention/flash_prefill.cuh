@@ -43,9 +43,10 @@ struct PrefillCfg {
                 "copy layout: whole rows per pass, whole passes per tile, one thread per key row");
 };
 
-// kPaged: K/V rows through the block table. kFold: scores_fold(p) (no softcap, no ALiBi).
-template <typename T, typename Cfg, bool kPaged, bool kFold>
+// kPaged: K/V rows through the block table. kScores: score_mode(p).
+template <typename T, typename Cfg, bool kPaged, int kScores>
 __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const KernelArgs a) {
+  constexpr bool kFold = kScores == kScoresFolded, has_alibi = kScores == kScoresAlibi;
   constexpr int kD = Cfg::kD, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr int kMT = Cfg::kMT, kThreads = Cfg::kThreads, kRowBytes = Cfg::kRowBytes;
   constexpr int kNT = kBlockN / 8;  // n8 tiles of S
@@ -165,7 +166,6 @@ LLMK_ATTN_UNROLL
     sSlope[r] = alibi_slope_log2(p, b, head0 + R % a.pack);
   }
   const ScoreXform xf = score_xform(p);
-  const bool has_alibi = !kFold && p.alibi_slopes != nullptr;
   // Exponent FMA: exp2(x * x_mul - m) with x the raw score (kFold) or the log2-domain score.
   const float x_mul = kFold ? xf.scale_log2 : 1.f;
 
@@ -263,6 +263,7 @@ LLMK_ATTN_UNROLL
           slope = sSlope[rloc];
         }
         const KeyRange kr = rule.range(qi);
+        const float dist0 = float(qi + rule.sk - rule.sq - j_base);  // ALiBi distance to key j_base
         float mx = -INFINITY;
 LLMK_ATTN_UNROLL
         for (int nt = 0; nt < kNT; ++nt)
@@ -270,10 +271,7 @@ LLMK_ATTN_UNROLL
           for (int e = 0; e < 2; ++e) {
             float x = sacc[mt][nt][hh * 2 + e];
             const int j = j_base + nt * 8 + e;
-            if (!kFold) {
-              x = xf.apply(x);
-              if (has_alibi) x += attn_alibi(slope, qi, j, rule.sq, rule.sk);
-            }
+            if (!kFold) x = unfolded_score(xf, x, has_alibi, slope, dist0 - float(nt * 8 + e));
             if (kMask && (j < kr.lo || j >= kr.hi)) x = -INFINITY;
             sacc[mt][nt][hh * 2 + e] = x;
             mx = fmaxf(mx, x);

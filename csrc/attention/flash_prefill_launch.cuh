@@ -20,17 +20,21 @@ struct PrefillTuning<128> { using Cfg = PrefillCfg<128, 128, 64, 4, false>; };
 template <>
 struct PrefillTuning<256> { using Cfg = PrefillCfg<256, 64, 32, 4, false>; };
 
+template <typename T, typename Cfg, bool kPaged>
+auto prefill_kernel_for(ScoreMode m) {
+  return m == kScoresFolded    ? &flash_prefill_kernel<T, Cfg, kPaged, kScoresFolded>
+         : m == kScoresSoftcap ? &flash_prefill_kernel<T, Cfg, kPaged, kScoresSoftcap>
+                               : &flash_prefill_kernel<T, Cfg, kPaged, kScoresAlibi>;
+}
+
 template <typename T, int kD>
 void launch_prefill(KernelArgs a, int64_t stream) {
   using Cfg = typename PrefillTuning<kD>::Cfg;
   static_assert(Cfg::kBlockM == prefill_block_m(kD), "prefill_block_m out of date");
   const AttnParams& p = a.p;
   a.m_blocks = (p.max_seqlen_q * a.pack + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const bool fold = scores_fold(p);
-  auto flash_prefill = p.block_table ? (fold ? &flash_prefill_kernel<T, Cfg, true, true>
-                                             : &flash_prefill_kernel<T, Cfg, true, false>)
-                                     : (fold ? &flash_prefill_kernel<T, Cfg, false, true>
-                                             : &flash_prefill_kernel<T, Cfg, false, false>);
+  auto flash_prefill = p.block_table ? prefill_kernel_for<T, Cfg, true>(score_mode(p))
+                                     : prefill_kernel_for<T, Cfg, false>(score_mode(p));
   allow_dynamic_smem(flash_prefill, Cfg::kSmem);
   for_each_grid_chunk(p.batch, [&](int64_t first, unsigned count) {
     a.batch0 = int(first);

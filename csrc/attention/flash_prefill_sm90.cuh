@@ -1,18 +1,22 @@
-// Flash-attention prefill for sm_90a in FA3's structure (fp16/bf16, fp32 accumulation), dense
-// K/V rows (varlen, and the dense fronts built on it); no softcap / ALiBi / split-KV / paging
-// (those take flash_prefill.cuh).
+// Flash-attention prefill for sm_90a in FA3's structure (fp16/bf16, fp32 accumulation): dense
+// K/V rows (varlen, dense caches) or a paged cache, softcap, ALiBi, GQA (with the query heads of
+// a kv head packed into the row tile when the queries are short); no split-KV (flash_prefill.cuh).
 //
-// A CTA of three warpgroups computes 128 query rows of one head. Warpgroup 0 is the producer:
-// one thread issues TMA loads of Q once and of K/V tiles (128 keys) into a two-stage ring, each
-// stage with a "full" mbarrier (arrival + transaction bytes) and an "empty" one (released by the
-// consumers after their P V); it gives its registers away (setmaxnreg.dec). Warpgroups 1 and 2
+// A CTA of three warpgroups computes up to 128 query rows of one head (or, packed, rows R =
+// query R / pack of head R % pack: the Q box is pack heads x 128 / pack positions, so its rows
+// land in that order). Warpgroup 0 is the producer: its first warp issues TMA loads of Q once
+// and of K/V tiles (128 keys; 64 at head dim 256) into a two-stage ring (paged: one load per
+// page slice of the tile, a lane per page resolving its block-table entry; pages past the
+// sequence are not loaded and count no bytes), each stage with a "full" mbarrier (arrival +
+// transaction bytes) and an "empty" one (released by the consumers after their P V); it gives
+// its registers away (setmaxnreg.dec). Warpgroups 1 and 2
 // are consumers of 64 rows each (setmaxnreg.inc): S = Q K^T by wgmma with both operands in
 // shared memory, the online softmax on the accumulator registers, then O += P V with P from
 // registers (the S accumulator layout is the A-fragment layout) and V read transposed (MN-major).
 // Two named barriers make the consumers take turns issuing their GEMMs, so one warpgroup's
 // softmax runs while the other's GEMMs do; inside a warpgroup, tile n's S GEMM is issued with
-// tile n-1's P V, and tile n's softmax overlaps that P V. Shared tiles are TMA boxes of 64 columns x rows with
-// the 128-byte swizzle (the wgmma descriptors' canonical layout). Tiles are visited from the
+// tile n-1's P V, and tile n's softmax overlaps that P V. Shared tiles are TMA boxes of 64
+// columns x rows with the 128-byte swizzle (the wgmma descriptors' canonical layout). Tiles are visited from the
 // last to the first, masked ones first, as in flash_prefill.cuh.
 #pragma once
 #include <type_traits>
@@ -24,10 +28,12 @@ namespace llmk {
 namespace gpu {
 namespace attn {
 
+// Head dim 256 takes 64-key tiles (FA3 shrinks the tile there too): its O accumulators are 128
+// registers per consumer thread, and Q plus two stages of K and V then fit in 193 KiB.
 template <int kD_>
 struct Sm90Cfg {
   static constexpr int kD = kD_;
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr int kBlockM = 128, kBlockN = kD > 128 ? 64 : 128, kStages = 2;
   static constexpr int kThreads = 384;
   static constexpr int kCols = kD / 64;              // 64-column boxes per row (128 bytes each)
   static constexpr int kQBytes = kBlockM * kD * 2;
@@ -39,17 +45,28 @@ struct Sm90Cfg {
 
 struct Sm90Args {
   KernelArgs a;
-  // q [rows, heads, D]; k, v the same (varlen) or [batches, rows, heads, D] (p.k_batches > 0, a
-  // dense cache): boxes of 64 columns x 1 head x tile rows (x 1 batch entry).
+  // q [rows, heads, D]: boxes of 64 columns x pack heads x 128 / pack rows. k, v [rows, heads, D]
+  // (varlen), [batches, rows, heads, D] (p.k_batches > 0, a dense cache) or [blocks, block_size,
+  // heads, D] (paged): boxes of 64 columns x 1 head x kv_box rows (x 1 batch entry or block).
   simt::TensorMap q, k, v;
+  int tile_rows = 0;  // query rows of a CTA: 128 / pack * pack
+  int kv_box = 0;     // key rows per K/V load: kBlockN, or the page size when smaller
 };
+
+// Page sizes the paged loads of tiles of `tile_n` keys take: a divisor of tile_n whose slices keep
+// the 1024-byte alignment of the 128-byte swizzle (a multiple of 8 rows), or a multiple of tile_n.
+LLMK_HD bool sm90_page_size_ok(int page, int tile_n) {
+  return page > 0 && ((page < tile_n && tile_n % page == 0 && page % 8 == 0) || page % tile_n == 0);
+}
 
 // Named barriers 1, 2: consumer warpgroup c waits on 1 + c before issuing its S GEMM.
 constexpr int kSchedBar = 1;
 
-template <typename T, typename Cfg>
+// kScores: score_mode(p) (folded: raw scores, the scale folded into exp2's FMA).
+template <typename T, typename Cfg, int kScores>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_prefill_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #if defined(LLMK_SM90A) || !defined(__CUDACC__)
+  constexpr bool kFold = kScores == kScoresFolded, has_alibi = kScores == kScoresAlibi;
   constexpr int kD = Cfg::kD, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kCols = Cfg::kCols;
   const KernelArgs& a = args.a;
@@ -67,18 +84,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_prefill_sm90_kernel(co
   const int m_block = a.m_blocks - 1 - int(blockIdx.x);  // long causal rows first
   const int b = a.batch0 + int(blockIdx.z);
   const SeqInfo s = seq_info(p, b);
-  const int row0 = m_block * kBlockM;
-  if (row0 >= s.seqlen_q) return;  // the whole CTA: before any barrier
-  const int h = blockIdx.y, kvh = h / a.group;
+  const int pack = a.pack, tile_rows = args.tile_rows;
+  const int rows_total = s.seqlen_q * pack;
+  const int row0 = m_block * tile_rows;
+  if (row0 >= rows_total) return;  // the whole CTA: before any barrier
+  const int head0 = int(blockIdx.y) * pack, kvh = head0 / a.group;
   const MaskRule rule = mask_rule(p, s);
-  const int last_row = (row0 + kBlockM < s.seqlen_q ? row0 + kBlockM : s.seqlen_q) - 1;
-  const int key_lo = rule.lo(row0), key_hi = rule.hi(last_row);
+  const int last_row = (row0 + tile_rows < rows_total ? row0 + tile_rows : rows_total) - 1;
+  const int i_first = row0 / pack, i_last = last_row / pack;
+  const int key_lo = rule.lo(i_first), key_hi = rule.hi(i_last);
   const int n_lo = key_lo / kBlockN;
   const int n_hi = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_lo;
-  const int safe_lo = rule.lo(last_row), safe_hi = rule.hi(row0);
-  // Key 0's coordinates: row cu_seqlens_k[b] (varlen), or cache entry + left padding.
-  const bool batched = p.k_batches > 0;
-  const int k_row0 = batched ? attn_k_row0(p, b) : p.cu_seqlens_k[b];
+  const int safe_lo = rule.lo(i_last), safe_hi = rule.hi(i_first);
+  // Key 0's coordinates: row cu_seqlens_k[b] (varlen), or cache entry + left padding; paged: the
+  // block table.
+  const bool paged = s.table != nullptr, batched = p.k_batches > 0;
+  const int k_row0 = paged ? 0 : batched ? attn_k_row0(p, b) : p.cu_seqlens_k[b];
   const int k_entry = batched ? int(attn_cache_batch(p, b)) : 0;
 
   if (tid == 0) {
@@ -95,24 +116,51 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_prefill_sm90_kernel(co
   if (wg == 0) {
     // ---- producer ----
     simt::setmaxnreg_dec<24>();
-    if (tid == 0) {
-      simt::mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-      for (int c = 0; c < kCols; ++c)
-        simt::tma_load(sQ + c * kBlockM * 128, &args.q, q_full, c * 64, h, int(s.q_row0) + row0);
+    if (tid < 32) {
+      const int lane = tid;
+      if (lane == 0) {
+        simt::mbar_arrive_expect_tx(q_full, kCols * tile_rows * 128);
+        for (int c = 0; c < kCols; ++c)
+          simt::tma_load(sQ + c * kBlockM * 128, &args.q, q_full, c * 64, head0, int(s.q_row0) + row0 / pack);
+      }
+      const int box = args.kv_box, loads = kBlockN / box;  // paged: page slices per tile
       int it = 0;
       for (int n = n_hi - 1; n >= n_lo; --n, ++it) {
         const int st = it % kStages, use = it / kStages;
         if (use > 0) simt::mbar_wait(&empty[st], (use - 1) & 1);
-        const int key_row = k_row0 + n * kBlockN;
-        auto load = [&](char* dst, const simt::TensorMap* map, uint64_t* bar) {
-          simt::mbar_arrive_expect_tx(bar, Cfg::kKVBytes);
-          for (int c = 0; c < kCols; ++c) {
-            if (batched) simt::tma_load(dst + c * kBlockN * 128, map, bar, c * 64, kvh, key_row, k_entry);
-            else simt::tma_load(dst + c * kBlockN * 128, map, bar, c * 64, kvh, key_row);
+        char* dk = sK + st * Cfg::kKVBytes;
+        char* dv = sV + st * Cfg::kKVBytes;
+        if (paged) {
+          // Slices holding a key of the sequence; the rest of the stage keeps stale rows, which the
+          // consumers mask (K) and zero (V) like any row past the sequence.
+          const int j0 = n * kBlockN;
+          int live = (s.seqlen_k - j0 + box - 1) / box;
+          live = live < loads ? live : loads;
+          if (lane == 0) {
+            simt::mbar_arrive_expect_tx(&k_full[st], live * box * 128 * kCols);
+            simt::mbar_arrive_expect_tx(&v_full[st], live * box * 128 * kCols);
           }
-        };
-        load(sK + st * Cfg::kKVBytes, &args.k, &k_full[st]);
-        load(sV + st * Cfg::kKVBytes, &args.v, &v_full[st]);
+          __syncwarp();
+          if (lane < live) {
+            const int j = j0 + lane * box, page = a.page.div(j);
+            const int blk = s.table[page], slot = j - page * p.block_size;
+            for (int c = 0; c < kCols; ++c)
+              simt::tma_load(dk + c * kBlockN * 128 + lane * box * 128, &args.k, &k_full[st], c * 64, kvh, slot, blk);
+            for (int c = 0; c < kCols; ++c)
+              simt::tma_load(dv + c * kBlockN * 128 + lane * box * 128, &args.v, &v_full[st], c * 64, kvh, slot, blk);
+          }
+        } else if (lane == 0) {
+          const int key_row = k_row0 + n * kBlockN;
+          auto load = [&](char* dst, const simt::TensorMap* map, uint64_t* bar) {
+            simt::mbar_arrive_expect_tx(bar, Cfg::kKVBytes);
+            for (int c = 0; c < kCols; ++c) {
+              if (batched) simt::tma_load(dst + c * kBlockN * 128, map, bar, c * 64, kvh, key_row, k_entry);
+              else simt::tma_load(dst + c * kBlockN * 128, map, bar, c * 64, kvh, key_row);
+            }
+          };
+          load(dk, &args.k, &k_full[st]);
+          load(dv, &args.v, &v_full[st]);
+        }
       }
     }
     return;
@@ -122,16 +170,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_prefill_sm90_kernel(co
   simt::setmaxnreg_inc<240>();
   const int c = wg - 1, t = tid % 128, warp = t / 32, lane = t % 32;
   const int g = lane >> 2, q4 = lane & 3;
-  const float x_mul = score_xform(p).scale_log2;  // scores stay raw; the scale folds into exp2's FMA
+  const ScoreXform xf = score_xform(p);
+  // Exponent FMA: exp2(x * x_mul - m) with x the raw score (kFold) or the log2-domain score.
+  const float x_mul = kFold ? xf.scale_log2 : 1.f;
   if (c == 1) simt::named_bar_arrive(kSchedBar, 256);  // consumer 0 goes first
 
   float o[kD / 2];
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 LLMK_ATTN_UNROLL
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
-  int qi[2];
-  qi[0] = row0 + 64 * c + 16 * warp + g;
-  qi[1] = qi[0] + 8;
+  // Rows g and g + 8 of this warp's 16: their query index, head, visible keys, key position and
+  // ALiBi slope (fixed for the whole row: computed once). Rows past the tile (128 / pack * pack
+  // < 128) or the sequence compute on whatever Q holds and are not written.
+  int qi[2], qh[2], qpos[2];
+  KeyRange kr[2];
+  float slope[2];
+LLMK_ATTN_UNROLL
+  for (int hh = 0; hh < 2; ++hh) {
+    int R = row0 + 64 * c + 16 * warp + g + 8 * hh;
+    R = R < last_row ? R : last_row;
+    qi[hh] = R / pack;
+    qh[hh] = head0 + R % pack;
+    kr[hh] = rule.range(qi[hh]);
+    qpos[hh] = qi[hh] + rule.sk - rule.sq;
+    slope[hh] = has_alibi ? alibi_slope_log2(p, b, qh[hh]) : 0.f;
+  }
 
   simt::mbar_wait(q_full, 0);
   const char* sQc = sQ + 64 * c * 128;
@@ -202,7 +265,7 @@ LLMK_ATTN_UNROLL
     float alpha[2];
 LLMK_ATTN_UNROLL
     for (int hh = 0; hh < 2; ++hh) {
-      const KeyRange kr = rule.range(qi[hh]);
+      const float dist0 = float(qpos[hh] - j_base);  // ALiBi distance to key j_base
       float mx = -INFINITY;
 LLMK_ATTN_UNROLL
       for (int i = 0; i < kBlockN / 8; ++i)
@@ -210,7 +273,8 @@ LLMK_ATTN_UNROLL
         for (int e = 0; e < 2; ++e) {
           float x = sacc[4 * i + 2 * hh + e];
           const int j = j_base + 8 * i + e;
-          if (kMask && (j < kr.lo || j >= kr.hi)) x = -INFINITY;
+          if (!kFold) x = unfolded_score(xf, x, has_alibi, slope[hh], dist0 - float(8 * i + e));
+          if (kMask && (j < kr[hh].lo || j >= kr[hh].hi)) x = -INFINITY;
           sacc[4 * i + 2 * hh + e] = x;
           mx = fmaxf(mx, x);
         }
@@ -282,8 +346,8 @@ LLMK_ATTN_UNROLL
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int i = qi[hh];
-    if (i >= s.seqlen_q) continue;
+    if (row0 + 64 * c + 16 * warp + g + 8 * hh > last_row) continue;  // last_row < row0 + tile_rows
+    const int i = qi[hh], h = qh[hh];
     T* dst = out + (s.q_row0 + i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
 LLMK_ATTN_UNROLL
     for (int k = 0; k < kD / 8; ++k) {

@@ -9,9 +9,10 @@ namespace llmk {
 namespace gpu {
 namespace attn {
 
-// True when this call can run on the wgmma + TMA kernel here: fp16/bf16, head_dim exactly 64 or
-// 128, dense varlen K/V with known row counts, no softcap / ALiBi / paging / split-KV / GQA
-// packing, and sm_90 with a 90a build (CUDA) or the emulation switch on (SIMT).
+// True when this call can run on the wgmma + TMA kernel here: fp16/bf16, head_dim exactly 64, 128
+// or 256, dense K/V with known row counts or a paged cache whose page size is a multiple of 8 that
+// divides the key tile (128; 64 at head dim 256) or a multiple of it, no split-KV (softcap, ALiBi, windows and GQA, packed or not,
+// are taken), and sm_90 with a 90a build (CUDA) or the emulation switch on (SIMT).
 bool sm90_prefill_selected(const KernelArgs& a, int padded_head_dim);
 // Launches it; false (nothing launched) when TMA cannot describe the tensors' strides.
 template <typename T, int kD>

@@ -2,7 +2,7 @@
 each, too many to write by hand). Run: python csrc/common/gen_wgmma_ptx.py > csrc/common/simt_wgmma_ptx.h"""
 
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
-NS = [64, 128]
+NS = [64, 128, 256]
 
 
 def regs(first, count):

@@ -11,6 +11,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch.utils.dlpack import to_dlpack
 
+_to_dlpack = torch._C._to_dlpack  # what to_dlpack calls, without its Python frame
+
 from . import _C
 from ._args import raise_unsupported_device
 from ._args import require_tensor  # noqa: F401  (re-exported: the ops modules import it from here)
@@ -54,6 +56,11 @@ def dl(t: Optional[torch.Tensor], name: str = "tensor argument"):
     for the error raised when `t` is not a tensor on a device the kernels can address."""
     if t is None:
         return None
+    if type(t) is torch.Tensor and not t.requires_grad:  # the hot path: one C call (~0.2 us)
+        try:
+            return _to_dlpack(t)
+        except BufferError:
+            raise_unsupported_device(t, name)
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     try:

@@ -1,6 +1,4 @@
 """Attention: llmkern vs torch in the same run.
-import os
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for the big K/V caches (see run())
 
 - prefill: flash_attn_varlen_func vs torch.nn.functional.scaled_dot_product_attention (causal),
   fp32 and bf16, 1 x 2048 and 8 x 512 tokens, 9q/3kv x 64 (SmolLM2) and 32q/8kv x 128 (Llama).
@@ -9,6 +7,12 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for the big K/V
 - paged decode: flash_attn_with_kvcache (block 16) vs torch gather through the block table +
   SDPA, 64 seqs x 1k and 4 seqs x 16k context, both head shapes; GB/s of K/V read vs the measured
   read bandwidth.
+- SmolLM2 decode (9q/3kv x 64, block 16, fp32 and bf16): batch 1 / 4 / 32 x context 1k-4k, the
+  shapes of a serving step. Calls rotate over enough copies of the cache to exceed the last-level
+  cache (as a model's layers do), and each row carries its own read-bandwidth reference (a
+  streaming sum over 256 MiB at the same thread count, the better of one measurement just before
+  and one just after the row), so that on a shared machine the fraction compares like with like.
+  With one thread (--threads 1) both are timed in the thread's CPU time (less disturbed by load).
 - paged prefill: a 512-token chunk over a 4k cached prefix (flash_attn_varlen_func with
   block_table) vs torch gather + SDPA with the bottom-right causal mask.
 
@@ -17,13 +21,18 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for the big K/V
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
-import torch
-import torch.nn.functional as F
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for the big K/V caches (before torch starts)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import llmkern  # noqa: E402
-from llmkern.bench.common import Record, matmul_flops, print_records, read_bandwidth, timeit  # noqa: E402
+from llmkern.bench.common import (Record, Rotation, matmul_flops, print_records, read_bandwidth, timeit,  # noqa: E402
+                                  timeit_pair, working_sets)
 
 HEADS = {"smollm2 9/3x64": (9, 3, 64), "llama 32/8x128": (32, 8, 128)}
 
@@ -88,6 +97,93 @@ def _decode(device, dtype, nseq, ctx, hq, hkv, d, bs, min_time):
     return t, tp, kv_bytes
 
 
+SMOLLM2_DECODE = [(1, 1024), (1, 4096), (4, 1024), (4, 4096), (32, 1024), (32, 2048)]
+
+
+def _smollm2_decode(device, dtype, nseq, ctx, min_time):
+    """(llmkern s, peer s, K/V bytes per call) over rotated copies of a paged cache (see above)."""
+    hq, hkv, d = HEADS["smollm2 9/3x64"]
+    kv_bytes = 2 * nseq * ctx * hkv * d * torch.empty((), dtype=dtype).element_size()
+    n = working_sets(kv_bytes) if device == "cpu" else 1
+    sets = [_paged_cache(device, dtype, nseq, ctx, hkv, d, 16) for _ in range(n)]
+    q = torch.randn(nseq, 1, hq, d, device=device).to(dtype)
+    lens = torch.full((nseq,), ctx, dtype=torch.int32, device=device)
+    out = torch.empty_like(q)
+    qt = q.transpose(1, 2)
+
+    def ours(i):
+        kc, vc, bt = sets[i]
+        return llmkern.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=bt, out=out)
+
+    def peer(i):
+        kc, vc, bt = sets[i]
+        return F.scaled_dot_product_attention(qt, _gather(kc, bt, ctx), _gather(vc, bt, ctx), enable_gqa=True)
+
+    if _cpu_clock(device):
+        return _thread_time_pair(Rotation(ours, n), Rotation(peer, n), min_time) + (kv_bytes,)
+    t, tp = timeit_pair(Rotation(ours, n), Rotation(peer, n), device, min_time=min_time)
+    return t, tp, kv_bytes
+
+
+def _cpu_clock(device) -> bool:
+    """One thread on CPU: time the calling thread's CPU time, which other processes on a shared
+    machine disturb far less than wall time (as bench_decode_profile --threads 1)."""
+    return device == "cpu" and llmkern.get_num_threads() == 1 and torch.get_num_threads() == 1
+
+
+def _thread_time_pair(fn, peer_fn, min_time: float) -> tuple:
+    """(best s per call of fn, of peer_fn) in thread CPU time, batches of the two alternating."""
+    best = [float("inf"), float("inf")]
+    spent = [0.0, 0.0]
+    for f in (fn, peer_fn):
+        f()
+    while min(spent) < min_time or min(best) == float("inf"):
+        for i, f in enumerate((fn, peer_fn)):
+            t0 = time.thread_time()
+            calls = 0
+            while calls == 0 or time.thread_time() - t0 < 0.05:
+                f()
+                calls += 1
+            dt = time.thread_time() - t0
+            best[i] = min(best[i], dt / calls)
+            spent[i] += dt
+    return best[0], best[1]
+
+
+def _read_bw_thread_time(nbytes: int = 256 << 20) -> float:
+    """read_bandwidth's streaming sum, one thread, best of several in thread CPU time."""
+    a = torch.ones(nbytes // 4)
+    a.sum()
+    best = float("inf")
+    for _ in range(9):
+        t0 = time.thread_time()
+        a.sum()
+        best = min(best, time.thread_time() - t0)
+    return nbytes / best
+
+
+def smollm2_decode_rows(device="cpu", quick=False, min_time=0.5) -> list:
+    """The SmolLM2 decode rows (see the module docstring), each with its own bandwidth reference."""
+    out = []
+    if _cpu_clock(device):
+        bw_now = lambda _device: _read_bw_thread_time()  # noqa: E731
+    else:
+        bw_now = getattr(read_bandwidth, "__wrapped__", read_bandwidth)  # a fresh measurement each time
+    shapes = SMOLLM2_DECODE[::2] if quick else SMOLLM2_DECODE
+    for dtype in (torch.float32, torch.bfloat16):
+        dn = str(dtype).replace("torch.", "")
+        for nseq, ctx in shapes:
+            before = bw_now(device)
+            t, tp, kv_bytes = _smollm2_decode(device, dtype, nseq, ctx, min_time)
+            bw = max(before, bw_now(device)) / 1e9
+            out.append(Record("attention/smollm2 decode", f"{dn} {nseq}x{ctx} 9/3x64 bs16", t,
+                              "torch gather+SDPA", tp, "GB/s", kv_bytes / t / 1e9, bw,
+                              extra={"read_gb_s": round(bw, 1), "threads": llmkern.get_num_threads(),
+                                     "clock": "thread CPU time" if _cpu_clock(device) else "wall"},
+                              axes={"batch": nseq, "seqlen": ctx, "series": f"{dn} smollm2 decode"}))
+    return out
+
+
 def _paged_prefill(device, dtype, chunk, prefix, hq, hkv, d, bs, min_time):
     ctx = prefix + chunk
     kc, vc, bt = _paged_cache(device, dtype, 1, ctx, hkv, d, bs)
@@ -132,6 +228,7 @@ def run(quick: bool = False, device: str = "cpu") -> list:
                 out.append(Record("attention/paged decode", f"{dn} {nseq}x{ctx} {heads} bs16", t,
                                   "torch gather+SDPA", tp, "GB/s", kv_bytes / t / 1e9, bw,
                                   axes={"batch": nseq, "seqlen": ctx, "series": f"{dn} ctx {ctx} {heads} bs16"}))
+    out += smollm2_decode_rows(device, quick, min_time)
     hq, hkv, d = HEADS["llama 32/8x128"]
     for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32):
         dn = str(dtype).replace("torch.", "")
@@ -147,7 +244,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", default="", help="substring filter on the benchmark name")
+    ap.add_argument("--smollm2-decode", action="store_true", help="only the SmolLM2 decode rows")
+    ap.add_argument("--threads", type=int, default=0, help="llmkern and torch threads (0 = default)")
     args = ap.parse_args(argv)
+    if args.threads:
+        llmkern.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    if args.smollm2_decode:
+        print_records(smollm2_decode_rows(args.device, args.quick, 0.2 if args.quick else 0.5))
+        return 0
     recs = run(args.quick, args.device)
     print_records([r for r in recs if args.only in r.bench])
     return 0

@@ -66,6 +66,7 @@ class ModelRunner:
             slot_parts.append(last_blk * bs + pos % bs)
             meta.num_decode = nd
             meta.decode_seqlens = self._tensor((pos + 1).astype(np.int32))
+            meta.decode_positions = self._tensor(pos.astype(np.int32))
             meta.decode_block_table = self._tensor(block_table(batch.decodes))
             sample_rows.extend(range(nd))
             sample_seqs.extend(batch.decodes)

@@ -11,8 +11,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..ops.attention import flash_attn_varlen_func, flash_attn_with_kvcache
+from ..ops.attention import decode_append_paged, flash_attn_varlen_func, flash_attn_with_kvcache
 from ..ops.kvcache import reshape_and_cache_flash
+from .rotary import RotaryEmbedding
 
 
 @dataclass
@@ -21,6 +22,7 @@ class AttnMetadata:
     num_decode: int = 0                              # decode rows (first rows of the batch)
     decode_seqlens: Optional[torch.Tensor] = None    # int32 [num_decode] tokens in cache incl. new
     decode_block_table: Optional[torch.Tensor] = None  # int32 [num_decode, max_blocks]
+    decode_positions: Optional[torch.Tensor] = None  # int32 [num_decode] tokens in cache before the new one
     num_prefill_tokens: int = 0
     prefill_cu_q: Optional[torch.Tensor] = None      # int32 [num_prefill + 1]
     prefill_cu_k: Optional[torch.Tensor] = None      # int32 [num_prefill + 1] (paged: context + new)
@@ -32,16 +34,38 @@ class AttnMetadata:
 def _as_batch(x: torch.Tensor) -> torch.Tensor:
     """[n, H, D] rows -> [n, 1, H, D] whose length-1 dim carries the row stride (kernels may walk
     rows as b * s + i with the seq-dim stride, which plain unsqueeze(1) would set differently)."""
-    return x.as_strided((x.shape[0], 1) + tuple(x.shape[1:]), (x.stride(0), x.stride(0)) + tuple(x.stride()[1:]))
+    n, h, d = x.shape
+    s0, s1, s2 = x.stride()
+    return x.as_strided((n, 1, h, d), (s0, s0, s1, s2))
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttnMetadata, scale: float,
-                    window: Tuple[int, int], out: torch.Tensor) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D] (head_dim contiguous); writes and returns out [T, H, D]."""
-    reshape_and_cache_flash(k, v, k_cache, v_cache, meta.slot_mapping)
+                    window: Tuple[int, int], out: torch.Tensor,
+                    rotary: Optional[RotaryEmbedding] = None,
+                    positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] (head_dim contiguous); writes and returns out [T, H, D].
+
+    With `rotary` (and the rows' `positions`) q and k are rotated first. On CPU, when the metadata
+    has decode_positions, the decode rows take one kernel call per layer that rotates, writes the
+    cache and attends (decode_append_paged: at batch 1 the three separate calls cost more than
+    the attention itself); their q rows are left unrotated in q."""
     nd = meta.num_decode
-    if nd:
+    fused = (nd > 0 and rotary is not None and meta.decode_positions is not None and not q.is_cuda
+             and q.shape[-1] % 8 == 0)
+    if fused:
+        if meta.num_prefill_tokens:
+            rotary(positions[nd:], q[nd:], k[nd:])
+            reshape_and_cache_flash(k[nd:], v[nd:], k_cache, v_cache, meta.slot_mapping[nd:])
+        rows = (q, k, v, out) if nd == q.shape[0] else (q[:nd], k[:nd], v[:nd], out[:nd])
+        qd, kd, vd, od = (_as_batch(t) for t in rows)
+        decode_append_paged(qd, k_cache, v_cache, kd, vd, rotary.cos, rotary.sin, meta.decode_positions,
+                            meta.decode_block_table, scale, window, od)
+    else:
+        if rotary is not None:
+            rotary(positions, q, k)
+        reshape_and_cache_flash(k, v, k_cache, v_cache, meta.slot_mapping)
+    if nd and not fused:
         flash_attn_with_kvcache(
             _as_batch(q[:nd]), k_cache, v_cache, cache_seqlens=meta.decode_seqlens,
             block_table=meta.decode_block_table, softmax_scale=scale, causal=True,

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..ops.linear import (linear_packed, linear_packed_silu_mul, linear_small_m, pack_gate_up_weight,
+from ..ops.linear import (linear_packed, linear_packed_silu_mul, linear_small_m_into, pack_gate_up_weight,
                           pack_linear_weight, packed_weight_rows)
 from .activation import silu_and_mul
 
@@ -32,8 +32,9 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
             return linear_packed(x, self.weight, self.out_features, self.bias)
-        if x.shape[0] <= GEMV_ROWS and not x.is_cuda and x.stride(-1) == 1:
-            return linear_small_m(x, self.weight, self.bias)
+        if x.shape[0] <= GEMV_ROWS and not x.is_cuda and x.stride(-1) == 1 and x.dim() == 2:
+            out = torch.empty((x.shape[0], self.out_features), dtype=x.dtype)
+            return linear_small_m_into(x, self.weight, self.bias, out)
         return F.linear(x, self.weight, self.bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,9 @@ class RotaryEmbedding:
                  dtype: torch.dtype, device):
         self.head_dim = head_dim
         self.cos_sin = cos_sin_cache(head_dim, theta, scaling, max_pos, dtype, device)
+        # The same table as flash-attn's rotary_cos / rotary_sin [max_pos, head_dim / 2] (views),
+        # for the decode kernel that rotates the new keys as it writes them.
+        self.cos, self.sin = self.cos_sin[:, :head_dim // 2], self.cos_sin[:, head_dim // 2:]
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
         rotary_embedding(positions, q, k, self.head_dim, self.cos_sin, True)

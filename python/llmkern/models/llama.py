@@ -191,7 +191,6 @@ class LlamaForCausalLM:
         c = self.config
         T = input_ids.shape[0]
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        q_size, qk_size = self.q_size, self.q_size + self.kv_size
         reduce = self.tp_reduce
         if intermediate is None:
             residual = embed_tokens(input_ids, self.embed, self.lm_head, self.vocab_start,
@@ -202,22 +201,22 @@ class LlamaForCausalLM:
         else:
             hidden, residual = intermediate
         attn_out = torch.empty((T, H, D), dtype=self.dtype, device=self.device)
+        attn_rows = attn_out.view(T, H * D)  # the o projection's input, one view for all layers
         for i, L in enumerate(self.layers):
             if i == 0 and intermediate is None:
                 L.input_norm(residual, out=hidden)
             else:  # residual += previous MLP output; hidden = norm(residual)
                 L.input_norm.add_(hidden, residual)
-            qkv = L.qkv(hidden)
-            q, k, v = qkv[:, :q_size], qkv[:, q_size:qk_size], qkv[:, qk_size:]
+            qkv = L.qkv(hidden).view(T, -1, D)  # heads: H query, Hkv key, Hkv value
+            q, k, v = qkv[:, :H], qkv[:, H:H + Hkv], qkv[:, H + Hkv:]
             if L.q_norm is not None:  # per-head norms need each head's row on its own: copies
                 q, k = q.contiguous(), k.contiguous()
                 L.q_norm(q.view(-1, D), out=q.view(-1, D))
                 L.k_norm(k.view(-1, D), out=k.view(-1, D))
-            self.rotary(positions, q, k)
             k_cache, v_cache = kv_caches[i]
-            paged_attention(q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D), k_cache, v_cache, meta,
-                            self.scale, self.window, attn_out)
-            hidden = L.o(attn_out.view(T, H * D))
+            paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window, attn_out, self.rotary,
+                            positions)
+            hidden = L.o(attn_rows)
             if reduce is not None:  # row-parallel o_proj: partial sums over the head shards
                 reduce(hidden)
             L.post_norm.add_(hidden, residual)

@@ -35,6 +35,7 @@ import torch
 from .._args import float_arg, int_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 from ._splitkv import split_workspace
+from .sm90_check import ensure_decided as ensure_sm90_decided
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -102,6 +103,7 @@ def _varlen(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    ensure_sm90_decided(q, lib_for(q))
     lib_for(q).flash_attn_varlen_fwd(
         dl(q), dl(k), dl(v), dl(cu_seqlens_q), dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
         softmax_scale, causal, window_left, window_right, softcap, dl(alibi_slopes),
@@ -206,6 +208,7 @@ def _kvcache(
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,),
                       dtype=torch.float32, device=q.device)
     lib = lib_for(q)
+    ensure_sm90_decided(q, lib)
     num_splits, workspace = split_workspace(lib, q, k_cache, block_table, num_splits)
     # Rotated queries go to a buffer the attention then reads (q itself is the caller's).
     q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary_cos is not None else None
@@ -341,3 +344,24 @@ def _kvcache_padded(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
 
 
 flash_attn_with_kvcache.op = _kvcache.op
+
+
+def decode_append_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, rotary_cos: torch.Tensor, rotary_sin: torch.Tensor,
+                        cache_seqlens: torch.Tensor, block_table: torch.Tensor, softmax_scale: float,
+                        window_size: Tuple[int, int], out: torch.Tensor) -> torch.Tensor:
+    """A runtime's decode step of one layer in one call: ``flash_attn_with_kvcache(q, k_cache,
+    v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table=block_table, causal=True,
+    rotary_interleaved=False, out=out)`` (GPT-NeoX rotation of the new key and of q at
+    ``cache_seqlens``, the key/value written into the paged cache, attention over it), without the
+    public function's normalisation of its arguments, which costs more than the kernel at batch 1:
+    the caller passes them in their final form (int32 indices, ``q``/``out [b, 1, Hq, D]``,
+    ``k``/``v [b, 1, Hkv, D]``, D a multiple of 8). The kernel still checks every one."""
+    lib = lib_for(q)
+    q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lib.flash_attn_kvcache_fwd_ext(
+        dl(q, "q"), dl(k_cache, "k_cache"), dl(v_cache, "v_cache"), dl(k, "k"), dl(v, "v"),
+        dl(rotary_cos, "rotary_cos"), dl(rotary_sin, "rotary_sin"), dl(cache_seqlens, "cache_seqlens"),
+        None, None, dl(block_table, "block_table"), float(softmax_scale), True, int(window_size[0]),
+        int(window_size[1]), 0.0, False, None, 0, dl(out, "out"), None, None, dl(q_rot), stream_of(q))
+    return out

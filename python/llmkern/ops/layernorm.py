@@ -58,6 +58,21 @@ def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
     lib_for(x).silu_and_mul(dl(o), dl(x), stream_of(x))
 
 
+# The same three ops for a runtime's hot path: 2-D rows in their final form, no Python-side checks
+# (the kernels check every argument and raise the same errors by name; at batch 1 the wrappers'
+# checks cost about as much as the kernels).
+def rms_norm_rows(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
+    lib_for(input).rms_norm(dl(out), dl(input), dl(weight), epsilon, stream_of(input))
+
+
+def fused_add_rms_norm_rows(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
+    lib_for(input).fused_add_rms_norm(dl(input), dl(residual), dl(weight), epsilon, stream_of(input))
+
+
+def silu_and_mul_rows(out: torch.Tensor, input: torch.Tensor) -> None:
+    lib_for(input).silu_and_mul(dl(out), dl(input), stream_of(input))
+
+
 @rms_norm.op.register_fake
 def _(out, input, weight, epsilon):
     return None

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .._args import int_arg, optional_tensor
+from .. import _C
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 
 __all__ = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows", "pack_gate_up_weight",
@@ -46,6 +47,14 @@ def linear_small_m(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         raise ValueError(f"weight: expected a 2-D tensor [out_features, in_features], got shape {tuple(weight.shape)}")
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     lib_for(x).linear_small_m(dl(x), dl(weight), dl(bias), dl(out), stream_of(x))
+    return out
+
+
+def linear_small_m_into(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """``linear_small_m`` into ``out [rows, out_features]`` for a runtime's hot path: CPU tensors in
+    their final form, no Python-side checks (at batch 1 they cost as much as the GEMV's
+    scheduling; the kernel checks every argument and raises the same errors by name)."""
+    _C.linear_small_m(dl(x), dl(weight), None if bias is None else dl(bias), dl(out), 0)
     return out
 
 
