@@ -50,6 +50,19 @@ void set_num_threads(int n) {
 
 int get_num_threads() { return llmk::pool_threads(); }
 
+py::dict thread_pool_stats() {
+  const llmk::PoolStats s = llmk::pool_stats();
+  py::dict d;
+  d["jobs"] = s.jobs;
+  d["chunks"] = s.chunks;
+  d["worker_chunks"] = s.worker_chunks;
+  d["solo_jobs"] = s.solo_jobs;
+  d["stalls"] = s.stalls;
+  d["wait_us"] = s.wait_us;
+  d["stall_wait_us"] = s.stall_wait_us;
+  return d;
+}
+
 // llmkern.IndexOutOfRangeError (defined in Python so that _C and _simt raise the same class);
 // ValueError should the package not be importable.
 PyObject* index_out_of_range_type() {
@@ -95,6 +108,7 @@ PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
   m.def("build_info", &build_info);
   m.def("set_num_threads", &set_num_threads);
   m.def("get_num_threads", &get_num_threads);
+  m.def("thread_pool_stats", &thread_pool_stats);
   m.def("check_fits_int32", &check_fits_int32);
   llmk::bind_kvcache(m);
   llmk::bind_attention(m);

@@ -34,6 +34,7 @@
 #endif
 
 #include "common/cpu_quota.h"
+#include "common/stall_guard.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -46,6 +47,15 @@ namespace llmk {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+int64_t since_start_ns() {
+  static const Clock::time_point start = Clock::now();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+}
+
+struct Stats {
+  std::atomic<int64_t> jobs{0}, chunks{0}, worker_chunks{0}, solo_jobs{0}, stalls{0}, wait_ns{0}, stall_wait_ns{0};
+} g_stats;
 
 thread_local bool t_in_job = false;
 thread_local int t_team = 1;  // threads of the team job this thread is in (1: none)
@@ -124,7 +134,9 @@ bool spin_until(const Done& done, std::chrono::microseconds budget) {
 class Pool {
  public:
   explicit Pool(int nthreads)
-      : idle_spin_(env_int("LLMKERN_SPIN_US", 300, 0)), join_spin_(env_int("LLMKERN_JOIN_SPIN_US", 50, 0)) {
+      : idle_spin_(env_int("LLMKERN_SPIN_US", 300, 0)),
+        join_spin_(env_int("LLMKERN_JOIN_SPIN_US", 50, 0)),
+        guard_(env_int("LLMKERN_ADAPTIVE_THREADS", 1, 0) != 0) {
     nthreads = std::min(nthreads, 1024);
     for (int t = 1; t < nthreads; ++t) workers_.emplace_back([this] { work(); });
   }
@@ -140,6 +152,10 @@ class Pool {
   bool try_run(int n, bool team, TeamFn fn, void* ctx) {
     std::unique_lock<std::mutex> own(run_mu_, std::try_to_lock);
     if (!own.owns_lock()) return false;
+    if (guard_.solo_now(since_start_ns())) {  // a worker stalled a recent job: the caller runs this one alone
+      g_stats.solo_jobs.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
     if (team) n = std::min(n, size());
     fn_.store(fn, std::memory_order_relaxed);
     ctx_.store(ctx, std::memory_order_relaxed);
@@ -151,11 +167,23 @@ class Pool {
     // The caller takes slot 0 before publishing: a team's member 0 is always the caller.
     claim_.store(seq << 32 | 1u, std::memory_order_release);
     job_sig_.notify();
+    const auto t0 = Clock::now();
     run_slot(0, n, team);
+    int own_chunks = 1;
     if (!team)
-      for (int64_t i; (i = claim(seq)) >= 0;) run_slot(int(i), n, false);
+      for (int64_t i; (i = claim(seq)) >= 0; ++own_chunks) run_slot(int(i), n, false);
+    const auto t1 = Clock::now();
     auto all_done = [&] { return done_.load(std::memory_order_acquire) == n; };
     if (!spin_until(all_done, join_spin_)) done_sig_.wait(all_done);
+    const int64_t own_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    const int64_t wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t1).count();
+    g_stats.jobs.fetch_add(1, std::memory_order_relaxed);
+    g_stats.chunks.fetch_add(n, std::memory_order_relaxed);
+    g_stats.wait_ns.fetch_add(wait_ns, std::memory_order_relaxed);
+    if (guard_.record(since_start_ns(), own_ns, own_chunks, wait_ns)) {
+      g_stats.stalls.fetch_add(1, std::memory_order_relaxed);
+      g_stats.stall_wait_ns.fetch_add(wait_ns, std::memory_order_relaxed);
+    }
     if (error_) std::rethrow_exception(error_);
     return true;
   }
@@ -211,13 +239,16 @@ class Pool {
       if (i < 0) continue;
       const bool team = team_.load(std::memory_order_relaxed);
       const int n = n_.load(std::memory_order_relaxed);
+      int64_t ran = 1;
       run_slot(int(i), n, team);
       if (!team)
-        while ((i = claim(seen)) >= 0) run_slot(int(i), n, false);
+        for (; (i = claim(seen)) >= 0; ++ran) run_slot(int(i), n, false);
+      g_stats.worker_chunks.fetch_add(ran, std::memory_order_relaxed);
     }
   }
 
   const std::chrono::microseconds idle_spin_, join_spin_;
+  StallGuard guard_;  // touched only while run_mu_ is held
   std::vector<std::thread> workers_;
   std::mutex run_mu_;  // one job at a time
   uint64_t seq_ = 0;
@@ -344,5 +375,12 @@ void pool_barrier() {
 }
 
 bool pool_in_job() { return t_in_job; }
+
+PoolStats pool_stats() {
+  auto us = [](const std::atomic<int64_t>& ns) { return ns.load(std::memory_order_relaxed) / 1000; };
+  return {g_stats.jobs.load(std::memory_order_relaxed), g_stats.chunks.load(std::memory_order_relaxed),
+          g_stats.worker_chunks.load(std::memory_order_relaxed), g_stats.solo_jobs.load(std::memory_order_relaxed),
+          g_stats.stalls.load(std::memory_order_relaxed), us(g_stats.wait_ns), us(g_stats.stall_wait_ns)};
+}
 
 }  // namespace llmk

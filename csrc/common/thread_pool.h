@@ -9,6 +9,9 @@
 //   between two kernels) and then sleep on a futex, but stop spinning at once when sched_yield()
 //   shows another thread wants the core; joins and team barriers spin at most
 //   LLMKERN_JOIN_SPIN_US (default 50 us) before they sleep.
+// - shrinks to the caller alone for a while (a few times the wait) after a join that waited far
+//   longer than a chunk takes (a worker was descheduled mid-chunk), then retries (stall_guard.h;
+//   LLMKERN_ADAPTIVE_THREADS=0 turns this off). The chunks are the same either way, so results are too.
 // LLMKERN_THREADS=openmp runs the parallel loops on OpenMP (the runtime torch loads) instead. A
 // forked child always uses the pool (libgomp's threads do not survive a fork).
 #pragma once
@@ -39,6 +42,15 @@ void pool_barrier();
 
 // True inside a pool job (nested parallel loops run inline).
 bool pool_in_job();
+
+// Counters since the process started (the pool's jobs only; OpenMP's regions are not counted):
+// jobs run on the pool's threads, their chunks (team members count as chunks) and how many of
+// those the workers ran (the rest: the caller), jobs the caller ran alone after a stall, stalls (joins that
+// waited far longer than a chunk takes), and the microseconds joins waited in all and in stalls.
+struct PoolStats {
+  long long jobs, chunks, worker_chunks, solo_jobs, stalls, wait_us, stall_wait_us;
+};
+PoolStats pool_stats();
 
 // True when the kernels' parallel loops should use OpenMP rather than the pool (decided once).
 bool use_openmp();

@@ -11,10 +11,16 @@ up, then runs the workload once while the scenario's other process is already ru
 - split: the same two engines, each given half the CPUs with LLMKERN_CPUS (llmkern.cpu_share);
 - hog: a plain CPU-bound process (a Python busy loop) pinned to one CPU.
 
+split is also compared with the same engine alone on its half of the CPUs (solo-half), which
+shows what splitting costs beyond having fewer cores (shared L3 and memory bandwidth).
+
 Workloads are those of bench_e2e: offline-32 (32 random prompts of 32-256 tokens, 16-128 forced
 greedy outputs) and batch-1 decode (128-token prompt, 128 new tokens). The ratio printed is solo
 time / shared time, i.e. the fraction of solo throughput kept (target >= 0.40; a fair share of
-two cores between two equal engines is 0.5). Machine load (load average) is printed with it."""
+two cores between two equal engines is 0.5). Machine load (load average) is printed with it, and
+the CPU efficiency (solo CPU time per token / shared CPU time per token), which other processes on a
+busy machine disturb far less; stalls and jobs run alone are the pool's counters
+(llmkern._C.thread_pool_stats)."""
 from __future__ import annotations
 
 import argparse
@@ -53,6 +59,7 @@ def _workload(name: str, quick: bool):
 def worker(name: str, quick: bool, loop: bool, dtype: str) -> None:
     """Loads the engine, warms up, says READY, waits for a line on stdin, then runs the workload
     once and prints {"seconds", "tokens"} (or, with loop, runs it until killed)."""
+    from llmkern import _C
     from llmkern.bench.throughput import _llm, _run_llmkern
 
     llm = _llm(dtype=dtype)
@@ -62,11 +69,12 @@ def worker(name: str, quick: bool, loop: bool, dtype: str) -> None:
     sys.stdin.readline()
     parent = os.getppid()
     while os.getppid() == parent:  # a looping worker ends with its driver, however that ended
-        cpu0 = time.process_time()
+        cpu0, st0 = time.process_time(), _C.thread_pool_stats()
         dt = _run_llmkern(llm, prompts, outs)
         if not loop:  # CPU time too: threads that spin while waiting burn it without progress
-            print(json.dumps({"seconds": dt, "tokens": sum(outs), "cpu_s": time.process_time() - cpu0}),
-                  flush=True)
+            st = {k: v - st0[k] for k, v in _C.thread_pool_stats().items()}
+            print(json.dumps({"seconds": dt, "tokens": sum(outs), "cpu_s": time.process_time() - cpu0,
+                              "threads": _C.get_num_threads(), "pool": st}), flush=True)
             return
 
 
@@ -119,15 +127,16 @@ def _engine_args(name: str, quick: bool, loop: bool, dtype: str) -> List[str]:
 
 def measure(name: str, mode: str, scenario: str, quick: bool, dtype: str = "float32",
             timeout: float = 900) -> dict:
-    """{"seconds", "tokens"} of one run of workload `name` under `scenario` (solo/engine/split/hog)."""
+    """{"seconds", "tokens", "cpu_s", "threads", "pool"} of one run of workload `name` under
+    `scenario` (solo, solo-half: alone on cpu_share(0, 2), engine, split, hog)."""
     env = {"LLMKERN_THREADS": mode}
     cpus = sorted(os.sched_getaffinity(0))
-    if scenario == "split":
+    if scenario in ("split", "solo-half"):
         import llmkern
     procs: List[_Proc] = []
     try:
         m_env = dict(env)
-        if scenario == "split":
+        if scenario in ("split", "solo-half"):
             m_env["LLMKERN_CPUS"] = llmkern.format_cpus(llmkern.cpu_share(0, 2, cpus))
         m = _Proc(_engine_args(name, quick, False, dtype), m_env)
         procs.append(m)
@@ -170,6 +179,7 @@ def run(quick: bool = False, device: str = "cpu", modes=None, workloads=None, dt
             load0 = os.getloadavg()[0]
             solo = [measure(name, mode, "solo", quick, dtype)]
             shared = {s: measure(name, mode, s, quick, dtype) for s in scenarios}
+            half = measure(name, mode, "solo-half", quick, dtype) if "split" in scenarios else None
             solo.append(measure(name, mode, "solo", quick, dtype))
             solo_s = sum(r["seconds"] for r in solo) / len(solo)
             tokens = solo[0]["tokens"]
@@ -179,6 +189,18 @@ def run(quick: bool = False, device: str = "cpu", modes=None, workloads=None, dt
                     "hog": "with a CPU-bound process on one CPU"}
             for s in scenarios:
                 t = shared[s]["seconds"]
+                pool = shared[s].get("pool") or {}
+                solo_cpu = sum(r["cpu_s"] for r in solo) / len(solo)
+                # CPU time per token, solo / shared: how much of the CPU it gets the engine turns into
+                # tokens as well as alone (other processes on a shared machine move it far less than
+                # wall time); the wall-time fraction is about this times the share of the CPUs it got.
+                more = {"cpu_efficiency": solo_cpu / shared[s]["cpu_s"] if shared[s]["cpu_s"] else None,
+                        "threads": shared[s].get("threads"), "stalls": pool.get("stalls"),
+                        "solo_jobs": pool.get("solo_jobs"), "stall_wait_s": (pool.get("stall_wait_us") or 0) / 1e6,
+                        "worker_chunk_share": pool.get("worker_chunks", 0) / max(1, pool.get("chunks", 0))}
+                if s == "split" and half is not None:  # the fair base: the same engine alone on its half
+                    more.update(fraction_of_half_solo=half["seconds"] / t, half_solo_tok_s=tokens / half["seconds"],
+                                half_solo_threads=half.get("threads"))
                 recs.append(Record(f"e2e/contention {label}", f"{mode}: {what[s]}", t, "same engine alone", solo_s,
                                    "out tok/s", tokens / t,
                                    extra={"fraction_of_solo": solo_s / t, "target": TARGET,
@@ -186,12 +208,17 @@ def run(quick: bool = False, device: str = "cpu", modes=None, workloads=None, dt
                                           "solo_tok_s": tokens / solo_s, "loadavg_1m": round(load, 2),
                                           "cpu_ms_per_token": 1e3 * shared[s]["cpu_s"] / tokens,
                                           "solo_cpu_ms_per_token": 1e3 * sum(r["cpu_s"] for r in solo) / len(solo) / tokens,
-                                          "dtype": dtype},
+                                          "dtype": dtype, **more},
                                    axes=({"requests": 8 if quick else 32, "panel": "e2e/contention",
                                           "series": f"{mode}: {what[s]}"} if name == "offline" else {})))
                 print(f"[contention] {label} {mode} {s}: {tokens / t:.1f} tok/s vs solo {tokens / solo_s:.1f} "
                       f"= {solo_s / t:.2f} of solo (load {load:.1f}); CPU ms/token "
-                      f"{recs[-1].extra['cpu_ms_per_token']:.1f} vs solo {recs[-1].extra['solo_cpu_ms_per_token']:.1f}",
+                      f"{recs[-1].extra['cpu_ms_per_token']:.1f} vs solo {recs[-1].extra['solo_cpu_ms_per_token']:.1f} "
+                      f"(CPU efficiency {more['cpu_efficiency'] or 0:.2f}); "
+                      f"{more['threads']} threads, {more['stalls']} stalls ({more['stall_wait_s']:.2f} s), "
+                      f"{more['solo_jobs']} jobs run alone"
+                      + (f"; vs solo on half the CPUs ({tokens / half['seconds']:.1f} tok/s, {half.get('threads')} "
+                         f"threads): {more['fraction_of_half_solo']:.2f}" if "fraction_of_half_solo" in more else ""),
                       file=sys.stderr, flush=True)
     return recs
 
@@ -219,8 +246,10 @@ def main(argv=None) -> int:
              scenarios=split(a.scenarios))
     print_records(rs)
     for r in rs:
+        half = r.extra.get("fraction_of_half_solo")
         print(f"  {r.bench} [{r.case}] {r.extra['fraction_of_solo']:.2f} of solo "
-              f"({'meets' if r.extra['fraction_of_solo'] >= TARGET else 'below'} the {TARGET:.2f} target)")
+              f"({'meets' if r.extra['fraction_of_solo'] >= TARGET else 'below'} the {TARGET:.2f} target)"
+              + (f", {half:.2f} of solo on half the CPUs" if half is not None else ""))
     return 0
 
 
