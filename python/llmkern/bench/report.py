@@ -322,6 +322,8 @@ def _cells(r: Record) -> list:
     peer = f"{r.peer}: {fmt_seconds(r.peer_s)}" if r.peer_s else (r.peer or "-")
     if r.peer_s and r.peer_value is not None and not r.is_time_metric:
         peer += f" ({_fmt_value(r.peer_value, r.metric)})"
+    if r.peer_s and r.extra.get("agreement_prefix") is not None:  # peer_e2e: same greedy tokens?
+        peer += f"; greedy tokens agree {100 * r.extra['agreement_prefix']:.1f}%"
     if not r.peer_s and r.extra.get("note"):  # why the peer has no figure (e.g. not installed)
         peer += f" (not measured: {r.extra['note']})"
     ratio = f"**{r.ratio:.2f}x**" if r.ratio else "-"

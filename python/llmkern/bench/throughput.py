@@ -29,6 +29,20 @@ def _workload(n: int, seed: int = 0, vocab: int = 49152, plo=32, phi=256, olo=16
     return prompts, outs
 
 
+def offline_workload(n: int, quick: bool = False):
+    """(prompts, output lengths) of offline-n; --quick shortens both (see throughput())."""
+    prompts, outs = _workload(n)
+    if quick:  # --quick must finish the whole suite in ~3 minutes on 2 cores
+        prompts, outs = [p[:64] for p in prompts], [max(4, o // 8) for o in outs]
+    return prompts, outs
+
+
+def decode_workload(quick: bool = False):
+    """(128-token prompt, new tokens) of batch-1 decode: 128 new tokens, 16 with --quick."""
+    rng = random.Random(2)
+    return [rng.randrange(100, 49152) for _ in range(128)], (16 if quick else 128)
+
+
 @functools.lru_cache(maxsize=None)
 def matmul_flops(dtype=torch.float32, n: int = 1024) -> float:
     """Measured dense fp32 matmul FLOP/s (torch.mm), the compute roofline of this machine."""
@@ -140,9 +154,7 @@ def throughput(quick: bool = False, device: str = "cpu", num_requests: Optional[
 
     if "offline" in workloads:
         n = num_requests or (4 if quick else 32)
-        prompts, outs = _workload(n)
-        if quick:  # --quick must finish the whole suite in ~3 minutes on 2 cores
-            prompts, outs = [p[:64] for p in prompts], [max(4, o // 8) for o in outs]
+        prompts, outs = offline_workload(n, quick)
         _run_llmkern(llm, prompts[:2], [4, 4])  # warm-up
         dt = _run_llmkern(llm, prompts, outs)
         toks = sum(outs)
@@ -183,9 +195,7 @@ def throughput(quick: bool = False, device: str = "cpu", num_requests: Optional[
                          "llmkern-no-prefix-cache", ttft[False], "ms TTFT", 1e3 * ttft[True]))
 
     if "decode" in workloads:
-        n_new = 16 if quick else 128
-        rng = random.Random(2)
-        prompt = [rng.randrange(100, 49152) for _ in range(128)]
+        prompt, n_new = decode_workload(quick)
         _run_llmkern(llm, [prompt], [4])
         dt = _run_llmkern(llm, [prompt], [n_new])
         hd = hf.decode_b1(prompt, n_new) if hf else None

