@@ -11,9 +11,11 @@ import textwrap
 
 import pytest
 
-from llmkern.bench.peer_e2e import run_peers
-from llmkern.bench.peers.agreement import token_agreement
-from llmkern.bench.peers.client import PeerError, PeerProcess, find_python
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+from llmkern.bench.peer_e2e import run_peers  # noqa: E402
+from llmkern.bench.peers.agreement import token_agreement  # noqa: E402
+from llmkern.bench.peers.client import PeerError, PeerProcess, find_python  # noqa: E402
 
 # The stand-ins' "greedy output": token k of a request is (sum(prompt) + k) % 1000 for vLLM, and
 # (first prompt id + k) for CTranslate2, computed here independently of the drivers.
