@@ -26,7 +26,7 @@ def _cu(lens, device) -> torch.Tensor:
 
 
 def _cases(device, attend: Callable):
-    """(name, output) of each check case, computed with `attend(kind, **kwargs)`."""
+    """(name, output) of each check case; `attend` has flash_attn_varlen_func's signature."""
     g = torch.Generator(device="cpu").manual_seed(0)
 
     def rnd(*shape, dtype):
@@ -57,7 +57,7 @@ def _cases(device, attend: Callable):
 
 def check(lib, device, attend: Optional[Callable] = None) -> Optional[str]:
     """Runs the cases on `lib`'s two prefill kernels; None if they agree, else what differed.
-    Raises nothing: an error on the sm_90a side is reported as the disagreement."""
+    An error raised on the sm_90a side is reported as the disagreement, not raised."""
     if attend is None:
         from .attention import flash_attn_varlen_func as attend
     prev = lib.use_sm90_prefill(False)
