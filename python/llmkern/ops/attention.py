@@ -103,8 +103,9 @@ def _varlen(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32, device=q.device)
-    ensure_sm90_decided(q, lib_for(q))
-    lib_for(q).flash_attn_varlen_fwd(
+    lib = lib_for(q)
+    ensure_sm90_decided(q, lib)
+    lib.flash_attn_varlen_fwd(
         dl(q), dl(k), dl(v), dl(cu_seqlens_q), dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
         softmax_scale, causal, window_left, window_right, softcap, dl(alibi_slopes),
         dl(block_table), dl(o), dl(lse) if return_lse else None, stream_of(q),

@@ -54,7 +54,7 @@ def linear_small_m_into(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     """``linear_small_m`` into ``out [rows, out_features]`` for a runtime's hot path: CPU tensors in
     their final form, no Python-side checks (at batch 1 they cost as much as the GEMV's
     scheduling; the kernel checks every argument and raises the same errors by name)."""
-    _C.linear_small_m(dl(x), dl(weight), None if bias is None else dl(bias), dl(out), 0)
+    _C.linear_small_m(dl(x), dl(weight), dl(bias), dl(out), 0)
     return out
 
 
