@@ -22,7 +22,8 @@ def test_stats_count_pool_jobs():
         s1 = _C.thread_pool_stats()
     finally:
         llmkern.set_num_threads(before)
-    assert set(s1) == {"jobs", "chunks", "worker_chunks", "solo_jobs", "stalls", "wait_us", "stall_wait_us"}
+    assert set(s1) == {"jobs", "chunks", "worker_chunks", "solo_jobs", "stalls", "wait_us", "stall_wait_us",
+                       "worker_jobs", "colocated", "nudges"}
     ran = s1["jobs"] - s0["jobs"] + s1["solo_jobs"] - s0["solo_jobs"]
     assert ran >= 1  # the GEMM went through the pool (or, after a stall, ran on the caller)
     assert 0 <= s1["worker_chunks"] - s0["worker_chunks"] <= s1["chunks"] - s0["chunks"]

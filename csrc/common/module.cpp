@@ -38,6 +38,7 @@ py::dict build_info() {
 #endif
   d["num_threads"] = llmk::pool_threads();
   d["threads"] = llmk::use_openmp() ? "openmp" : "pool";
+  d["thread_placement"] = llmk::pool_placement();
   d["available_cpus"] = llmk::available_cpus();
   d["cgroup_cpu_limit"] = llmk::cgroup_cpu_limit();
   return d;
@@ -60,6 +61,9 @@ py::dict thread_pool_stats() {
   d["stalls"] = s.stalls;
   d["wait_us"] = s.wait_us;
   d["stall_wait_us"] = s.stall_wait_us;
+  d["worker_jobs"] = s.worker_jobs;
+  d["colocated"] = s.colocated;
+  d["nudges"] = s.nudges;
   return d;
 }
 

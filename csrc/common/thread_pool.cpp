@@ -35,6 +35,7 @@
 
 #include "common/cpu_quota.h"
 #include "common/stall_guard.h"
+#include "common/thread_placement.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -55,6 +56,7 @@ int64_t since_start_ns() {
 
 struct Stats {
   std::atomic<int64_t> jobs{0}, chunks{0}, worker_chunks{0}, solo_jobs{0}, stalls{0}, wait_ns{0}, stall_wait_ns{0};
+  std::atomic<int64_t> worker_jobs{0}, colocated{0}, nudges{0};
 } g_stats;
 
 thread_local bool t_in_job = false;
@@ -136,9 +138,12 @@ class Pool {
   explicit Pool(int nthreads)
       : idle_spin_(env_int("LLMKERN_SPIN_US", 300, 0)),
         join_spin_(env_int("LLMKERN_JOIN_SPIN_US", 50, 0)),
-        guard_(env_int("LLMKERN_ADAPTIVE_THREADS", 1, 0) != 0) {
-    nthreads = std::min(nthreads, 1024);
-    for (int t = 1; t < nthreads; ++t) workers_.emplace_back([this] { work(); });
+        guard_(env_int("LLMKERN_ADAPTIVE_THREADS", 1, 0) != 0),
+        placement_(placement_from_env()) {
+    nthreads = std::max(1, std::min(nthreads, 1024));
+    cpus_ = std::vector<std::atomic<int>>(size_t(nthreads));
+    for (auto& c : cpus_) c.store(-1);
+    for (int t = 1; t < nthreads; ++t) workers_.emplace_back([this, t] { work(t); });
   }
   ~Pool() {
     stop_.store(true);
@@ -163,6 +168,7 @@ class Pool {
     team_.store(team, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
+    cpus_[0].store(current_cpu(), std::memory_order_relaxed);  // where the workers should not be
     const uint64_t seq = ++seq_ & 0xffffffffu;
     // The caller takes slot 0 before publishing: a team's member 0 is always the caller.
     claim_.store(seq << 32 | 1u, std::memory_order_release);
@@ -227,13 +233,20 @@ class Pool {
     if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) done_sig_.notify();
   }
 
-  void work() {
+  void work(int me) {
+#if defined(__linux__)
+    pthread_setname_np(pthread_self(), "llmk-pool");  // how tools (and the tests) find the workers
+#endif
+    if (placement_ == Placement::kBind) bind_to_nth_allowed(me, size());
+    Nudger nudger;
+    std::vector<int> taken;
     uint64_t seen = 0;
     for (;;) {
       auto fresh = [&] { return stop_.load(std::memory_order_relaxed) || (claim_.load(std::memory_order_acquire) >> 32) != seen; };
       if (!spin_until(fresh, idle_spin_)) job_sig_.wait(fresh);
       if (stop_.load()) return;
       seen = claim_.load(std::memory_order_acquire) >> 32;
+      place(me, nudger, taken);
       // A claimed slot pins the job: the caller waits for it before the job's fields change.
       int64_t i = claim(seen);
       if (i < 0) continue;
@@ -247,8 +260,30 @@ class Pool {
     }
   }
 
+  // Before worker `me` claims a chunk of a new job: notes the CPU it runs on, counts the jobs it
+  // found itself on the caller's CPU, and (nudge mode) moves off a CPU that another pool thread
+  // is on when a free one is allowed (thread_placement.h).
+  void place(int me, Nudger& nudger, std::vector<int>& taken) {
+    int cpu = current_cpu();
+    const int caller = cpus_[0].load(std::memory_order_relaxed);
+    g_stats.worker_jobs.fetch_add(1, std::memory_order_relaxed);
+    if (cpu >= 0 && cpu == caller) g_stats.colocated.fetch_add(1, std::memory_order_relaxed);
+    if (placement_ == Placement::kNudge) {
+      taken.clear();
+      for (int t = 0; t < size(); ++t)
+        if (t != me) taken.push_back(cpus_[size_t(t)].load(std::memory_order_relaxed));
+      if (nudger.maybe_move(since_start_ns(), cpu, taken.data(), int(taken.size()))) {
+        g_stats.nudges.fetch_add(1, std::memory_order_relaxed);
+        cpu = current_cpu();
+      }
+    }
+    cpus_[size_t(me)].store(cpu, std::memory_order_relaxed);
+  }
+
   const std::chrono::microseconds idle_spin_, join_spin_;
   StallGuard guard_;  // touched only while run_mu_ is held
+  const Placement placement_;
+  std::vector<std::atomic<int>> cpus_;  // the CPU each pool thread (0: the caller) was last seen on
   std::vector<std::thread> workers_;
   std::mutex run_mu_;  // one job at a time
   uint64_t seq_ = 0;
@@ -376,11 +411,21 @@ void pool_barrier() {
 
 bool pool_in_job() { return t_in_job; }
 
+const char* pool_placement() {
+  switch (placement_from_env()) {
+    case Placement::kOff: return "off";
+    case Placement::kBind: return "bind";
+    default: return "nudge";
+  }
+}
+
 PoolStats pool_stats() {
   auto us = [](const std::atomic<int64_t>& ns) { return ns.load(std::memory_order_relaxed) / 1000; };
   return {g_stats.jobs.load(std::memory_order_relaxed), g_stats.chunks.load(std::memory_order_relaxed),
           g_stats.worker_chunks.load(std::memory_order_relaxed), g_stats.solo_jobs.load(std::memory_order_relaxed),
-          g_stats.stalls.load(std::memory_order_relaxed), us(g_stats.wait_ns), us(g_stats.stall_wait_ns)};
+          g_stats.stalls.load(std::memory_order_relaxed), us(g_stats.wait_ns), us(g_stats.stall_wait_ns),
+          g_stats.worker_jobs.load(std::memory_order_relaxed), g_stats.colocated.load(std::memory_order_relaxed),
+          g_stats.nudges.load(std::memory_order_relaxed)};
 }
 
 }  // namespace llmk

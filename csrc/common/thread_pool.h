@@ -12,6 +12,9 @@
 // - shrinks to the caller alone for a while (a few times the wait) after a join that waited far
 //   longer than a chunk takes (a worker was descheduled mid-chunk), then retries (stall_guard.h;
 //   LLMKERN_ADAPTIVE_THREADS=0 turns this off). The chunks are the same either way, so results are too.
+// - moves a worker that finds itself on the caller's CPU (or another worker's) to a free allowed
+//   CPU, briefly, then gives it its full mask back (thread_placement.h; LLMKERN_THREAD_PLACEMENT=off
+//   turns this off, =bind pins each worker to one CPU instead).
 // LLMKERN_THREADS=openmp runs the parallel loops on OpenMP (the runtime torch loads) instead. A
 // forked child always uses the pool (libgomp's threads do not survive a fork).
 #pragma once
@@ -43,12 +46,18 @@ void pool_barrier();
 // True inside a pool job (nested parallel loops run inline).
 bool pool_in_job();
 
+// LLMKERN_THREAD_PLACEMENT as the pool reads it: "nudge", "bind" or "off".
+const char* pool_placement();
+
 // Counters since the process started (the pool's jobs only; OpenMP's regions are not counted):
 // jobs run on the pool's threads, their chunks (team members count as chunks) and how many of
 // those the workers ran (the rest: the caller), jobs the caller ran alone after a stall, stalls (joins that
-// waited far longer than a chunk takes), and the microseconds joins waited in all and in stalls.
+// waited far longer than a chunk takes), the microseconds joins waited in all and in stalls, how
+// many times a worker joined a job, how many of those it was on the caller's CPU (the two took
+// turns on one core), and how many times a worker moved off such a CPU (thread_placement.h).
 struct PoolStats {
   long long jobs, chunks, worker_chunks, solo_jobs, stalls, wait_us, stall_wait_us;
+  long long worker_jobs, colocated, nudges;
 };
 PoolStats pool_stats();
 

@@ -1,0 +1,107 @@
+// Where the pool's workers run (LLMKERN_THREAD_PLACEMENT; see thread_pool.h).
+//
+// The scheduler sometimes leaves a worker on the caller's CPU while another allowed CPU idles:
+// the two threads then take turns on one core (the worker gets a few % of the chunks and batch-1
+// decode drops to the one-thread speed), and nothing moves them while both keep waking each other.
+// Modes:
+// - nudge (default): a worker that finds itself, at the start of a job, on the CPU of the caller
+//   or of another pool thread moves to the allowed CPUs that none of them is on (a temporary
+//   affinity mask, which migrates it at once), then gets its full mask back, so the scheduler can
+//   still move it off a core that another process wants. Rate-limited, backing off while it keeps
+//   landing back (the other CPUs are busy: the scheduler knows better then).
+// - bind: worker k runs only on the k-th allowed CPU (the caller, which runs Python and starts
+//   its threads, is left free), when there are at least as many allowed CPUs as pool threads.
+//   A bound worker cannot leave a core that another process keeps busy: for comparison only.
+// - off: the scheduler alone.
+// The chunks of a job do not depend on the placement, so results are the same bits in every mode.
+#pragma once
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace llmk {
+
+enum class Placement { kOff, kNudge, kBind };
+
+inline Placement placement_from_env() {
+  const char* s = std::getenv("LLMKERN_THREAD_PLACEMENT");
+  const std::string v = s ? s : "";
+  if (v == "off" || v == "0") return Placement::kOff;
+  if (v == "bind") return Placement::kBind;
+  return Placement::kNudge;
+}
+
+// The CPU the calling thread runs on now, or -1 where that is unknown.
+inline int current_cpu() {
+#if defined(__linux__)
+  return sched_getcpu();
+#else
+  return -1;
+#endif
+}
+
+// Pins the calling thread to the `index`-th CPU of its current affinity mask (wrapping around);
+// false when the mask has fewer than `need` CPUs (then nothing changes).
+inline bool bind_to_nth_allowed(int index, int need) {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) < need) return false;
+  int k = index % CPU_COUNT(&set);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set) && k-- == 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(c, &one);
+      return sched_setaffinity(0, sizeof(one), &one) == 0;
+    }
+#else
+  (void)index, (void)need;
+#endif
+  return false;
+}
+
+// One worker's nudges: call at the start of each job with the CPU it runs on and the CPUs the
+// caller and the other pool threads were last seen on. Only the owning worker touches it.
+class Nudger {
+ public:
+  // A nudge at most every kMinGapNs; one that comes within kReturnNs of the last (the worker was
+  // put back: the other CPUs are busy) doubles the gap, up to kMaxGapNs.
+  static constexpr int64_t kMinGapNs = 1'000'000, kMaxGapNs = 1'000'000'000, kReturnNs = 50'000'000;
+
+  // True when it moved the thread (then it runs on a CPU outside `taken`, under its own mask).
+  bool maybe_move(int64_t now_ns, int cpu, const int* taken, int ntaken) {
+#if defined(__linux__)
+    if (cpu < 0 || !std::count(taken, taken + ntaken, cpu)) return false;
+    if (now_ns < next_ns_) return false;
+    cpu_set_t full, away;
+    if (sched_getaffinity(0, sizeof(full), &full) != 0) return false;
+    std::memcpy(&away, &full, sizeof(full));
+    for (int i = 0; i < ntaken; ++i)
+      if (taken[i] >= 0 && taken[i] < CPU_SETSIZE) CPU_CLR(taken[i], &away);
+    if (CPU_COUNT(&away) == 0) {  // no free CPU (more threads than CPUs): nothing to gain
+      next_ns_ = now_ns + kMaxGapNs;
+      return false;
+    }
+    gap_ns_ = now_ns - last_ns_ < kReturnNs ? std::min(gap_ns_ * 2, kMaxGapNs) : kMinGapNs;
+    last_ns_ = now_ns;
+    next_ns_ = now_ns + gap_ns_;
+    // Leaving the current CPU out of the mask migrates the thread before the call returns; the
+    // full mask back keeps it where it landed but free to move again.
+    if (sched_setaffinity(0, sizeof(away), &away) != 0) return false;
+    sched_setaffinity(0, sizeof(full), &full);
+    return true;
+#else
+    (void)now_ns, (void)cpu, (void)taken, (void)ntaken;
+    return false;
+#endif
+  }
+
+ private:
+  int64_t next_ns_ = 0, last_ns_ = INT64_MIN / 2, gap_ns_ = kMinGapNs;
+};
+
+}  // namespace llmk
