@@ -82,8 +82,8 @@ class Nudger {
     std::memcpy(&away, &full, sizeof(full));
     for (int i = 0; i < ntaken; ++i)
       if (taken[i] >= 0 && taken[i] < CPU_SETSIZE) CPU_CLR(taken[i], &away);
-    if (CPU_COUNT(&away) == 0) {  // no free CPU (more threads than CPUs): nothing to gain
-      next_ns_ = now_ns + kMaxGapNs;
+    if (CPU_COUNT(&away) == 0) {  // no free CPU (more threads than CPUs): look again in a while
+      next_ns_ = now_ns + kMinGapNs;
       return false;
     }
     gap_ns_ = now_ns - last_ns_ < kReturnNs ? std::min(gap_ns_ * 2, kMaxGapNs) : kMinGapNs;

@@ -1,0 +1,131 @@
+"""Where the pool's workers run (csrc/common/thread_placement.h, LLMKERN_THREAD_PLACEMENT).
+
+Each case runs in a subprocess whose CPUs the test chooses: a worker forced onto the caller's
+CPU moves off it once another CPU is allowed again (read from /proc), results are the same bits
+in every placement mode, and nothing hangs with more pool threads than allowed CPUs or when
+set_cpu_affinity changes the mask under a running pool."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+# Parallel kernels of several families, saved after every phase; the phases move the threads.
+_SCRIPT = r"""
+import os, sys, threading, time, torch, llmkern
+from llmkern import _C
+from llmkern.bench.bench_placement import pool_tids, _last_cpu
+
+cpus = [int(c) for c in os.environ["CPUS"].split(",")]
+g = torch.Generator().manual_seed(1)
+r = lambda *s: torch.randn(*s, generator=g)
+x, p = r(37, 300), llmkern.pack_linear_weight(r(500, 300))
+x1, p1 = r(1, 576), llmkern.pack_linear_weight(r(1536, 576))
+h, wn = r(64, 576), r(576)
+logits = r(1, 1 << 17)
+
+def kernels():
+    o = torch.empty_like(h)
+    llmkern.rms_norm(o, h, wn, 1e-5)
+    return {"gemm": llmkern.linear_packed(x, p, 500), "gemv": llmkern.linear_packed(x1, p1, 1536), "norm": o,
+            "sample": llmkern.sampling_from_logits(logits, seed=3, offset=0)}
+
+def same(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+llmkern.set_num_threads(2)
+ref = kernels()
+for _ in range(20):  # warm-up
+    assert same(kernels(), ref)
+me = threading.get_native_id()
+workers = pool_tids()
+out = {"ref": ref, "workers": len(workers)}
+
+def pin_all(cs):
+    for t in [me] + workers:
+        os.sched_setaffinity(t, cs)
+
+if os.environ["PHASE"] == "colocate":
+    # Caller and worker on one CPU for a while, then both CPUs allowed again.
+    pin_all([cpus[0]])
+    s0 = _C.thread_pool_stats()
+    for _ in range(20):
+        assert same(kernels(), ref)
+    s1 = _C.thread_pool_stats()
+    out["forced_colocated"] = s1["colocated"] - s0["colocated"]
+    out["forced_worker_jobs"] = s1["worker_jobs"] - s0["worker_jobs"]
+    pin_all(cpus)
+    end, apart = time.monotonic() + 5, False
+    while time.monotonic() < end and not apart:
+        assert same(kernels(), ref)
+        apart = all(_last_cpu(t) != _last_cpu(me) for t in workers)
+    out["apart"] = apart
+    out["nudges"] = _C.thread_pool_stats()["nudges"] - s1["nudges"]
+elif os.environ["PHASE"] == "masks":
+    # Two pool threads on one allowed CPU (oversubscribed), then both CPUs again, via the API.
+    llmkern.set_cpu_affinity([cpus[0]], threads=2)
+    for _ in range(50):
+        assert same(kernels(), ref)
+    out["one_cpu_masks"] = [sorted(os.sched_getaffinity(t)) for t in [me] + workers]
+    llmkern.set_cpu_affinity(cpus, threads=2)
+    for _ in range(50):
+        assert same(kernels(), ref)
+    out["two_cpu_masks"] = [sorted(os.sched_getaffinity(t)) for t in [me] + workers]
+out["stats"] = _C.thread_pool_stats()
+torch.save(out, sys.argv[1])
+"""
+
+
+def _two_cpus():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    return cpus[:2]
+
+
+def _run(tmp_path, mode, phase, cpus):
+    path = tmp_path / f"{mode}-{phase}.pt"
+    env = dict(os.environ, CPUS=",".join(map(str, cpus)), PHASE=phase, LLMKERN_THREADS="pool",
+               LLMKERN_THREAD_PLACEMENT=mode)
+    env.pop("LLMKERN_CPUS", None)
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, str(path)], env=env, capture_output=True, text=True,
+                         timeout=180, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    assert out.returncode == 0, out.stderr
+    return torch.load(path, weights_only=False)
+
+
+def test_worker_leaves_the_callers_cpu(tmp_path):
+    cpus = _two_cpus()
+    got = _run(tmp_path, "nudge", "colocate", cpus)
+    assert got["workers"] == 1
+    # While both were pinned to one CPU every job the worker joined was on the caller's CPU:
+    # the counter sees co-location.
+    assert got["forced_colocated"] == got["forced_worker_jobs"] > 0, got
+    assert got["nudges"] >= 1 and got["apart"], got
+
+
+def test_same_bits_in_every_placement_mode(tmp_path):
+    cpus = _two_cpus()
+    runs = {m: _run(tmp_path, m, "colocate", cpus) for m in ("off", "nudge", "bind")}
+    ref = runs["off"]["ref"]
+    for m, got in runs.items():
+        for k, v in ref.items():
+            assert torch.equal(got["ref"][k], v), (m, k)
+    assert runs["off"]["stats"]["nudges"] == 0 and runs["bind"]["stats"]["nudges"] == 0
+
+
+@pytest.mark.parametrize("mode", ["nudge", "bind"])
+def test_no_hang_when_the_mask_changes(tmp_path, mode):
+    cpus = _two_cpus()
+    got = _run(tmp_path, mode, "masks", cpus)
+    assert got["workers"] == 1
+    assert got["one_cpu_masks"] == [[cpus[0]], [cpus[0]]]
+    # The nudges give a worker back the mask it had, not one from before set_cpu_affinity.
+    assert got["two_cpu_masks"] == [cpus, cpus], got
+
+
+def test_build_info_names_the_mode():
+    import llmkern
+
+    assert llmkern.build_info()["thread_placement"] in ("nudge", "bind", "off")
