@@ -150,7 +150,7 @@ class Pool {
     job_sig_.notify();
     for (auto& w : workers_) w.join();
   }
-  int size() const { return int(workers_.size()) + 1; }
+  int size() const { return int(cpus_.size()); }  // fixed before the workers start: they read it
 
   // team: the n slots are the members of one team (each run by its own thread, all at once,
   // barriers allowed); otherwise they are chunks that any thread may take, in any number.
