@@ -68,9 +68,11 @@ inline bool bind_to_nth_allowed(int index, int need) {
 // caller and the other pool threads were last seen on. Only the owning worker touches it.
 class Nudger {
  public:
-  // A nudge at most every kMinGapNs; one that comes within kReturnNs of the last (the worker was
-  // put back: the other CPUs are busy) doubles the gap, up to kMaxGapNs.
-  static constexpr int64_t kMinGapNs = 1'000'000, kMaxGapNs = 1'000'000'000, kReturnNs = 50'000'000;
+  // Nudges are at least a gap apart (kMinGapNs to kMaxGapNs). A worker put back on a taken CPU
+  // within 4 gaps of its last nudge (the other CPUs are busy: the scheduler has its reasons)
+  // doubles the gap; a later return halves it. A worker that keeps being put back thus moves
+  // about once a second at most, and one that stays away gets prompt nudges again.
+  static constexpr int64_t kMinGapNs = 1'000'000, kMaxGapNs = 1'000'000'000;
 
   // True when it moved the thread (then it runs on a CPU outside `taken`, under its own mask).
   bool maybe_move(int64_t now_ns, int cpu, const int* taken, int ntaken) {
@@ -86,7 +88,7 @@ class Nudger {
       next_ns_ = now_ns + kMinGapNs;
       return false;
     }
-    gap_ns_ = now_ns - last_ns_ < kReturnNs ? std::min(gap_ns_ * 2, kMaxGapNs) : kMinGapNs;
+    gap_ns_ = now_ns - last_ns_ < 4 * gap_ns_ ? std::min(gap_ns_ * 2, kMaxGapNs) : std::max(gap_ns_ / 2, kMinGapNs);
     last_ns_ = now_ns;
     next_ns_ = now_ns + gap_ns_;
     // Leaving the current CPU out of the mask migrates the thread before the call returns; the
