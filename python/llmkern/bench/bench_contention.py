@@ -197,7 +197,10 @@ def run(quick: bool = False, device: str = "cpu", modes=None, workloads=None, dt
                 more = {"cpu_efficiency": solo_cpu / shared[s]["cpu_s"] if shared[s]["cpu_s"] else None,
                         "threads": shared[s].get("threads"), "stalls": pool.get("stalls"),
                         "solo_jobs": pool.get("solo_jobs"), "stall_wait_s": (pool.get("stall_wait_us") or 0) / 1e6,
-                        "worker_chunk_share": pool.get("worker_chunks", 0) / max(1, pool.get("chunks", 0))}
+                        "worker_chunk_share": pool.get("worker_chunks", 0) / max(1, pool.get("chunks", 0)),
+                        # jobs a worker joined on the caller's CPU, and moves off it (thread_placement.h)
+                        "colocated_share": pool.get("colocated", 0) / max(1, pool.get("worker_jobs", 0)),
+                        "nudges": pool.get("nudges")}
                 if s == "split" and half is not None:  # the fair base: the same engine alone on its half
                     more.update(fraction_of_half_solo=half["seconds"] / t, half_solo_tok_s=tokens / half["seconds"],
                                 half_solo_threads=half.get("threads"))
@@ -216,7 +219,8 @@ def run(quick: bool = False, device: str = "cpu", modes=None, workloads=None, dt
                       f"{recs[-1].extra['cpu_ms_per_token']:.1f} vs solo {recs[-1].extra['solo_cpu_ms_per_token']:.1f} "
                       f"(CPU efficiency {more['cpu_efficiency'] or 0:.2f}); "
                       f"{more['threads']} threads, {more['stalls']} stalls ({more['stall_wait_s']:.2f} s), "
-                      f"{more['solo_jobs']} jobs run alone"
+                      f"{more['solo_jobs']} jobs run alone, worker on the caller's CPU in "
+                      f"{more['colocated_share']:.0%} of its jobs, {more['nudges']} nudges"
                       + (f"; vs solo on half the CPUs ({tokens / half['seconds']:.1f} tok/s, {half.get('threads')} "
                          f"threads): {more['fraction_of_half_solo']:.2f}" if "fraction_of_half_solo" in more else ""),
                       file=sys.stderr, flush=True)
