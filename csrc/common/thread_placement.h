@@ -2,7 +2,8 @@
 //
 // The scheduler sometimes leaves a worker on the caller's CPU while another allowed CPU idles:
 // the two threads then take turns on one core (the worker gets a few % of the chunks and batch-1
-// decode drops to the one-thread speed), and nothing moves them while both keep waking each other.
+// decode drops to the one-thread speed), often for the life of the process (half of the fresh
+// processes of a busy 2-core VM; bench_placement.py measures it).
 // Modes:
 // - nudge (default): a worker that finds itself, at the start of a job, on the CPU of the caller
 //   or of another pool thread moves to the allowed CPUs that none of them is on (a temporary
@@ -11,7 +12,9 @@
 //   landing back (the other CPUs are busy: the scheduler knows better then).
 // - bind: worker k runs only on the k-th allowed CPU (the caller, which runs Python and starts
 //   its threads, is left free), when there are at least as many allowed CPUs as pool threads.
-//   A bound worker cannot leave a core that another process keeps busy: for comparison only.
+//   A bound worker cannot leave a core that another process keeps busy, and the free caller
+//   still lands on the worker's CPU at times (most jobs, in 2 of 8 fresh processes measured):
+//   for comparison only.
 // - off: the scheduler alone.
 // The chunks of a job do not depend on the placement, so results are the same bits in every mode.
 #pragma once
