@@ -60,6 +60,7 @@ struct Stats {
 } g_stats;
 
 thread_local bool t_in_job = false;
+std::mutex g_placement_mu;  // held by a nudging worker, or while the threads' masks change
 thread_local int t_team = 1;  // threads of the team job this thread is in (1: none)
 
 int env_int(const char* name, int fallback, int lo = 1) {
@@ -272,7 +273,10 @@ class Pool {
       taken.clear();
       for (int t = 0; t < size(); ++t)
         if (t != me) taken.push_back(cpus_[size_t(t)].load(std::memory_order_relaxed));
-      if (nudger.maybe_move(since_start_ns(), cpu, taken.data(), int(taken.size()))) {
+      // A worker late for a job may nudge after the caller has returned: the lock keeps the
+      // nudge's mask save/restore from undoing a mask change (pause_thread_placement).
+      std::unique_lock<std::mutex> hold(g_placement_mu, std::try_to_lock);
+      if (hold.owns_lock() && nudger.maybe_move(since_start_ns(), cpu, taken.data(), int(taken.size()))) {
         g_stats.nudges.fetch_add(1, std::memory_order_relaxed);
         cpu = current_cpu();
       }
@@ -323,6 +327,7 @@ std::atomic<int> g_openmp{-1};  // -1: not decided yet
 // whose runtime hangs in a child whose parent had used it.
 void forget_pool_in_child() {
   new (&g_mu) std::mutex();
+  new (&g_placement_mu) std::mutex();  // a worker of the parent's may have held it
   g_pool = nullptr;
   g_openmp.store(0);
 }
@@ -410,6 +415,13 @@ void pool_barrier() {
 }
 
 bool pool_in_job() { return t_in_job; }
+
+void pause_thread_placement(bool pause) {
+  if (pause)
+    g_placement_mu.lock();
+  else
+    g_placement_mu.unlock();
+}
 
 const char* pool_placement() {
   switch (placement_from_env()) {

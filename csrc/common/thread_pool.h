@@ -49,6 +49,10 @@ bool pool_in_job();
 // LLMKERN_THREAD_PLACEMENT as the pool reads it: "nudge", "bind" or "off".
 const char* pool_placement();
 
+// pause: no worker moves itself until the same thread calls it with false (taken around a change
+// of the threads' affinity masks, which a nudge's save/restore of its own mask would undo).
+void pause_thread_placement(bool pause);
+
 // Counters since the process started (the pool's jobs only; OpenMP's regions are not counted):
 // jobs run on the pool's threads, their chunks (team members count as chunks) and how many of
 // those the workers ran (the rest: the caller), jobs the caller ran alone after a stall, stalls (joins that

@@ -90,6 +90,19 @@ def set_cpu_affinity(cpus, threads: Optional[int] = None) -> List[int]:
         raise ValueError(f"threads: expected an int >= 1, got {threads!r}")
     if not hasattr(os, "sched_setaffinity"):
         raise NotImplementedError("set_cpu_affinity: this platform has no sched_setaffinity")
+    _C.pause_thread_placement(True)  # a worker moving itself meanwhile would restore its old mask
+    try:
+        _set_all_masks(cs)
+    finally:
+        _C.pause_thread_placement(False)
+    quota = _C.build_info().get("cgroup_cpu_limit") or len(cs)
+    n = threads or max(1, min(len(cs), quota))
+    _C.set_num_threads(n)
+    torch.set_num_threads(n)
+    return cs
+
+
+def _set_all_masks(cs: List[int]) -> None:
     try:
         os.sched_setaffinity(0, cs)
     except OSError as e:
@@ -104,11 +117,6 @@ def set_cpu_affinity(cpus, threads: Optional[int] = None) -> List[int]:
             os.sched_setaffinity(tid, cs)
         except OSError:  # a thread that exited meanwhile
             pass
-    quota = _C.build_info().get("cgroup_cpu_limit") or len(cs)
-    n = threads or max(1, min(len(cs), quota))
-    _C.set_num_threads(n)
-    torch.set_num_threads(n)
-    return cs
 
 
 def apply_env() -> None:
