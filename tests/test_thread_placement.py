@@ -65,7 +65,9 @@ if os.environ["PHASE"] == "colocate":
         assert same(kernels(), ref)
         apart = all(_last_cpu(t) != _last_cpu(me) for t in workers)
     out["apart"] = apart
-    out["nudges"] = _C.thread_pool_stats()["nudges"] - s1["nudges"]
+    s2 = _C.thread_pool_stats()
+    out["nudges"] = s2["nudges"] - s1["nudges"]
+    out["after_colocated"] = s2["colocated"] - s1["colocated"]
 elif os.environ["PHASE"] == "masks":
     # Two pool threads on one allowed CPU (oversubscribed), then both CPUs again, via the API.
     llmkern.set_cpu_affinity([cpus[0]], threads=2)
@@ -106,8 +108,9 @@ def test_worker_leaves_the_callers_cpu_with_the_same_bits(tmp_path):
     assert got["workers"] == 1
     # Pinned to one CPU with the caller, the worker is counted as co-located and cannot move.
     assert got["forced_colocated"] > 0 and got["forced_nudges"] == 0, got
-    # Both CPUs allowed again: it moves off at its next job (and /proc shows them apart).
-    assert got["nudges"] >= 1 and got["apart"], got
+    # Both CPUs allowed again: /proc shows them apart soon, and a worker that joined a job on the
+    # caller's CPU moved off it (the scheduler may also have moved it first: then no nudge).
+    assert got["apart"] and (got["nudges"] >= 1 or got["after_colocated"] == 0), got
     assert runs["off"]["stats"]["nudges"] == 0 and runs["bind"]["stats"]["nudges"] == 0
     ref = runs["off"]["ref"]
     for m, r in runs.items():
