@@ -278,3 +278,18 @@ def test_bad_caches_name_the_argument():
         step(hidden, residual, _meta([0], [[NBLK + 3]]), good)
     step(hidden, residual, meta, good)
     assert torch.isfinite(hidden).all()
+
+
+def test_cache_list_longer_than_the_layers():
+    """An engine's cache list may hold a draft model's layers after the target's: the step uses
+    the first num_layers pairs, as the Python loop does."""
+    model, cfg, _ = _model(torch.float32)
+    meta = _meta([0], [[1]])
+    ids = torch.tensor([9])
+    caches = _caches(cfg, torch.float32)
+    extra = caches + _caches(cfg, torch.float32)
+    out = model.forward(ids, meta.decode_positions.long(), meta, extra)
+    model._decode_step = None
+    ref = model.forward(ids, meta.decode_positions.long(), meta, _caches(cfg, torch.float32))
+    assert torch.equal(out, ref)
+    assert all(not k.any() and not v.any() for k, v in extra[cfg.num_layers:])

@@ -53,8 +53,10 @@ class DecodeStepCpu:
         self._keep += [t for p in (qkv, o, gate_up, down) for t in p[1:3] if t is not None]
 
     def set_kv_caches(self, kv_caches: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Binds the per-layer (key_cache, value_cache) pairs; step() uses them until the next call."""
-        pairs = list(kv_caches)
+        """Binds the per-layer (key_cache, value_cache) pairs; step() uses them until the next call.
+        Pairs past the model's layers are ignored (an engine's cache list may also hold a draft
+        model's layers after the target's)."""
+        pairs = list(kv_caches)[:self.num_layers]
         for i, pair in enumerate(pairs):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise ValueError(f"kv_caches[{i}]: expected a (key_cache, value_cache) pair, got {type(pair).__name__}")
@@ -63,8 +65,9 @@ class DecodeStepCpu:
         self._caches = tuple(pairs)
 
     def bound_to(self, kv_caches: Sequence) -> bool:
-        """Whether kv_caches holds the very pairs bound last (identity, element by element)."""
-        return len(kv_caches) == len(self._caches) and all(map(operator.is_, kv_caches, self._caches))
+        """Whether kv_caches starts with the very pairs bound last (identity, element by element)."""
+        n = len(self._caches)
+        return n > 0 and len(kv_caches) >= n and all(map(operator.is_, kv_caches, self._caches))
 
     def step(self, hidden: torch.Tensor, residual: torch.Tensor, decode_positions: torch.Tensor,
              decode_block_table: torch.Tensor) -> None:
