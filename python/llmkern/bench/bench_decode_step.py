@@ -21,8 +21,8 @@ import time
 SUITE = "e2e"
 
 
-def run(quick: bool = False, dtypes=("float32", "bfloat16"), threads: int = 0, new_tokens: int = 0,
-        rounds: int = 0) -> list:
+def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16"), threads: int = 0,
+        new_tokens: int = 0, rounds: int = 0) -> list:
     import llmkern
     import torch
     from llmkern.bench.bench_decode_profile import _bandwidth
@@ -30,6 +30,8 @@ def run(quick: bool = False, dtypes=("float32", "bfloat16"), threads: int = 0, n
     from llmkern.engine.llm import LLM
     from llmkern.engine.sampling_params import SamplingParams
 
+    if device != "cpu":
+        raise SystemExit("bench_decode_step: CPU only")
     if threads:
         llmkern.set_num_threads(threads)
         torch.set_num_threads(threads)
