@@ -81,7 +81,7 @@ def _tables(batch):
     return [perm[b * 8:(b + 1) * 8] for b in range(batch)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("variant", ["llama", "qwen2-bias", "qk-norm", "window"])
 def test_cpp_step_bit_identical_to_python_loop(dtype, batch, variant):
@@ -209,10 +209,11 @@ def test_fallbacks(monkeypatch):
     mixed = dataclasses.replace(meta, num_prefill_tokens=1)
     assert not step.accepts(2, mixed)
     assert not step.accepts(1, dataclasses.replace(meta, decode_positions=None))
-    # bf16 projections run through torch beyond GEMV_ROWS rows: the Python loop does that
+    # unpacked (fp16) projections run through torch beyond GEMV_ROWS rows: the Python loop does that
     big = _meta([3] * (GEMV_ROWS + 1), [[1, 2]] * (GEMV_ROWS + 1))
-    assert step.accepts(GEMV_ROWS, _meta([3] * GEMV_ROWS, [[1, 2]] * GEMV_ROWS))
-    assert not step.accepts(GEMV_ROWS + 1, big)
+    half = _model(torch.float16)[0].decode_step()
+    assert half.accepts(GEMV_ROWS, _meta([3] * GEMV_ROWS, [[1, 2]] * GEMV_ROWS))
+    assert not half.accepts(GEMV_ROWS + 1, big)
     fp32, _, _ = _model(torch.float32)
     assert fp32.decode_step().accepts(GEMV_ROWS + 1, big)  # packed fp32 GEMM: any rows
 

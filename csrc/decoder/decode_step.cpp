@@ -35,28 +35,24 @@ void check_projection(const Projection& p, const char* name, DType dtype, int64_
   const std::string w = std::string(name) + ".weight";
   switch (p.kind) {
     case ProjKind::Packed:
-    case ProjKind::PackedSiluMul: {
-      const int64_t panels = (p.out_features + 15) / 16 * (p.kind == ProjKind::PackedSiluMul ? 2 : 1);
-      check_shape(p.weight, w.c_str(), {panels, in_features, 16}, "packed panels [panels, in_features, 16]");
-      check_dtype(p.weight, w.c_str(), DType::F32);
-      LLMK_CHECK(dtype == DType::F32, TypeError, name, ": packed fp32 weights need a float32 model, got ",
-                 dtype_name(dtype));
+    case ProjKind::PackedSiluMul:  // the layout is the kernel's to check (every call)
       LLMK_CHECK(p.kind == ProjKind::Packed || (!p.bias && !p.silu_after), ValueError, name,
                  ": the gate/up epilogue kind takes no bias and applies the SiLU itself");
       break;
-    }
     case ProjKind::SmallM:
-      check_shape(p.weight, w.c_str(), {p.out_features, in_features}, "[out_features, in_features]");
+      check_shape(p.weight, w.c_str(), {p.out_features, p.in_features}, "[out_features, in_features]");
       check_dtype(p.weight, w.c_str(), dtype);
       break;
     default:
       throw ValueError(str_cat(name, ": unknown projection kind ", static_cast<int>(p.kind)));
   }
   check_on_cpu(p.weight, w.c_str());
-  LLMK_CHECK(p.width() == out_features, ValueError, name, ": expected ", out_features,
-             " output features, got ", p.width());
+  LLMK_CHECK(p.in_features == in_features, ValueError, name, ": expected ", in_features, " input features, got ",
+             p.in_features);
   LLMK_CHECK(!p.silu_after || p.out_features % 2 == 0, ValueError, name,
              ": silu_and_mul needs an even width, got ", p.out_features);
+  LLMK_CHECK(p.width() == out_features, ValueError, name, ": expected ", out_features,
+             " output features, got ", p.width());
   if (p.bias) {
     const std::string b = std::string(name) + ".bias";
     check_shape(*p.bias, b.c_str(), {p.out_features}, "[out_features]");

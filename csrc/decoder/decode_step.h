@@ -17,12 +17,13 @@
 
 namespace llmk {
 
-// How a projection runs. Adding a kind: a value here, its case in run_projection
-// (decode_step.cpp) and its check in check_projection, and its classification in Python
-// (models/decode_step.py: projection_of).
+// How a projection runs: the kernel front end it calls. Adding a kind: a value here, its case in
+// run_projection and check_projection (decode_step.cpp), the same value in ops/decoder.py and its
+// classification in models/decode_step.py (projection_of). The packed kinds take any weight layout
+// their kernel takes (fp32 panels; other packings the kernel dispatches on); the kernel checks it.
 enum class ProjKind : int {
-  Packed = 0,         // linear_packed: fp32 weight packed into [ceil(N/16), K, 16] panels (+ bias)
-  PackedSiluMul = 1,  // linear_packed_silu_mul: gate/up panel pairs, the gated SiLU as epilogue
+  Packed = 0,         // linear_packed: a weight packed at load time (+ bias)
+  PackedSiluMul = 1,  // linear_packed_silu_mul: packed gate/up panel pairs, the gated SiLU as epilogue
   SmallM = 2,         // linear_small_m: weight [N, K] as it is (+ bias), a few rows
 };
 
@@ -30,9 +31,9 @@ struct Projection {
   ProjKind kind = ProjKind::Packed;
   TensorView weight;
   std::optional<TensorView> bias;
+  int64_t in_features = 0;
   int64_t out_features = 0;  // columns the kernel writes
   bool silu_after = false;   // gate/up: silu_and_mul on the kernel's [rows, 2 * inter] output
-  int64_t in_features() const { return weight.size(1); }
   int64_t width() const { return silu_after ? out_features / 2 : out_features; }  // what follows sees
 };
 

@@ -22,11 +22,6 @@ from ..layers.attention import AttnMetadata
 from ..layers.linear import GEMV_ROWS, GateUpLinear, Linear
 from ..ops.decoder import PACKED, PACKED_SILU_MUL, SMALL_M, DecodeStepCpu, Projection
 
-# The projection layouts projection_of knows. Another layout (a new slot, a subclass) is a kind the
-# C++ step does not know yet: the model keeps the Python loop.
-_LINEAR_SLOTS = ("weight", "bias", "out_features", "packed")
-_GATE_UP_SLOTS = ("fused",)
-
 
 def enabled() -> bool:
     return os.environ.get("LLMKERN_DECODE_STEP", "1") != "0"
@@ -34,21 +29,21 @@ def enabled() -> bool:
 
 def projection_of(lin, dtype: torch.dtype) -> Optional[Tuple[Projection, Optional[int]]]:
     """How the Python loop runs `lin` (a Linear or GateUpLinear) on a decode batch, as the C++
-    step's (kind, weight, bias, out_features, silu_after), and the most rows for which it runs
-    that way (None: any); None when the C++ step has no such kind. A new kind: a branch here."""
-    if type(lin) not in (Linear, GateUpLinear) or Linear.__slots__ != _LINEAR_SLOTS \
-            or GateUpLinear.__slots__ != _GATE_UP_SLOTS:
+    step's (kind, weight, bias, in_features, out_features, silu_after), and the most rows for which
+    it runs that way (None: any); None when the C++ step has no such kind (a subclass, say). A new
+    kind: a branch here, mirroring the layer's __call__."""
+    if type(lin) not in (Linear, GateUpLinear) or lin.weight.device.type != "cpu":
         return None
     w, b = lin.weight, lin.bias
-    if w.device.type != "cpu":
-        return None
-    silu = type(lin) is GateUpLinear
-    if silu and lin.fused:  # linear_packed_silu_mul
-        return (PACKED_SILU_MUL, w, None, lin.out_features, False), None
+    # a packed layout may pad in_features: the layer's own figure where it keeps one, else W's k dim
+    k = getattr(lin, "in_features", None) or w.shape[1]
+    gate_up = type(lin) is GateUpLinear
+    if gate_up and lin.fused:  # linear_packed_silu_mul
+        return (PACKED_SILU_MUL, w, None, k, lin.out_features, False), None
     if lin.packed:  # linear_packed (then silu_and_mul for an unfused gate/up)
-        return (PACKED, w, b, lin.out_features, silu), None
+        return (PACKED, w, b, k, lin.out_features, gate_up), None
     if w.dtype == dtype and w.dim() == 2:  # linear_small_m up to GEMV_ROWS rows, torch beyond
-        return (SMALL_M, w, b, lin.out_features, silu), GEMV_ROWS
+        return (SMALL_M, w, b, k, lin.out_features, gate_up), GEMV_ROWS
     return None
 
 

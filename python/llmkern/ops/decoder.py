@@ -6,8 +6,9 @@ projections, ``decode_append_paged`` (rotate, write the paged cache, attend) and
 It holds views of the weights and caches it is given and keeps those tensors alive. A runtime
 object, not a drop-in op: no torch.library registration.
 
-Projection kinds (``PACKED``, ...) name the kernel that runs a projection; csrc/decoder/
-decode_step.h lists them (a new kind is a value there and here)."""
+Projection kinds (``PACKED``, ...) name the kernel front end that runs a projection; csrc/decoder/
+decode_step.h lists them (a new kind is a value there and here). The packed kinds take whatever
+layout their kernel takes (it checks the weight on every call)."""
 from __future__ import annotations
 
 import operator
@@ -18,12 +19,12 @@ import torch
 from .. import _C
 from .._backend import dl
 
-PACKED = 0           # linear_packed: fp32 panels from pack_linear_weight (+ bias)
-PACKED_SILU_MUL = 1  # linear_packed_silu_mul: gate/up panel pairs from pack_gate_up_weight
+PACKED = 0           # linear_packed: a weight packed at load time (pack_linear_weight) (+ bias)
+PACKED_SILU_MUL = 1  # linear_packed_silu_mul: gate/up panel pairs (pack_gate_up_weight)
 SMALL_M = 2          # linear_small_m: the weight as it is [out, in] (+ bias), up to 16 rows
 
-# (kind, weight, bias or None, out_features the kernel writes, silu_and_mul after it)
-Projection = Tuple[int, torch.Tensor, Optional[torch.Tensor], int, bool]
+# (kind, weight, bias or None, in_features, out_features the kernel writes, silu_and_mul after it)
+Projection = Tuple[int, torch.Tensor, Optional[torch.Tensor], int, int, bool]
 
 
 class DecodeStepCpu:
@@ -45,7 +46,7 @@ class DecodeStepCpu:
                   qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]], qkv: Projection, o: Projection,
                   gate_up: Projection, down: Projection) -> None:
         qn, kn, qk_eps = qk_norm if qk_norm is not None else (None, None, 0.0)
-        projs = [(kind, dl(w, "weight"), dl(b, "bias"), int(n), bool(silu)) for kind, w, b, n, silu in
+        projs = [(kind, dl(w, "weight"), dl(b, "bias"), int(k), int(n), bool(silu)) for kind, w, b, k, n, silu in
                  (qkv, o, gate_up, down)]
         self._impl.add_layer(dl(input_norm[0], "input_norm"), float(input_norm[1]), dl(post_norm[0], "post_norm"),
                              float(post_norm[1]), dl(qn, "q_norm"), dl(kn, "k_norm"), float(qk_eps), *projs)
