@@ -272,6 +272,8 @@ def test_bad_caches_name_the_argument():
         step(hidden, residual, meta, good[:1])
     with pytest.raises(ValueError, match="hidden"):
         step(torch.empty(2, cfg.hidden_size), residual, meta, good)
+    with pytest.raises(ValueError, match="hidden"):
+        step(residual, residual, meta, good)
     with pytest.raises(TypeError, match="decode_positions"):
         step(hidden, residual, dataclasses.replace(meta, decode_positions=meta.decode_positions.long()), good)
     # a block id past the cache: the kernel's range check, with the layer named

@@ -7,6 +7,7 @@
 #include "attention/flash_attn.h"
 #include "common/checks.h"
 #include "common/errors.h"
+#include "common/overlap.h"
 #include "layernorm/layernorm.h"
 #include "linear/linear.h"
 
@@ -194,6 +195,7 @@ void DecodeStepCpu::step(TensorView hidden, TensorView residual, TensorView posi
   check_dtype(hidden, "hidden", dtype_);
   check_on_cpu(hidden, "hidden");
   check_contiguous(hidden, "hidden");
+  check_no_overlap(residual, "residual", hidden, "hidden");
   check_shape(positions, "decode_positions", {rows}, "[batch]");
   check_dtype(positions, "decode_positions", DType::I32);
   check_on_cpu(positions, "decode_positions");
