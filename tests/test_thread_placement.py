@@ -92,8 +92,10 @@ def _two_cpus():
 
 def _run(tmp_path, mode, phase, cpus):
     path = tmp_path / f"{mode}-{phase}.pt"
+    # LLMKERN_PLACEMENT_IDLE=0: move without waiting for the other CPU to look idle (which, on
+    # a machine other processes keep busy, it may never do during the test)
     env = dict(os.environ, CPUS=",".join(map(str, cpus)), PHASE=phase, LLMKERN_THREADS="pool",
-               LLMKERN_THREAD_PLACEMENT=mode)
+               LLMKERN_THREAD_PLACEMENT=mode, LLMKERN_PLACEMENT_IDLE="0")
     env.pop("LLMKERN_CPUS", None)
     out = subprocess.run([sys.executable, "-c", _SCRIPT, str(path)], env=env, capture_output=True, text=True,
                          timeout=180, preexec_fn=lambda: os.sched_setaffinity(0, cpus))

@@ -70,6 +70,11 @@ int env_int(const char* name, int fallback, int lo = 1) {
   return v >= lo ? v : fallback;
 }
 
+double env_double(const char* name, double fallback) {
+  const char* s = std::getenv(name);
+  return s && *s ? std::atof(s) : fallback;
+}
+
 // ---- futex-backed wait/notify -------------------------------------------------------------------
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
 #if defined(__linux__)
@@ -140,7 +145,8 @@ class Pool {
       : idle_spin_(env_int("LLMKERN_SPIN_US", 300, 0)),
         join_spin_(env_int("LLMKERN_JOIN_SPIN_US", 50, 0)),
         guard_(env_int("LLMKERN_ADAPTIVE_THREADS", 1, 0) != 0),
-        placement_(placement_from_env()) {
+        placement_(placement_from_env()),
+        min_idle_(env_double("LLMKERN_PLACEMENT_IDLE", 0.5)) {
     nthreads = std::max(1, std::min(nthreads, 1024));
     cpus_ = std::vector<std::atomic<int>>(size_t(nthreads));
     for (auto& c : cpus_) c.store(-1);
@@ -239,7 +245,7 @@ class Pool {
     pthread_setname_np(pthread_self(), "llmk-pool");  // how tools (and the tests) find the workers
 #endif
     if (placement_ == Placement::kBind) bind_to_nth_allowed(me, size());
-    Nudger nudger;
+    Nudger nudger(min_idle_);
     std::vector<int> taken;
     uint64_t seen = 0;
     for (;;) {
@@ -287,6 +293,7 @@ class Pool {
   const std::chrono::microseconds idle_spin_, join_spin_;
   StallGuard guard_;  // touched only while run_mu_ is held
   const Placement placement_;
+  const double min_idle_;  // a nudge's target CPUs: idle at least this share of the time lately
   std::vector<std::atomic<int>> cpus_;  // the CPU each pool thread (0: the caller) was last seen on
   std::vector<std::thread> workers_;
   std::mutex run_mu_;  // one job at a time
