@@ -6,7 +6,8 @@
 // processes of a busy 2-core VM; bench_placement.py measures it).
 // Modes:
 // - nudge (default): a worker that finds itself, at the start of a job, on the CPU of the caller
-//   or of another pool thread moves to the allowed CPUs that none of them is on (a temporary
+//   or of another pool thread moves to the allowed CPUs that none of them is on and that were
+//   mostly idle lately (Nudger below; a temporary
 //   affinity mask, which migrates it at once), then gets its full mask back, so the scheduler can
 //   still move it off a core that another process wants. Rate-limited, backing off while it keeps
 //   landing back (the other CPUs are busy: the scheduler knows better then).

@@ -12,9 +12,10 @@
 // - shrinks to the caller alone for a while (a few times the wait) after a join that waited far
 //   longer than a chunk takes (a worker was descheduled mid-chunk), then retries (stall_guard.h;
 //   LLMKERN_ADAPTIVE_THREADS=0 turns this off). The chunks are the same either way, so results are too.
-// - moves a worker that finds itself on the caller's CPU (or another worker's) to a free allowed
-//   CPU, briefly, then gives it its full mask back (thread_placement.h; LLMKERN_THREAD_PLACEMENT=off
-//   turns this off, =bind pins each worker to one CPU instead).
+// - moves a worker that finds itself on the caller's CPU (or another worker's) to an allowed CPU
+//   that is idle (LLMKERN_PLACEMENT_IDLE), briefly, then gives it its full mask back
+//   (thread_placement.h; LLMKERN_THREAD_PLACEMENT=off turns this off, =bind pins each worker to
+//   one CPU instead).
 // LLMKERN_THREADS=openmp runs the parallel loops on OpenMP (the runtime torch loads) instead. A
 // forked child always uses the pool (libgomp's threads do not survive a fork).
 #pragma once

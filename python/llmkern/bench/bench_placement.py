@@ -16,6 +16,10 @@ process:
 
     python -m llmkern.bench.bench_placement [--processes 8] [--modes off,nudge]
         [--dtype float32 --dtype bfloat16] [--new 128]
+
+nudge moves a worker only to a CPU that was mostly idle (LLMKERN_PLACEMENT_IDLE, default 0.5):
+on a machine other processes keep busy it does nothing; LLMKERN_PLACEMENT_IDLE=0 in the
+environment makes it move regardless.
 """
 from __future__ import annotations
 
