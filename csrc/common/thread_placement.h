@@ -7,10 +7,9 @@
 // Modes:
 // - nudge (default): a worker that finds itself, at the start of a job, on the CPU of the caller
 //   or of another pool thread moves to the allowed CPUs that none of them is on and that were
-//   mostly idle lately (Nudger below; a temporary
-//   affinity mask, which migrates it at once), then gets its full mask back, so the scheduler can
-//   still move it off a core that another process wants. Rate-limited, backing off while it keeps
-//   landing back (the other CPUs are busy: the scheduler knows better then).
+//   mostly idle lately (Nudger below), with a temporary affinity mask, which migrates it at once;
+//   then it gets its full mask back, so the scheduler can still move it off a core that another
+//   process wants. Rate-limited, backing off while it keeps landing back.
 // - bind: worker k runs only on the k-th allowed CPU (the caller, which runs Python and starts
 //   its threads, is left free), when there are at least as many allowed CPUs as pool threads.
 //   A bound worker cannot leave a core that another process keeps busy, and the free caller
