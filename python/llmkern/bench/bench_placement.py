@@ -161,10 +161,11 @@ def run(processes: int = 8, modes=("off", "nudge"), dtypes=("float32", "bfloat16
                      extra={"processes": len(rs), "tok_s_min": round(min(tok), 1), "tok_s_max": round(max(tok), 1),
                             "worker_share_min": round(min(share), 3),
                             "worker_share_median": round(statistics.median(share), 3),
-                            # a worker on the caller's CPU in most of the jobs it joined: the two
-                            # took turns on one core (the chunk share also drops when other
-                            # processes keep the other cores busy, so it is not the test)
-                            "processes_sharing_a_core": sum(r["colocated"] > 0.5 for r in rs),
+                            # a worker on the caller's CPU in over a quarter of the jobs it joined:
+                            # the two took turns on one core (seen with a 5% chunk share); the share
+                            # also drops when other processes keep the other cores busy, so it is
+                            # not the test
+                            "processes_sharing_a_core": sum(r["colocated"] > 0.25 for r in rs),
                             "colocated_max": round(max(r["colocated"] for r in rs), 3),
                             "loadavg_1m": round(statistics.mean(r["load"] for r in rs), 2)})
         recs.append(rec)
