@@ -216,7 +216,8 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   const int gw = M <= 4 ? 1 : NP;
   const int unit = gated ? 2 : gw;
   const int64_t npanels = (gated ? 2 : 1) * num_panels(N), pstride = KH * PW;
-  const int64_t grain = task_grain(KH * PW * 4 * unit, 2 * M * KH * 2 * PW * unit);
+  const int64_t kh1 = std::max<int64_t>(KH, 1);  // K = 0 (an empty sum) still writes the epilogue
+  const int64_t grain = task_grain(kh1 * PW * 4 * unit, 2 * M * kh1 * 2 * PW * unit);
   const uint32_t* w = reinterpret_cast<const uint32_t*>(packed);
   const bool dot = bf16_dot();
   auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t h0, int64_t kc, float* c, int ldc, bool init) {

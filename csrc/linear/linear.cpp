@@ -58,7 +58,9 @@ void check_packed_weight(const TensorView& w, const char* name, int64_t panels, 
 void check_activations(const TensorView& x, const TensorView& w, const char* wname, const TensorView& out) {
   check_ndim(x, "x", 2, "[rows, in_features]");
   check_ndim(out, "out", 2, "[rows, out_features]");
-  const DType dt = w.dtype == DType::BF16 ? DType::BF16 : DType::F32;
+  LLMK_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16, TypeError, wname,
+             ": expected float32 panels or bfloat16 pairs, got ", dtype_name(w.dtype));
+  const DType dt = w.dtype;
   LLMK_CHECK(x.dtype == dt, TypeError, "x: expected ", dtype_name(dt), " to match ", wname, " (",
              dtype_name(w.dtype), "), got ", dtype_name(x.dtype));
   check_dtype(out, "out", dt);
