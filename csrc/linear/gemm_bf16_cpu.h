@@ -231,10 +231,13 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
       const float* cr = c + row * ldc;
       uint16_t* orow = o + row * ldo;
       if (gated) {
+#pragma omp simd
         for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(silu_fast(cr[j]) * cr[PW + j]);
       } else if (bias) {
+#pragma omp simd
         for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j] + vec::bf16_to_f32(bias[n0 + j]));
       } else {
+#pragma omp simd
         for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j]);
       }
     }
