@@ -67,7 +67,7 @@ def bench_bf16(quick: bool, peak: float) -> list:
                 extra["gemv_s"] = timeit(Rotation(lambda i: llmkern.linear_small_m(x, ws[i]), sets))
             out.append(Record("linear/linear_packed bf16", f"M={m} N={n} K={K} ({SHAPES[n]})", t,
                               "torch bf16 F.linear", tp, "GFLOP/s", flops / t / 1e9, peak, extra,
-                              {"rows": m, "series": f"bf16 N={n}"}))
+                              {"batch": m, "series": f"bf16 N={n}"}))
         del ws, packed
     return out
 
