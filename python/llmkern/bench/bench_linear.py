@@ -4,7 +4,7 @@ torch's bf16 F.linear (oneDNN on torch's threads), side by side at SmolLM2-135M'
     python bench/bench_linear.py [--quick] [--peak-gflops X]
 
 K = 576 (hidden) with N = 576 (o_proj), 192 (k/v), 3072 (the fused gate/up) and 49152 (the LM
-head), rows M = 1 (batch-1 decode), 8, 32 (batched decode), 256, 1024 (prefill). Weights rotate
+head), rows M = 1 (batch-1 decode), 2, 4, 8, 32 (batched decode), 256, 1024 (prefill). Weights rotate
 through several copies that together exceed the last-level cache (working_sets), so thin-M figures
 read W from memory as a decode step does. For M <= 8 the GEMV (linear_small_m, W unpacked) is timed
 too: extra["gemv_s"].
@@ -28,7 +28,7 @@ from llmkern.bench.common import Record, Rotation, print_records, timeit, timeit
 
 K = 576
 SHAPES = {576: "o_proj", 192: "k/v", 3072: "gate/up", 49152: "lm_head"}
-ROWS = (1, 8, 32, 256, 1024)
+ROWS = (1, 2, 4, 8, 32, 256, 1024)
 FLOP_PER_CYCLE = 64  # one 512-bit vdpbf16ps per cycle per core
 
 
