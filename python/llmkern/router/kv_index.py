@@ -21,6 +21,7 @@ __all__ = ["ReplicaKV", "chain_block_hashes"]
 PENDING_TTL_S = 600.0  # the router's request timeout: a request lost without an end ages out
 REPORT_LAG_S = 0.1    # a load report may have left the replica this long before it arrives
 LIVE_S = 30.0         # a block this router asked a replica for within LIVE_S is its live working set
+RATE_S = 10.0         # the router's arrival rate is measured over this window
 
 
 class ReplicaKV:
@@ -34,6 +35,7 @@ class ReplicaKV:
         self.resyncs = 0
         self.clock = time.monotonic        # the router simulator (bench/router_sim.py) sets its own
         self.recent: "OrderedDict[int, float]" = OrderedDict()  # block hash -> when last routed here
+        self.sent: deque = deque()        # when this router sent a request here, within RATE_S
 
     @property
     def synced(self) -> bool:
@@ -98,6 +100,7 @@ class ReplicaKV:
         cached here) to this replica: count the blocks as cached until the replica's events say
         so (or PENDING_TTL_S passes), and the tokens as queued until its next load report."""
         now = self.clock() if now is None else now
+        self.sent.append(now)
         if new_tokens:
             self.routed.append((now, new_tokens))
         if len(self.pending) > 65536:  # bound the memory: drop what aged out
@@ -112,6 +115,13 @@ class ReplicaKV:
     def _age_recent(self, now: float) -> None:
         while self.recent and next(iter(self.recent.values())) < now - LIVE_S:
             self.recent.popitem(last=False)
+
+    def sent_per_s(self, now: Optional[float] = None) -> float:
+        """Requests per second this router sent here over the last RATE_S."""
+        now = self.clock() if now is None else now
+        while self.sent and self.sent[0] < now - RATE_S:
+            self.sent.popleft()
+        return len(self.sent) / RATE_S
 
     def live_blocks(self, exclude: Iterable[int] = (), now: Optional[float] = None) -> int:
         """Blocks this router asked this replica for within LIVE_S, other than `exclude`: the

@@ -99,21 +99,41 @@ class LeastLoad:
         return _by_load(workers)
 
 
+def arrival_rate(workers) -> float:
+    """Requests per second this router sent to any of the workers lately."""
+    return sum(w.kv.sent_per_s() for w in workers)
+
+
+def prefill_rate(w, workers) -> float:
+    """w's measured prefill rate (tokens/s), or before w has measured one the fastest measured
+    on any worker (replicas of one model), or 0 when none has."""
+    own = float(w.kv.load.get("prefill_tok_s") or 0.0)
+    return own or max((float(x.kv.load.get("prefill_tok_s") or 0.0) for x in workers), default=0.0)
+
+
+def miss_price(base: float, new_tokens: float, tok_s: float, rate: float) -> float:
+    """Price of one prompt token computed on a worker prefilling tok_s tokens/s: base, plus the
+    requests that arrive while it computes the new tokens (rate * new_tokens / tok_s): work added
+    to a throughput-bound cluster delays every one of them."""
+    return base + (rate * new_tokens / tok_s if tok_s > 0 else 0.0)
+
+
 @dataclass
 class CacheAware:
     miss_price: float = 4.0
-    evict_price: float = 4.0
+    evict_rounds: float = 8.0
     load_tokens: float = 64.0
     kv_tokens: float = 256.0
     name: str = "cache_aware"
 
     def costs(self, req: RouteRequest, workers: list) -> List[float]:
         n = len(req.token_ids)
+        rate = arrival_rate(workers)
         out = []
         for w in workers:
             new = (1.0 - req.cached_fraction(w)) * n
-            out.append(w.kv.queued_prefill_tokens() + self.miss_price * new
-                       + self.evict_price * evicted_tokens(req, w, new)
+            price = miss_price(self.miss_price, new, prefill_rate(w, workers), rate)
+            out.append(w.kv.queued_prefill_tokens() + price * (new + self.evict_rounds * evicted_tokens(req, w, new))
                        + self.load_tokens * worker_load(w) + self.kv_tokens * float(w.kv.load.get("kv_usage", 0.0)))
         return out
 
