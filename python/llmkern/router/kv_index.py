@@ -102,6 +102,7 @@ class ReplicaKV:
         so (or PENDING_TTL_S passes), and the tokens as queued until its next load report."""
         now = self.clock() if now is None else now
         self.sent.append(now)
+        self.sent_per_s(now)               # ages the window out (bounded whatever the policy)
         if new_tokens:
             self.routed.append((now, new_tokens))
         if len(self.pending) > 65536:  # bound the memory: drop what aged out
