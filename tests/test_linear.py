@@ -170,10 +170,11 @@ def test_packed_silu_mul_layer_errors_and_compile():
     x, gate, up = torch.randn(6, 64), torch.randn(48, 64), torch.randn(48, 64)
     fused = GateUpLinear(gate, up)
     assert fused.fused and torch.equal(fused(x), silu_and_mul(Linear(torch.cat([gate, up]))(x)))
-    # bf16 (and any bias) take Linear + silu_and_mul
-    plain = GateUpLinear(gate.bfloat16(), up.bfloat16())
+    # a bias takes Linear + silu_and_mul (bf16 is fused too: tests/test_linear_bf16.py)
+    b = torch.randn(96)
+    plain = GateUpLinear(gate, up, b)
     assert not plain.fused
-    assert torch.equal(plain(x.bfloat16()), silu_and_mul(Linear(torch.cat([gate, up]).bfloat16())(x.bfloat16())))
+    assert torch.equal(plain(x), silu_and_mul(Linear(torch.cat([gate, up]), b)(x)))
     pairs = llmkern.pack_gate_up_weight(gate, up)
     assert llmkern.linear_packed_silu_mul(torch.zeros(0, 64), pairs, 48).shape == (0, 48)
     assert not llmkern.linear_packed_silu_mul(torch.zeros(2, 0), llmkern.pack_gate_up_weight(

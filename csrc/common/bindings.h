@@ -18,4 +18,5 @@ void bind_linear(pybind11::module_& m);
 void bind_layernorm(pybind11::module_& m);
 void bind_rotary(pybind11::module_& m);
 void bind_moe(pybind11::module_& m);
+void bind_decoder(pybind11::module_& m);
 }  // namespace llmk

@@ -117,5 +117,6 @@ PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
   llmk::bind_layernorm(m);
   llmk::bind_rotary(m);
   llmk::bind_moe(m);
+  llmk::bind_decoder(m);
   llmk::bind_simt_selftest(m);
 }

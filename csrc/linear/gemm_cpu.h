@@ -207,6 +207,37 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
   });
 }
 
+// The driver of the GEMMs whose output goes through an epilogue (the gated SiLU, bf16 rounding):
+// the npanels output panels are split into units of `unit` panels (a gate/up pair, or one tile's
+// panel group), each thread owns a range of units, and for each unit and row block accumulates
+// every k chunk in a local fp32 tile c (row stride unit * PW) before epi(b, p, np, c, ldc) writes
+// the output. tiles(r, b, p, np, k0, kc, c, ldc, init) computes row block b (r rows) against np <=
+// gw panels from panel p over k steps [k0, k0 + kc) into c. W stays in L1/L2 while every row block
+// streams past it, so it is read from memory once per call, as in gemm_packed.
+template <typename Tiles, typename Epi>
+LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int unit, int gw, int64_t ksteps,
+                                   int64_t kchunk, int64_t grain, const Tiles& tiles, const Epi& epi) {
+  const int64_t nunits = (npanels + unit - 1) / unit;
+  parallel_for(nunits, grain, [&](int64_t u0, int64_t u1) {
+    alignas(64) float c[MR * 2 * PW];
+    const int ldc = unit * PW;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t p = u * unit;
+      const int np = int(std::min<int64_t>(unit, npanels - p));
+      for (int64_t b = 0; b < blk.n; ++b) {
+        const int r = blk.rows(b);
+        int64_t k0 = 0;
+        do {  // at least once: with no k steps the tiles start c at 0 (an empty sum)
+          const int64_t kc = std::min(kchunk, ksteps - k0);
+          for (int j = 0; j < np; j += gw) tiles(r, b, p + j, std::min(gw, np - j), k0, kc, c + j * PW, ldc, k0 == 0);
+          k0 += kchunk;
+        } while (k0 < ksteps);
+        epi(b, p, np, c, ldc);
+      }
+    }
+  });
+}
+
 // out [M, N] (row stride ldo) = silu(x Wg^T) * (x Wu^T): the MLP's gate/up projection with the gated
 // SiLU as the epilogue, so the [M, 2N] intermediate is never written. `pairs` holds the packed gate
 // and up panels interleaved ([2 * num_panels(N)][K][16], gate panel i at 2i, up panel i at 2i + 1).
@@ -221,38 +252,25 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
   const int xs = blk.n == 1 ? int(M) : MR;
   pack_x(x, ldx, M, K, blk, xs, xpack);
   const int gw = M <= 4 ? 1 : NP;
-  const int64_t npairs = num_panels(N), pstride = K * PW;
+  const int64_t pstride = K * PW;
   const int64_t grain = task_grain(2 * K * PW * 4, 4 * M * K * PW);
-  parallel_for(npairs, grain, [&](int64_t i0, int64_t i1) {
-    alignas(64) float c[MR * 2 * PW];  // a row block's gate (columns 0..15) and up (16..31) tiles
-    constexpr int ldc = 2 * PW;
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* wp = pairs + 2 * i * pstride;
-      const int ncols = int(std::min<int64_t>(PW, N - i * PW));
-      for (int64_t b = 0; b < blk.n; ++b) {
-        const int r = blk.rows(b);
-        for (int64_t k0 = 0; k0 < K; k0 += KC) {
-          const int64_t kc = std::min(KC, K - k0);
-          const float* xb = xpack + b * MR * K + k0 * xs;
-          const float* w = wp + k0 * PW;
-          if constexpr (NP == 2) {
-            if (gw == 2) {
-              tile_rows<2>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, k0 == 0, nullptr);
-              continue;
-            }
-          }
-          tile_rows<1>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, k0 == 0, nullptr);
-          tile_rows<1>(r, xb, xs, w + pstride, pstride, kc, c + PW, ldc, nullptr, k0 == 0, nullptr);
-        }
-        float* o = out + blk.start(b) * ldo + i * PW;
-        for (int row = 0; row < r; ++row) {
-          const float* g = c + row * ldc;
+  auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t k0, int64_t kc, float* c, int ldc, bool init) {
+    const float* xb = xpack + b * MR * K + k0 * xs;
+    const float* w = pairs + p * pstride + k0 * PW;
+    if constexpr (NP == 2)
+      if (np == 2) return tile_rows<2>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, init, nullptr);
+    tile_rows<1>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, init, nullptr);
+  };
+  auto silu_mul = [&](int64_t b, int64_t p, int, const float* c, int ldc) {
+    float* o = out + blk.start(b) * ldo + p / 2 * PW;
+    const int ncols = int(std::min<int64_t>(PW, N - p / 2 * PW));
+    for (int row = 0; row < blk.rows(b); ++row) {
+      const float* g = c + row * ldc;
 #pragma omp simd
-          for (int j = 0; j < ncols; ++j) o[row * ldo + j] = silu_fast(g[j]) * g[PW + j];
-        }
-      }
+      for (int j = 0; j < ncols; ++j) o[row * ldo + j] = silu_fast(g[j]) * g[PW + j];
     }
-  });
+  };
+  gemm_units(blk, 2 * num_panels(N), 2, gw, K, KC, grain, tiles, silu_mul);
 }
 
 }  // namespace gemm

@@ -1,12 +1,15 @@
 // CPU projections. linear_small_m: a GEMV for decode, each weight row streamed from memory once and
 // dotted with every row of x while it is in L1; threads split the output features.
 // linear_packed: the register-tiled GEMM of gemm_cpu.h on weights packed at load time;
-// linear_packed_silu_mul: the same with the MLP's gated SiLU as the epilogue.
+// linear_packed_silu_mul: the same with the MLP's gated SiLU as the epilogue. bf16 x with weights
+// packed in k pairs run gemm_bf16_cpu.h's GEMM instead.
+#include <cstdlib>
 #include <vector>
 
 #include "common/checks.h"
 #include "common/vec_cpu.h"
 #include "common/parallel.h"
+#include "linear/gemm_bf16_cpu.h"
 #include "linear/gemm_cpu.h"
 #include "linear/linear.h"
 
@@ -91,7 +94,33 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
   });
 }
 
+// The bf16 GEMM (plain or gated) into out; x-pair scratch reused across calls.
+void run_bf16(const TensorView& x, const TensorView& packed, int64_t N, const TensorView* bias, bool gated,
+              const TensorView& out) {
+  const int64_t M = x.size(0), K = x.size(1);
+  thread_local std::vector<uint32_t> xpack;
+  const size_t need = size_t(gemm::xpack_pairs_words(M, K));
+  if (xpack.size() < need) xpack.resize(need);
+  gemm::gemm_bf16(x.ptr<const uint16_t>(), x.stride(0), M, K, packed.ptr<const uint16_t>(), N,
+                  bias ? bias->ptr<const uint16_t>() : nullptr, gated, out.ptr<uint16_t>(), out.stride(0),
+                  xpack.data());
+}
+
 }  // namespace
+
+namespace gemm {
+bool bf16_dot() {
+#if defined(__AVX512F__)
+  static const bool v = [] {
+    const char* env = std::getenv("LLMKERN_LINEAR_BF16_DOT");
+    return __builtin_cpu_supports("avx512bf16") && !(env && env[0] == '0');
+  }();
+  return v;
+#else
+  return false;
+#endif
+}
+}  // namespace gemm
 
 void linear_small_m(const TensorView& x, const TensorView& weight, const TensorView* bias,
                     const TensorView& out, int64_t /*stream*/) {
@@ -100,6 +129,7 @@ void linear_small_m(const TensorView& x, const TensorView& weight, const TensorV
 
 void linear_packed(const TensorView& x, const TensorView& weight_packed, int64_t out_features,
                    const TensorView* bias, const TensorView& out, int64_t /*stream*/) {
+  if (x.dtype == DType::BF16) return run_bf16(x, weight_packed, out_features, bias, false, out);
   const int64_t M = x.size(0), K = x.size(1);
   if (K == 0) {  // an empty sum: the bias (or zeros), as F.linear gives
     for (int64_t m = 0; m < M; ++m)
@@ -115,6 +145,7 @@ void linear_packed(const TensorView& x, const TensorView& weight_packed, int64_t
 
 void linear_packed_silu_mul(const TensorView& x, const TensorView& weight_pairs, int64_t out_features,
                             const TensorView& out, int64_t /*stream*/) {
+  if (x.dtype == DType::BF16) return run_bf16(x, weight_pairs, out_features, nullptr, true, out);
   const int64_t M = x.size(0), K = x.size(1);
   if (K == 0) {  // gate = up = 0: silu(0) * 0
     for (int64_t m = 0; m < M; ++m)
@@ -130,7 +161,20 @@ void linear_packed_silu_mul(const TensorView& x, const TensorView& weight_pairs,
 
 void packed_weight_rows(const TensorView& weight_packed, const TensorView& indices, const TensorView& out,
                         int64_t /*stream*/) {
-  const int64_t T = indices.size(0), K = weight_packed.size(1);
+  const int64_t T = indices.size(0), K = out.size(1);
+  if (weight_packed.dtype == DType::BF16) {  // k pairs: W[n][k] at [n / 16][k / 2][n % 16][k % 2]
+    const uint16_t* w = weight_packed.ptr<const uint16_t>();
+    const int64_t KH = weight_packed.size(1);
+    uint16_t* o = out.ptr<uint16_t>();
+    parallel_for(T, 64, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n = ::llmk::index_at(indices, t);
+        const uint16_t* src = w + (n / gemm::PW) * KH * 2 * gemm::PW + n % gemm::PW * 2;
+        for (int64_t k = 0; k < K; ++k) o[t * K + k] = src[k / 2 * 2 * gemm::PW + k % 2];
+      }
+    });
+    return;
+  }
   const float* w = weight_packed.ptr<const float>();
   float* o = out.ptr<float>();
   parallel_for(T, 64, [&](int64_t t0, int64_t t1) {  // a row is K strided loads: 64 rows per task

@@ -3,7 +3,7 @@ import torch
 import llmkern
 
 OPS = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows", "pack_gate_up_weight",
-       "linear_packed_silu_mul"]
+       "linear_packed_silu_mul", "pack_linear_weight_bf16", "pack_gate_up_weight_bf16"]
 r = llmkern.packed_weight_rows
 f = llmkern.linear_small_m
 g = llmkern.linear_packed
@@ -73,4 +73,24 @@ CASES += [
     ("packed-bias-meta", lambda: g(torch.randn(2, 8), P, 20, _meta(20)), ValueError, "bias: tensors on device 'meta'"),
     ("pack-meta", lambda: llmkern.pack_linear_weight(_meta(20, 8)), ValueError, "weight: tensors on device 'meta'"),
     ("rows-idx-meta", lambda: r(P, 20, torch.tensor([1], device="meta")), ValueError, "indices: tensors on device 'meta'"),
+]
+
+# ---- bf16 pairs ----
+PB = llmkern.pack_linear_weight_bf16(torch.randn(20, 9))  # 2 panels, 5 pairs of in_features 9
+GB = llmkern.pack_gate_up_weight_bf16(torch.randn(20, 9), torch.randn(20, 9))
+xb = torch.randn(2, 9).bfloat16()
+CASES += [
+    ("pack-bf16-rank", lambda: llmkern.pack_linear_weight_bf16(torch.randn(9)), ValueError, "weight"),
+    ("pack-bf16-int", lambda: llmkern.pack_linear_weight_bf16(torch.ones(4, 8, dtype=torch.int32)), TypeError, "weight"),
+    ("pack-bf16-meta", lambda: llmkern.pack_linear_weight_bf16(_meta(20, 8)), ValueError, "weight: tensors on device 'meta'"),
+    ("pack-gu-bf16-shapes", lambda: llmkern.pack_gate_up_weight_bf16(torch.randn(20, 9), torch.randn(20, 8)), ValueError, "up"),
+    ("pack-gu-bf16-none", lambda: llmkern.pack_gate_up_weight_bf16(None, torch.randn(20, 8)), TypeError, "gate"),
+    ("packed-bf16-x-fp32", lambda: g(xb.float(), PB, 20), TypeError, "x"),
+    ("packed-bf16-k", lambda: g(torch.randn(2, 11).bfloat16(), PB, 20), ValueError, "weight_packed"),
+    ("packed-bf16-bias-dtype", lambda: g(xb, PB, 20, torch.randn(20)), TypeError, "bias"),
+    ("packed-bf16-half-w", lambda: g(xb, PB.half(), 20), TypeError, "weight_packed"),
+    ("gated-bf16-unpaired", lambda: s(xb, PB, 20), ValueError, "weight_pairs"),
+    ("gated-bf16-x-half", lambda: s(xb.half(), GB, 20), TypeError, "x"),
+    ("rows-bf16-no-k", lambda: r(PB, 20, torch.tensor([1])), ValueError, "in_features"),
+    ("rows-bf16-k", lambda: r(PB, 20, torch.tensor([1]), 12), ValueError, "weight_packed"),
 ]

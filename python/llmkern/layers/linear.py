@@ -7,26 +7,34 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.linear import (linear_packed, linear_packed_silu_mul, linear_small_m_into, pack_gate_up_weight,
-                          pack_linear_weight, packed_weight_rows)
+                          pack_gate_up_weight_bf16, pack_linear_weight, pack_linear_weight_bf16, packed_weight_rows)
 from .activation import silu_and_mul
 
 GEMV_ROWS = 8
+_PACKERS = {torch.float32: (pack_linear_weight, pack_gate_up_weight),
+            torch.bfloat16: (pack_linear_weight_bf16, pack_gate_up_weight_bf16)}
+
+
+def _packs(w: torch.Tensor) -> bool:
+    """CPU fp32 and bf16 weights run llmkern's packed GEMM (the layout for each: _PACKERS)."""
+    return w.device.type == "cpu" and w.dtype in _PACKERS
 
 
 class Linear:
     """One projection (fused ones too: Q/K/V, gate/up are single weights).
 
-    CPU fp32: packed once into 16-feature panels for llmkern's register-tiled GEMM (linear_packed),
-    ~2x torch's sgemm at the 8-64 rows of batched decode and ~1.5x at prefill sizes. Other CPU
-    dtypes: llmkern's GEMV up to GEMV_ROWS rows (it streams the weights at the read bandwidth),
-    torch beyond. CUDA: torch (cuBLAS)."""
+    CPU fp32 and bf16: packed once into 16-feature panels for llmkern's register-tiled GEMM
+    (linear_packed; bf16 with k in pairs, AVX512_BF16 dot products where the CPU has them), at
+    every row count: it reads W once per call on llmkern's thread pool, and measured faster than
+    the GEMV from 1 row up. fp16 on CPU: llmkern's GEMV up to GEMV_ROWS rows (it streams the
+    weights at the read bandwidth), torch beyond. CUDA: torch (cuBLAS)."""
 
-    __slots__ = ("weight", "bias", "out_features", "packed")
+    __slots__ = ("weight", "bias", "out_features", "in_features", "packed")
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
-        self.out_features = weight.shape[0]
-        self.packed = weight.device.type == "cpu" and weight.dtype == torch.float32
-        self.weight = pack_linear_weight(weight) if self.packed else weight
+        self.out_features, self.in_features = weight.shape
+        self.packed = _packs(weight)
+        self.weight = _PACKERS[weight.dtype][0](weight) if self.packed else weight
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -40,28 +48,29 @@ class Linear:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Weight rows `ids` [T] -> [T, in_features] (an embedding lookup of a tied LM head)."""
         if self.packed:
-            return packed_weight_rows(self.weight, self.out_features, ids)
+            return packed_weight_rows(self.weight, self.out_features, ids, self.in_features)
         return F.embedding(ids, self.weight)
 
 
 class GateUpLinear(Linear):
     """The MLP's gate and up projections followed by the gated SiLU: x -> silu(x Wg^T) * (x Wu^T).
 
-    CPU fp32 without bias: one call, the packed GEMM with the gated SiLU as its epilogue
+    CPU fp32 and bf16 without bias: one call, the packed GEMM with the gated SiLU as its epilogue
     (linear_packed_silu_mul on interleaved gate/up panels; the [T, 2 * inter] intermediate is never
-    written), bit-identical to Linear([Wg; Wu]) + silu_and_mul when inter is a multiple of 16.
+    written). fp32: bit-identical to Linear([Wg; Wu]) + silu_and_mul when inter is a multiple of 16;
+    bf16: rounded once, after the SiLU (the unfused pair rounds gate and up first).
     Elsewhere exactly that pair of calls. ``out_features`` is inter."""
 
     __slots__ = ("fused",)
 
     def __init__(self, gate: torch.Tensor, up: torch.Tensor, bias: Optional[torch.Tensor] = None):
-        self.fused = gate.device.type == "cpu" and gate.dtype == torch.float32 and bias is None
+        self.fused = _packs(gate) and bias is None
         if not self.fused:
             super().__init__(torch.cat([gate, up]), bias)
             return
-        self.out_features = gate.shape[0]
+        self.out_features, self.in_features = gate.shape
         self.packed = True
-        self.weight = pack_gate_up_weight(gate, up)
+        self.weight = _PACKERS[gate.dtype][1](gate, up)
         self.bias = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,11 @@ from ..layers.linear import GateUpLinear, Linear
 from ..layers.moe import MoE, SharedExpert
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
+from .decode_step import DecoderStep, build_decode_step
 from .hugepages import move_to_hugepages
 from .moe_weights import moe_layout, stack_experts
+
+_UNBUILT = object()  # a model's C++ decode step before its first forward
 
 
 @dataclass
@@ -67,6 +70,18 @@ class LlamaForCausalLM:
         # A sparse layer's MLP: the experts on this process (expert parallelism replaces it with
         # a dispatch of the tokens to the ranks holding their experts).
         self.moe_forward: Callable[[MoE, torch.Tensor], torch.Tensor] = self._moe_local
+        # CPU decode-only batches: all layers in one C++ call (decode_step.py), built at the first
+        # forward over the weights as they are then; reset_decode_step() after replacing any.
+        self._decode_step: Optional[DecoderStep] = _UNBUILT
+
+    def reset_decode_step(self) -> None:
+        self._decode_step = _UNBUILT
+
+    def decode_step(self) -> Optional[DecoderStep]:
+        """The one-call CPU decode step over this model's layers, or None where it does not apply."""
+        if self._decode_step is _UNBUILT:
+            self._decode_step = build_decode_step(self)
+        return self._decode_step
 
     def _moe_local(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
         out = moe(x)
@@ -161,6 +176,7 @@ class LlamaForCausalLM:
         return out + [t for L in self.layers if L.moe is not None for t in L.moe.expert_tensors()]
 
     def _move_to_hugepages(self) -> None:
+        self.reset_decode_step()
         it = iter(move_to_hugepages(self._tensors()))
         self.embed = next(it)
         for n in self._norms():
@@ -198,6 +214,12 @@ class LlamaForCausalLM:
             if reduce is not None:
                 reduce(residual)
             hidden = torch.empty_like(residual)
+            if reduce is None and self.is_last_stage:
+                step = self.decode_step()
+                if step is not None and step.accepts(T, meta):  # every layer in one C++ call
+                    step(hidden, residual, meta, kv_caches)
+                    self.norm.add_(hidden, residual)
+                    return hidden
         else:
             hidden, residual = intermediate
         attn_out = torch.empty((T, H, D), dtype=self.dtype, device=self.device)

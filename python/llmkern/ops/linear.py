@@ -11,6 +11,10 @@
   SiLU as the GEMM's epilogue, ``silu(x Wg^T) * (x Wu^T)`` in one call (the ``[rows, 2 * inter]``
   intermediate is never written); bit-identical to ``linear_packed`` on ``[Wg; Wu]`` followed by
   ``silu_and_mul`` when inter is a multiple of 16.
+- ``pack_linear_weight_bf16`` / ``pack_gate_up_weight_bf16``: the same panels in bf16 with k in pairs
+  (``[panels, ceil(in_features / 2), 16, 2]``, csrc/linear/gemm_bf16_cpu.h); ``linear_packed``,
+  ``linear_packed_silu_mul`` and ``packed_weight_rows`` take them for bf16 x: fp32 accumulation
+  (AVX512_BF16 dot products where the CPU has them), bf16 output rounded once.
 
 CUDA tensors go to torch (cuBLAS) in linear_small_m; the packed layout is CPU-only."""
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .. import _C
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 
 __all__ = ["linear_small_m", "pack_linear_weight", "linear_packed", "packed_weight_rows", "pack_gate_up_weight",
-           "linear_packed_silu_mul"]
+           "linear_packed_silu_mul", "pack_linear_weight_bf16", "pack_gate_up_weight_bf16"]
 
 MAX_ROWS = 16
 PANEL = 16  # output features per packed panel
@@ -90,7 +94,7 @@ def _(weight):
 def _out_features(weight_packed: torch.Tensor, out_features) -> int:
     """out_features as an int that the packed panels can hold: checked before anything is allocated."""
     n = int_arg(out_features, "out_features")
-    if weight_packed.dim() == 3 and n > weight_packed.shape[0] * PANEL:
+    if weight_packed.dim() in (3, 4) and n > weight_packed.shape[0] * PANEL:
         raise ValueError(f"weight_packed: {weight_packed.shape[0]} panels hold at most {weight_packed.shape[0] * PANEL} "
                          f"output features, got out_features={n}")
     return n
@@ -99,8 +103,9 @@ def _out_features(weight_packed: torch.Tensor, out_features) -> int:
 @kernel_op("linear_packed")
 def linear_packed(x: torch.Tensor, weight_packed: torch.Tensor, out_features: int,
                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` with ``weight_packed = pack_linear_weight(weight)``, fp32 on CPU,
-    for ``x [rows, in_features]`` with any number of rows."""
+    """``F.linear(x, weight, bias)`` with ``weight_packed = pack_linear_weight(weight)`` (fp32) or
+    ``pack_linear_weight_bf16(weight)`` (bf16 x, bias and output) on CPU, for ``x [rows, in_features]``
+    with any number of rows."""
     require_tensor(x, "x")
     require_tensor(weight_packed, "weight_packed")
     optional_tensor(bias, "bias")
@@ -136,12 +141,13 @@ def _(gate, up):
 
 @kernel_op("linear_packed_silu_mul")
 def linear_packed_silu_mul(x: torch.Tensor, weight_pairs: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``silu(x @ gate.T) * (x @ up.T)`` with ``weight_pairs = pack_gate_up_weight(gate, up)``, fp32 on
-    CPU, ``x [rows, in_features]`` -> ``[rows, out_features]`` (out_features = inter)."""
+    """``silu(x @ gate.T) * (x @ up.T)`` with ``weight_pairs = pack_gate_up_weight(gate, up)`` (fp32) or
+    ``pack_gate_up_weight_bf16(gate, up)`` (bf16 x and output) on CPU, ``x [rows, in_features]`` ->
+    ``[rows, out_features]`` (out_features = inter)."""
     require_tensor(x, "x")
     require_tensor(weight_pairs, "weight_pairs")
     n = int_arg(out_features, "out_features")
-    if weight_pairs.dim() == 3 and n > weight_pairs.shape[0] // 2 * PANEL:
+    if weight_pairs.dim() in (3, 4) and n > weight_pairs.shape[0] // 2 * PANEL:
         raise ValueError(f"weight_pairs: {weight_pairs.shape[0]} panels hold at most {weight_pairs.shape[0] // 2 * PANEL} "
                          f"gate/up output features, got out_features={n}")
     if x.dim() != 2:
@@ -157,21 +163,73 @@ def _(x, weight_pairs, out_features):
 
 
 @kernel_op("packed_weight_rows")
-def packed_weight_rows(weight_packed: torch.Tensor, out_features: int, indices: torch.Tensor) -> torch.Tensor:
-    """Rows ``indices [T]`` of the weight packed by ``pack_linear_weight``: ``weight[indices]``
-    ``[T, in_features]`` (the embedding lookup of a tied LM head kept only in packed form)."""
+def packed_weight_rows(weight_packed: torch.Tensor, out_features: int, indices: torch.Tensor,
+                       in_features: Optional[int] = None) -> torch.Tensor:
+    """Rows ``indices [T]`` of the weight packed by ``pack_linear_weight`` (or ``pack_linear_weight_bf16``):
+    ``weight[indices]`` ``[T, in_features]`` (the embedding lookup of a tied LM head kept only in packed
+    form). ``in_features`` is required for the bf16 pairs, whose shape cannot tell an odd in_features."""
     require_tensor(weight_packed, "weight_packed")
     require_tensor(indices, "indices")
     out_features = _out_features(weight_packed, out_features)
-    if weight_packed.dim() != 3:
-        raise ValueError(f"weight_packed: expected [ceil(out_features / 16), in_features, 16], got shape "
-                         f"{tuple(weight_packed.shape)}")
-    out = torch.empty(indices.reshape(-1).shape[0], weight_packed.shape[1], dtype=torch.float32)
+    if weight_packed.dim() not in (3, 4):
+        raise ValueError(f"weight_packed: expected [ceil(out_features / 16), in_features, 16] or bf16 pairs "
+                         f"[ceil(out_features / 16), ceil(in_features / 2), 16, 2], got shape {tuple(weight_packed.shape)}")
+    if in_features is None:
+        if weight_packed.dim() == 4:
+            raise ValueError("in_features: required for bf16 pairs (an odd in_features is padded with a zero)")
+        in_features = weight_packed.shape[1]
+    k = int_arg(in_features, "in_features")
+    dtype = torch.bfloat16 if weight_packed.dim() == 4 else torch.float32
+    out = torch.empty(indices.reshape(-1).shape[0], max(k, 0), dtype=dtype)
     lib_for(weight_packed).packed_weight_rows(dl(weight_packed), out_features, dl(indices.reshape(-1)), dl(out),
                                               stream_of(weight_packed))
     return out
 
 
 @packed_weight_rows.op.register_fake
-def _(weight_packed, out_features, indices):
-    return weight_packed.new_empty(indices.numel(), weight_packed.shape[1])
+def _(weight_packed, out_features, indices, in_features=None):
+    k = weight_packed.shape[1] if in_features is None else in_features
+    return weight_packed.new_empty(indices.numel(), k, dtype=torch.bfloat16 if weight_packed.dim() == 4 else torch.float32)
+
+
+def _check_weight(weight: torch.Tensor, name: str = "weight") -> None:
+    require_tensor(weight, name)
+    if weight.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D tensor [out_features, in_features], got shape {tuple(weight.shape)}")
+    if not weight.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {weight.dtype}")
+    if weight.is_cuda:
+        raise ValueError(f"{name}: the packed layout is for the CPU GEMM; pass a CPU tensor")
+
+
+@kernel_op("pack_linear_weight_bf16")
+def pack_linear_weight_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """``weight [out_features, in_features]`` -> bf16 panels in k pairs
+    ``[ceil(out_features / 16), ceil(in_features / 2), 16, 2]`` for ``linear_packed`` on bf16 x:
+    ``W[16p + f, 2h + e]`` at ``[p, h, f, e]``, zero-padded (features to 16, an odd in_features to even)."""
+    _check_weight(weight)
+    n, k = weight.shape
+    w = F.pad(weight.to(torch.bfloat16), (0, k % 2, 0, -n % PANEL))
+    return w.view(w.shape[0] // PANEL, PANEL, w.shape[1] // 2, 2).transpose(1, 2).contiguous()
+
+
+@pack_linear_weight_bf16.op.register_fake
+def _(weight):
+    return weight.new_empty(-(-weight.shape[0] // PANEL), -(-weight.shape[1] // 2), PANEL, 2, dtype=torch.bfloat16)
+
+
+@kernel_op("pack_gate_up_weight_bf16")
+def pack_gate_up_weight_bf16(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gate``, ``up [inter, in_features]`` -> bf16 pair panels ``[2 * ceil(inter / 16), ceil(in_features / 2), 16, 2]``
+    for ``linear_packed_silu_mul`` on bf16 x: ``pack_linear_weight_bf16`` of each, gate panel i at 2i, up at 2i + 1."""
+    _check_weight(gate, "gate")
+    _check_weight(up, "up")
+    if up.shape != gate.shape:
+        raise ValueError(f"up: expected the shape of gate [inter, in_features] {tuple(gate.shape)}, got {tuple(up.shape)}")
+    g, u = pack_linear_weight_bf16(gate), pack_linear_weight_bf16(up)
+    return torch.stack([g, u], dim=1).reshape(2 * g.shape[0], *g.shape[1:])
+
+
+@pack_gate_up_weight_bf16.op.register_fake
+def _(gate, up):
+    return gate.new_empty(2 * -(-gate.shape[0] // PANEL), -(-gate.shape[1] // 2), PANEL, 2, dtype=torch.bfloat16)

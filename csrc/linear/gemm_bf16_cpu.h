@@ -1,0 +1,249 @@
+// bf16 CPU GEMM on pre-packed weights: out[M, N] (bf16) = x[M, K] W^T + bias, x and W bf16,
+// fp32 accumulation, the output rounded to nearest even once at the end.
+//
+// Weights are packed once, at load time, into the 16-feature panels of gemm_cpu.h with k in pairs:
+// panel p holds W[16p + f, 2h + e] at packed[p][h][f][e] (K odd: the last pair's second half zero).
+// One 64-byte vector is then 16 features x 2 k, the operand of AVX512_BF16's vdpbf16ps, which adds
+// both products of 16 bf16 pairs to 16 fp32 accumulators (32 MACs per instruction, no conversion).
+// x is packed per call into gemm_cpu.h's row blocks, one 32-bit word per row per k pair, which the
+// tile broadcasts. The row blocks, panel groups, k chunks and threads are gemm_cpu.h's (gemm_units).
+//
+// The AVX-512 objects are built without -mavx512bf16: the vdpbf16ps tiles carry a target attribute
+// and run when the CPU reports the extension (bf16_dot()). Elsewhere the same layout is widened to
+// fp32 in registers (a bf16 is the top half of an fp32: even k = word << 16, odd k = word &
+// 0xffff0000) and FMA'd, so every build computes the same sums (up to fp32 rounding order).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "linear/gemm_cpu.h"
+
+LLMK_NS_BEGIN
+namespace gemm {
+
+using vec::vu;
+
+constexpr int64_t KC2 = 1024;  // k pairs per chunk: a group of two bf16 panels (128 KB) stays in L2
+
+// True when the vdpbf16ps tiles run: AVX-512 build, the CPU has AVX512_BF16, and
+// LLMKERN_LINEAR_BF16_DOT is not 0 (set it to test the widening path on such CPUs).
+bool bf16_dot();
+
+LLMK_ALWAYS_INLINE float bits_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// x rows [0, rows) (bf16, row stride ldx) -> k-pair-major words dst[h * xs + i]; odd K pads a zero.
+LLMK_ALWAYS_INLINE void pack_x_pairs_block(const uint16_t* x, int64_t ldx, int rows, int64_t K, int xs,
+                                           uint32_t* dst) {
+  const int64_t kh = K / 2;
+  for (int i = 0; i < rows; ++i) {
+    const uint16_t* xr = x + i * ldx;
+    for (int64_t h = 0; h < kh; ++h) dst[h * xs + i] = uint32_t(xr[2 * h]) | uint32_t(xr[2 * h + 1]) << 16;
+    if (K % 2) dst[kh * xs + i] = xr[K - 1];
+  }
+}
+
+LLMK_ALWAYS_INLINE void pack_x_pairs(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const RowBlocks& blk,
+                                     int xs, uint32_t* xpack) {
+  const int64_t KH = (K + 1) / 2;
+  parallel_for(blk.n, M * K >= (1 << 18) ? 1 : blk.n, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      pack_x_pairs_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * KH);
+  });
+}
+
+// Thin tiles split the k pairs over S independent accumulator sets (one FMA chain each), as in tile.
+template <int R, int V>
+constexpr int ksplit() { return R * V <= 2 ? 4 : R * V <= 4 ? 2 : 1; }
+
+// C[R, P*16] (+)= xb[kc pairs][xs] . W panels (pstride words apart), widened to fp32: every build.
+template <int R, int P>
+LLMK_ALWAYS_INLINE void tile_bf16_widen(const uint32_t* __restrict xb, int xs, const uint32_t* __restrict w,
+                                        int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init) {
+  constexpr int V = P * VPP, S = ksplit<R, V>();
+  vf acc[S][R][V];
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      acc[0][i][v] = init ? vec::splat(0.f) : vec::loadu(c + i * ldc + v * VL);
+#pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) acc[s][i][v] = vec::splat(0.f);
+    }
+  auto step = [&](int64_t h, int s) __attribute__((always_inline)) {
+    vf we[V], wo[V];
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      vu u;
+      std::memcpy(&u, w + (v / VPP) * pstride + h * PW + (v % VPP) * VL, sizeof u);
+      we[v] = reinterpret_cast<vf>(u << 16);
+      wo[v] = reinterpret_cast<vf>(u & 0xffff0000u);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) {
+      const uint32_t a = xb[h * xs + i];
+      const vf ae = vec::splat(bits_f32(a << 16)), ao = vec::splat(bits_f32(a & 0xffff0000u));
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) acc[s][i][v] = fmadd(ao, wo[v], fmadd(ae, we[v], acc[s][i][v]));
+    }
+  };
+  int64_t h = 0;
+  for (; h + S <= kc; h += S)
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) step(h + s, s);
+  for (; h < kc; ++h) step(h, 0);
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+#pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) acc[0][i][v] += acc[s][i][v];
+      vec::storeu(c + i * ldc + v * VL, acc[0][i][v]);
+    }
+}
+
+// One instantiation per row count (1 .. MR) keeps each tile's accumulators in registers.
+#define LLMK_BF16_ROWS_SWITCH(r, TILE)                                                                     \
+  switch (r) {                                                                                             \
+    case 1: TILE(1); break; case 2: TILE(2); break; case 3: TILE(3); break; case 4: TILE(4); break;        \
+    case 5: TILE(5); break; case 6: TILE(6); break; case 7: TILE(7); break; case 8: TILE(8); break;        \
+    case 9: TILE(9); break; case 10: TILE(10); break; case 11: TILE(11); break; case 12: TILE(12); break;  \
+    default: break;                                                                                        \
+  }
+
+template <int P>
+void tile_rows_bf16_widen(int r, const uint32_t* xb, int xs, const uint32_t* w, int64_t pstride, int64_t kc,
+                          float* c, int64_t ldc, bool init) {
+#define LLMK_WIDEN_TILE(R) \
+  if constexpr (R <= MR) tile_bf16_widen<R, P>(xb, xs, w, pstride, kc, c, ldc, init)
+  LLMK_BF16_ROWS_SWITCH(r, LLMK_WIDEN_TILE)
+#undef LLMK_WIDEN_TILE
+}
+
+#if defined(__AVX512F__)
+#define LLMK_BF16_TARGET __attribute__((target("avx512bf16")))
+
+// One k pair of tile_bf16_dot into accumulator set acc (a function, not a lambda, so that it
+// carries the target attribute).
+template <int R, int P>
+LLMK_ALWAYS_INLINE LLMK_BF16_TARGET void dot_step(__m512 (&acc)[R][P], const uint32_t* __restrict xb, int xs,
+                                                  const uint32_t* __restrict w, int64_t pstride, int64_t h) {
+  __m512bh b[P];
+#pragma GCC unroll 4
+  for (int j = 0; j < P; ++j) b[j] = (__m512bh)_mm512_loadu_si512(w + j * pstride + h * PW);
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i) {
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(int(xb[h * xs + i]));
+#pragma GCC unroll 4
+    for (int j = 0; j < P; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+  }
+}
+
+// The same tile with vdpbf16ps: one instruction per 16 features x 2 k per row.
+template <int R, int P>
+LLMK_ALWAYS_INLINE LLMK_BF16_TARGET void tile_bf16_dot(const uint32_t* __restrict xb, int xs,
+                                                       const uint32_t* __restrict w, int64_t pstride, int64_t kc,
+                                                       float* c, int64_t ldc, bool init) {
+  constexpr int S = ksplit<R, P>();
+  __m512 acc[S][R][P];
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < P; ++j) {
+      acc[0][i][j] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + j * PW);
+#pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) acc[s][i][j] = _mm512_setzero_ps();
+    }
+  int64_t h = 0;
+  for (; h + S <= kc; h += S)
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) dot_step<R, P>(acc[s], xb, xs, w, pstride, h + s);
+  for (; h < kc; ++h) dot_step<R, P>(acc[0], xb, xs, w, pstride, h);
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < P; ++j) {
+#pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) acc[0][i][j] = _mm512_add_ps(acc[0][i][j], acc[s][i][j]);
+      _mm512_storeu_ps(c + i * ldc + j * PW, acc[0][i][j]);
+    }
+}
+
+template <int P>
+LLMK_BF16_TARGET void tile_rows_bf16_dot(int r, const uint32_t* xb, int xs, const uint32_t* w, int64_t pstride,
+                                         int64_t kc, float* c, int64_t ldc, bool init) {
+#define LLMK_DOT_TILE(R) tile_bf16_dot<R, P>(xb, xs, w, pstride, kc, c, ldc, init)
+  LLMK_BF16_ROWS_SWITCH(r, LLMK_DOT_TILE)
+#undef LLMK_DOT_TILE
+}
+#endif
+
+// r rows of x pairs against np (1 or NP) panels: the vdpbf16ps tiles or the widening ones.
+LLMK_ALWAYS_INLINE void tiles_bf16(bool dot, int np, int r, const uint32_t* xb, int xs, const uint32_t* w,
+                                   int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init) {
+#if defined(__AVX512F__)
+  if (dot) {
+    if (np == 2) tile_rows_bf16_dot<2>(r, xb, xs, w, pstride, kc, c, ldc, init);
+    else tile_rows_bf16_dot<1>(r, xb, xs, w, pstride, kc, c, ldc, init);
+    return;
+  }
+#endif
+  (void)dot;
+  if constexpr (NP == 2)
+    if (np == 2) return tile_rows_bf16_widen<2>(r, xb, xs, w, pstride, kc, c, ldc, init);
+  tile_rows_bf16_widen<1>(r, xb, xs, w, pstride, kc, c, ldc, init);
+}
+
+// Words of x-pair scratch gemm_bf16 needs for M rows of K.
+inline int64_t xpack_pairs_words(int64_t M, int64_t K) { return (M + MR - 1) / MR * MR * ((K + 1) / 2); }
+
+// The bf16 GEMMs: x [M, K] (row stride ldx) against W packed in pairs ([npanels][ceil(K/2)][16][2]).
+// gated = false: out [M, N] = x W^T + bias. gated = true: W holds gate/up panel pairs interleaved
+// (pack_gate_up_weight's order) and out [M, N] = silu(x Wg^T) * (x Wu^T).
+// xpack: scratch of xpack_pairs_words(M, K) words.
+inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
+                      const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo, uint32_t* xpack) {
+  const RowBlocks blk(M);
+  const int xs = blk.n == 1 ? int(M) : MR;
+  const int64_t KH = (K + 1) / 2;
+  pack_x_pairs(x, ldx, M, K, blk, xs, xpack);
+  // As gemm_packed: up to 4 rows the GEMM is bound by reading W, one panel per tile keeps each
+  // thread's reads one sequential stream.
+  const int gw = M <= 4 ? 1 : NP;
+  const int unit = gated ? 2 : gw;
+  const int64_t npanels = (gated ? 2 : 1) * num_panels(N), pstride = KH * PW;
+  const int64_t kh1 = std::max<int64_t>(KH, 1);  // K = 0 (an empty sum) still writes the epilogue
+  const int64_t grain = task_grain(kh1 * PW * 4 * unit, 2 * M * kh1 * 2 * PW * unit);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(packed);
+  const bool dot = bf16_dot();
+  auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t h0, int64_t kc, float* c, int ldc, bool init) {
+    tiles_bf16(dot, np, r, xpack + b * MR * KH + h0 * xs, xs, w + p * pstride + h0 * PW, pstride, kc, c, ldc, init);
+  };
+  auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
+    const int64_t n0 = (gated ? p / 2 : p) * PW;
+    const int ncols = int(std::min<int64_t>((gated ? 1 : np) * PW, N - n0));
+    uint16_t* o = out + blk.start(b) * ldo + n0;
+    for (int row = 0; row < blk.rows(b); ++row) {
+      const float* cr = c + row * ldc;
+      uint16_t* orow = o + row * ldo;
+      if (gated) {
+#pragma omp simd
+        for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(silu_fast(cr[j]) * cr[PW + j]);
+      } else if (bias) {
+#pragma omp simd
+        for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j] + vec::bf16_to_f32(bias[n0 + j]));
+      } else {
+#pragma omp simd
+        for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j]);
+      }
+    }
+  };
+  gemm_units(blk, npanels, unit, gw, KH, KC2, grain, tiles, store);
+}
+
+}  // namespace gemm
+LLMK_NS_END
