@@ -12,8 +12,8 @@ pytest.importorskip("httpx")
 
 from llmkern.bench.router_sim import Costs, SimReplica, _Req, simulate  # noqa: E402
 from llmkern.engine.block_pool import chain_block_hashes  # noqa: E402
-from llmkern.router.kv_index import ReplicaKV  # noqa: E402
-from llmkern.router.policies import CacheAware, RouteRequest  # noqa: E402
+from llmkern.router.kv_index import LIVE_REQUESTS, RATE_S, ReplicaKV  # noqa: E402
+from llmkern.router.policies import CacheAware, RouteRequest, arrival_rate  # noqa: E402
 
 BS = 16
 SYSTEM = 480          # tokens per tenant prompt (30 blocks)
@@ -98,10 +98,56 @@ def test_a_new_prefix_goes_where_it_evicts_nothing_still_asked_for():
     roomy.kv.load["prefill_tokens_pending"] = 600       # a longer queue, still cheaper than evicting
     assert pol.rank(req, [full, roomy])[0] is roomy
     c_full, c_roomy = pol.costs(req, [full, roomy])
-    assert c_full - c_roomy == pytest.approx(pol.evict_price * 15 * BS - 600, abs=pol.miss_price * BS)
-    # Blocks not asked for within LIVE_S no longer count.
-    full.kv.clock = lambda: 10 ** 9
+    # No measured prefill rate: a token costs the base price, an evicted one evict_rounds of them.
+    evict = pol.miss_price * pol.evict_rounds * 15 * BS
+    assert c_full - c_roomy == pytest.approx(evict - 600, abs=pol.miss_price * BS)
+    # Blocks not asked for by the worker's last LIVE_REQUESTS requests no longer count.
+    for _ in range(LIVE_REQUESTS):
+        full.kv.note_routed([7])
+    assert full.kv.live_blocks() == 1
     assert pol.rank(req, [full, roomy])[0] is full
+
+
+def test_a_miss_costs_more_while_the_cluster_is_throughput_bound():
+    # The request's prefix is cached on `warm`, which has a queue; `cold` is idle.
+    pol = CacheAware()
+    req = RouteRequest(list(range(1, 322)), "")          # 20 blocks, 321 tokens
+    warm, cold = _W("warm", 400), _W("cold", 400)
+    warm.kv.apply_snapshot({"seq": 0, "block_size": BS, "hashes": req.hashes(BS),
+                            "load": dict(warm.kv.load, prefill_tokens_pending=1500)})
+    for w in (warm, cold):
+        w.kv.load["prefill_tok_s"] = 400.0
+    # A quiet cluster: computing 321 tokens at the base price (4 each) costs less than waiting
+    # behind 1500.
+    assert pol.rank(req, [warm, cold])[0] is cold
+    # The router has been sending 2 requests/s: computing 320 tokens at 400 tokens/s delays
+    # ~1.6 more arrivals (5.6 per token), so the copy is not worth the queue any more.
+    for i in range(int(2 * RATE_S)):
+        (warm if i % 2 else cold).kv.note_routed([10 ** 6 + i])
+    assert arrival_rate([warm, cold]) == pytest.approx(2.0)
+    assert pol.rank(req, [warm, cold])[0] is warm
+
+
+def _slowed(f):
+    c = Costs()
+    return Costs(c.step_s * f, c.prefill_tok_s * f, c.decode_seq_s * f)
+
+
+def test_cache_aware_does_not_spill_prefixes_when_every_replica_is_overloaded():
+    # Replicas 3x slower than the model's quiet costs at 2 requests/s: every queue is long. Moving
+    # a tenant to the shorter queue adds a copy (work, and later evictions) instead of removing
+    # work; cache_aware must keep the tenants partitioned as well as approx_tree (which never
+    # balances at these queue lengths) and close to the oracle.
+    blocks = int(0.6 * 8 * (SYSTEM + 28) / BS)
+    hits = {p: 0.0 for p in ("cache_aware", "approx_tree", "prefix_only")}
+    for seed in range(3):
+        reqs = _workload(8, 48, seed, rate=2.0)
+        for p in hits:
+            hits[p] += simulate(p, reqs, 2, blocks, _slowed(3.0), BS, 8)["hit_rate"] / 3
+    assert hits["cache_aware"] >= hits["approx_tree"] - 0.02
+    assert hits["cache_aware"] >= 0.9 * hits["prefix_only"]
+    # (The previous prices, a flat 4 per computed token and 4 per evicted one, gave 0.711 here
+    # against approx_tree's 0.757.)
 
 
 def test_a_cache_too_small_for_one_request_is_an_error_not_a_hang():

@@ -128,6 +128,23 @@ def test_stats_snapshot():
     eng.add_request(list(range(3, 40)), sp(2))
     eng.step()
     assert eng.stats().prefill_tok_s > 0              # what the SLO admission predicts TTFT from
+
+
+def test_pending_prefill_counts_only_what_a_waiting_request_will_compute():
+    # A router weighs a replica's queue against a cache miss: a waiting request's cached prefix
+    # is not work ahead of the next request.
+    eng = engine(max_num_seqs=4)
+    prompt = list(range(3, 24))                              # 21 tokens: 5 full blocks of 4
+    eng.add_request(prompt, sp(2))
+    run_all(eng)                                             # its blocks stay in the prefix cache
+    eng.add_request(prompt[:16] + [50, 51, 52, 53, 54], sp(2))   # shares 4 blocks (16 tokens)
+    eng.add_request(list(range(60, 69)), sp(2))              # 9 tokens, nothing cached
+    s = eng.stats()
+    assert s.num_waiting == 2 and s.prefill_tokens_pending == (21 - 16) + 9
+    hits = eng.kv.stats.prefix_hit_tokens
+    eng.step()                                               # both start: the estimate was what they found
+    assert eng.kv.stats.prefix_hit_tokens - hits == 16
+    run_all(eng)
     run_all(eng)
     with pytest.raises(ValueError, match="priority"):
         eng.add_request([5], sp(), priority="high")

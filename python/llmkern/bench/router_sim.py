@@ -42,6 +42,13 @@ class Costs:
     prefill_tok_s: float = 0.0027  # per prompt token computed
     decode_seq_s: float = 0.0011   # per sequence decoding in the step
 
+    def slowed(self, factor: float) -> "Costs":
+        """Every cost times factor: replicas on a busy machine (or a bigger model) at the same
+        arrival rate, i.e. a cluster closer to or past its throughput."""
+        if not factor > 0:
+            raise ValueError(f"sim_slowdown: expected a factor > 0, got {factor}")
+        return Costs(self.step_s * factor, self.prefill_tok_s * factor, self.decode_seq_s * factor)
+
     def __str__(self) -> str:
         return (f"step {self.step_s * 1e3:.1f} ms + {self.prefill_tok_s * 1e6:.0f} us/prompt token "
                 f"+ {self.decode_seq_s * 1e3:.1f} ms/decoding sequence")
@@ -76,11 +83,20 @@ class SimReplica:
         self.seq = 0
         self.events: List[tuple] = []
         self.queries = self.hits = 0
+        self.prefill_tok_s = None     # measured like the engine's: a moving average over prefill steps
 
     # -- the pool --------------------------------------------------------------------------------
     def _event(self, kind: str, h: int) -> None:
         self.seq += 1
         self.events.append((self.seq, kind, h))
+
+    def _cached_prefix(self, r: _Req) -> int:
+        """Prompt tokens a waiting request would find cached now (what the engine reports as not
+        pending)."""
+        n = 0
+        while n < len(r.hashes) and r.hashes[n] in self.refs:
+            n += 1
+        return n * self.bs
 
     def _admit(self, r: _Req) -> bool:
         n = 0
@@ -128,10 +144,12 @@ class SimReplica:
 
     # -- steps -----------------------------------------------------------------------------------
     def load(self) -> dict:
-        pend = sum(len(r.tokens) - r.computed for r in list(self.waiting) + self.running if r.computed < len(r.tokens))
+        pend = (sum(len(r.tokens) - r.computed for r in self.running if r.computed < len(r.tokens))
+                + sum(len(r.tokens) - self._cached_prefix(r) for r in self.waiting))
         in_use = len(self.refs) - len(self.lru) + self.private
         return {"num_waiting": len(self.waiting), "num_running": len(self.running),
-                "prefill_tokens_pending": pend, "kv_usage": in_use / self.num_blocks, "kv_blocks_total": self.num_blocks}
+                "prefill_tokens_pending": pend, "kv_usage": in_use / self.num_blocks, "kv_blocks_total": self.num_blocks,
+                "prefill_tok_s": self.prefill_tok_s}
 
     def start_step(self):
         """The step's plan and duration, or None when there is nothing to do."""
@@ -159,6 +177,11 @@ class SimReplica:
         """Apply the step; the requests that finished."""
         decodes, chunks = plan
         done = []
+        n = sum(c for _, c in chunks)
+        if n >= 16:
+            dt = self.costs.step_s + self.costs.prefill_tok_s * n + self.costs.decode_seq_s * len(decodes)
+            rate = n / dt
+            self.prefill_tok_s = rate if self.prefill_tok_s is None else 0.7 * self.prefill_tok_s + 0.3 * rate
         for r, c in chunks:
             r.computed += c
             self._register(r, r.computed)

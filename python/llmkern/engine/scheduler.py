@@ -96,9 +96,13 @@ class Scheduler:
 
     def num_prefill_tokens_pending(self) -> int:
         """Prompt tokens still to compute (queued and partly prefilled): the work ahead of a new
-        request's first token."""
-        return sum(s.num_tokens - s.num_computed_tokens for s in list(self.waiting) + self.running
-                   if s.num_computed_tokens < s.num_tokens - 1)
+        request's first token. A waiting sequence counts without the prefix it would find cached
+        now (a router weighing a queue against a cache miss must not count the hit as work)."""
+        running = sum(s.num_tokens - s.num_computed_tokens for s in self.running
+                      if s.num_computed_tokens < s.num_tokens - 1)
+        waiting = sum(s.num_tokens - max(s.num_computed_tokens, self.kv.cached_prefix_tokens(s))
+                      for s in self.waiting if s.num_computed_tokens < s.num_tokens - 1)
+        return running + waiting
 
     @property
     def has_work(self) -> bool:

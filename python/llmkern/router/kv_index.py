@@ -20,7 +20,8 @@ __all__ = ["ReplicaKV", "chain_block_hashes"]
 
 PENDING_TTL_S = 600.0  # the router's request timeout: a request lost without an end ages out
 REPORT_LAG_S = 0.1    # a load report may have left the replica this long before it arrives
-LIVE_S = 30.0         # a block this router asked a replica for within LIVE_S is its live working set
+LIVE_REQUESTS = 32    # a block asked of a replica in its last LIVE_REQUESTS requests is live there
+RATE_S = 10.0         # the router's arrival rate is measured over this window
 
 
 class ReplicaKV:
@@ -33,7 +34,9 @@ class ReplicaKV:
         self.load = {"num_waiting": 0, "num_running": 0, "prefill_tokens_pending": 0, "kv_usage": 0.0}
         self.resyncs = 0
         self.clock = time.monotonic        # the router simulator (bench/router_sim.py) sets its own
-        self.recent: "OrderedDict[int, float]" = OrderedDict()  # block hash -> when last routed here
+        self.recent: "OrderedDict[int, int]" = OrderedDict()  # block hash -> number of the last request asking
+        self.num_sent = 0                 # requests this router sent here
+        self.sent: deque = deque()        # when this router sent a request here, within RATE_S
 
     @property
     def synced(self) -> bool:
@@ -98,25 +101,33 @@ class ReplicaKV:
         cached here) to this replica: count the blocks as cached until the replica's events say
         so (or PENDING_TTL_S passes), and the tokens as queued until its next load report."""
         now = self.clock() if now is None else now
+        self.sent.append(now)
+        self.sent_per_s(now)               # ages the window out (bounded whatever the policy)
         if new_tokens:
             self.routed.append((now, new_tokens))
         if len(self.pending) > 65536:  # bound the memory: drop what aged out
             self.pending = {h: t for h, t in self.pending.items() if t > now}
+        self.num_sent += 1
         for h in hashes:
             if h not in self.hashes:
                 self.pending[h] = now + PENDING_TTL_S
-            self.recent[h] = now
+            self.recent[h] = self.num_sent
             self.recent.move_to_end(h)
-        self._age_recent(now)
-
-    def _age_recent(self, now: float) -> None:
-        while self.recent and next(iter(self.recent.values())) < now - LIVE_S:
+        while self.recent and next(iter(self.recent.values())) <= self.num_sent - LIVE_REQUESTS:
             self.recent.popitem(last=False)
 
-    def live_blocks(self, exclude: Iterable[int] = (), now: Optional[float] = None) -> int:
-        """Blocks this router asked this replica for within LIVE_S, other than `exclude`: the
-        prefixes its traffic keeps coming back for (they stay cached only while they fit)."""
-        self._age_recent(self.clock() if now is None else now)
+    def sent_per_s(self, now: Optional[float] = None) -> float:
+        """Requests per second this router sent here over the last RATE_S."""
+        now = self.clock() if now is None else now
+        while self.sent and self.sent[0] < now - RATE_S:
+            self.sent.popleft()
+        return len(self.sent) / RATE_S
+
+    def live_blocks(self, exclude: Iterable[int] = ()) -> int:
+        """Blocks asked of this replica by its last LIVE_REQUESTS requests from this router, other
+        than `exclude`: the prefixes its traffic keeps coming back for (they stay cached only while
+        they fit). Counted in requests, not seconds: a tenant that comes back every minute at a low
+        rate, or behind a long queue, is as live as one that comes back every second."""
         return len(self.recent) - sum(1 for h in exclude if h in self.recent)
 
     def settle(self, hashes: Iterable[int]) -> None:

@@ -5,31 +5,49 @@ cache_aware (default) scores every worker by the work a request would wait behin
 work it brings, now and later, in prompt tokens (one unit for every term, so the weights are
 prices, not knobs):
 
-    cost = queued_prefill_tokens + MISS_PRICE * new_tokens + EVICT_PRICE * evicted_tokens
-           + LOAD_TOKENS * load + KV_TOKENS * kv_usage            (score = -cost; lowest cost wins)
+    cost = queued_prefill_tokens + price * (new_tokens + EVICT_ROUNDS * evicted_tokens)
+           + LOAD_TOKENS * load + KV_TOKENS * kv_usage              (score = -cost; lowest wins)
+    price = MISS_PRICE + arrival_rate * new_tokens / prefill_rate
 
 queued_prefill_tokens: prompt tokens the worker still has to compute (its report, every 0.25 s,
-plus what this router sent since); new_tokens: the request's prompt tokens the worker does not
-hold in its prefix cache and is not about to (blocks routed there whose events have not arrived
-yet), counted exactly from the worker's own chained block hashes; evicted_tokens: how much of the
-worker's live working set (blocks this router sent there within LIVE_S, kv_index.py) the new
+plus what this router sent since; the replica counts a waiting request without the prefix it will
+find cached); new_tokens: the request's prompt tokens the worker does not hold in its prefix cache
+and is not about to (blocks routed there whose events have not arrived yet), counted exactly from
+the worker's own chained block hashes; evicted_tokens: how much of the worker's live working set
+(the blocks its last LIVE_REQUESTS requests from this router asked for, kv_index.py) the new
 blocks would push out of a cache of kv_blocks_total blocks: 0 while they fit; load: requests on
 the worker (the larger of this router's in-flight count and the worker's waiting + running, so
 other routers' traffic counts too), each priced at LOAD_TOKENS (64): its decode steps share the
 worker; kv_usage: the fraction of KV blocks in use (near 1 means preemption is close), priced at
 KV_TOKENS (256) when full.
 
-The prices of a miss are lasting costs, not only the request's own wait. MISS_PRICE (4): the
-request waits for its tokens, so does every request queued behind it on that worker, and a
-replica that spends its time on copies has less for its own tenants (prices 1 and 2 spread the
-tenants under load: a spill made a miss, the miss made a queue, the queue made more spills;
-measured with bench router --simulate, 8 and 16 tenants, prices 2..6: 4 matched approx_tree's
-hit rate, 2 lost 2-3 points). EVICT_PRICE (4): an evicted live block is recomputed by the next
-request of the prefix it belonged to, and, with a cache smaller than its working set, again
-on every round of that replica's LRU. A cached 700-token prompt is thus worth ~2.8k tokens of
-queue (7 s of prefill on one CPU thread): a tenant's requests stay where their prefix is until that
-worker's queue is longer by more than that, then go where they wait less (a hot tenant spreads);
-a new prefix goes where it evicts nothing that is still asked for. No on/off threshold."""
+The price of a computed token is a lasting cost, not only the request's own wait. MISS_PRICE (4):
+the request waits for its tokens, so does every request queued behind it, and a replica that
+spends its time on copies has less for its own tenants (prices 1 and 2 spread the tenants: a
+spill made a miss, the miss made a queue, the queue made more spills). The second term is what
+makes it hold under overload: while the new tokens are computed, arrival_rate (requests/s this
+router sent over the last RATE_S) * new_tokens / prefill_rate (tokens/s, the fastest any replica
+measured) more requests arrive, and in a throughput-bound cluster every one of them waits for that
+work wherever it runs: moving a request to a shorter queue then adds a copy instead of removing
+work. EVICT_ROUNDS (8): an evicted live block is recomputed by the next request of the prefix it
+belonged to, and, with a cache smaller than its working set, again on every round of the replica's
+LRU (the tail-first eviction rolls from prefix to prefix). Measured with `llmkern bench router
+--simulate --sim-slowdown 1..4 --rate 0.25..2` (the default workload, 3 seeds, both variants, 32
+cells): with a flat price of 4 per computed and 4 per evicted token, cache_aware was 3.4 hit-rate
+points behind approx_tree on average and 16.7 at 1 request/s on 4x slower replicas (every queue
+long: it moved tenants whose queue was a few prompts longer, and each copy evicted another
+tenant); with these prices 0.6 on average and at most 3.3 (the worst cells are the most
+overloaded: 2 requests/s on 3-4x slower replicas). EVICT_ROUNDS from 2 to 16 measured alike once
+the rate term is there (0.56..0.61 points); without it (the previous 8-tenant workload) a flat 16
+per evicted token still lost 0.9. A live set counted in seconds (30 s) instead of requests missed
+tenants that come back less often than that (low rates, long queues) and piled new prefixes onto
+one replica.
+
+A cached 700-token prompt is thus worth ~2.8k tokens of queue on a quiet cluster (7 s of prefill on
+one CPU thread) and more as the arrival rate approaches what the replicas can compute: a tenant's
+requests stay where their prefix is until that worker's queue is longer by more than that, then go
+where they wait less (a hot tenant spreads); a new prefix goes where it evicts nothing that is
+still asked for. No on/off threshold."""
 from __future__ import annotations
 
 import itertools
@@ -99,21 +117,41 @@ class LeastLoad:
         return _by_load(workers)
 
 
+def arrival_rate(workers) -> float:
+    """Requests per second this router sent to any of the workers lately."""
+    return sum(w.kv.sent_per_s() for w in workers)
+
+
+def prefill_rate(workers) -> float:
+    """The fastest prefill rate (tokens/s) any worker measured, 0 before one has: the replicas run
+    one model, and a replica whose last prefills were short measured its step overhead more than
+    its rate (one figure for all keeps a prefix cached nowhere an even choice)."""
+    return max((float(w.kv.load.get("prefill_tok_s") or 0.0) for w in workers), default=0.0)
+
+
+def miss_price(base: float, new_tokens: float, tok_s: float, rate: float) -> float:
+    """Price of one prompt token computed on a worker prefilling tok_s tokens/s: base, plus the
+    requests that arrive while it computes the new tokens (rate * new_tokens / tok_s): work added
+    to a throughput-bound cluster delays every one of them."""
+    return base + (rate * new_tokens / tok_s if tok_s > 0 else 0.0)
+
+
 @dataclass
 class CacheAware:
     miss_price: float = 4.0
-    evict_price: float = 4.0
+    evict_rounds: float = 8.0
     load_tokens: float = 64.0
     kv_tokens: float = 256.0
     name: str = "cache_aware"
 
     def costs(self, req: RouteRequest, workers: list) -> List[float]:
         n = len(req.token_ids)
+        rate, tok_s = arrival_rate(workers), prefill_rate(workers)
         out = []
         for w in workers:
             new = (1.0 - req.cached_fraction(w)) * n
-            out.append(w.kv.queued_prefill_tokens() + self.miss_price * new
-                       + self.evict_price * evicted_tokens(req, w, new)
+            price = miss_price(self.miss_price, new, tok_s, rate)
+            out.append(w.kv.queued_prefill_tokens() + price * (new + self.evict_rounds * evicted_tokens(req, w, new))
                        + self.load_tokens * worker_load(w) + self.kv_tokens * float(w.kv.load.get("kv_usage", 0.0)))
         return out
 

@@ -46,13 +46,14 @@ class ServerState:
 
     def load(self) -> dict:
         """What a router weighs against cache hits: requests waiting and running, prompt tokens
-        still to prefill (queued in the engine or not yet handed to it), KV blocks in use."""
+        still to prefill (queued in the engine or not yet handed to it), KV blocks in use, and the
+        measured prefill rate (tokens/s; None before the first prefill)."""
         st, pend_reqs, pend_tokens = self.loop.load()
         used = st.kv_blocks_total - st.kv_blocks_free
         return {"num_waiting": st.num_waiting + pend_reqs, "num_running": st.num_running,
                 "prefill_tokens_pending": st.prefill_tokens_pending + pend_tokens,
                 "kv_usage": used / st.kv_blocks_total if st.kv_blocks_total else 0.0,
-                "kv_blocks_total": st.kv_blocks_total}
+                "kv_blocks_total": st.kv_blocks_total, "prefill_tok_s": st.prefill_tok_s}
 
     async def drain(self, grace_s: float) -> None:
         """Stop accepting (503), let in-flight requests finish for up to grace_s, then abort the
