@@ -19,6 +19,18 @@ def test_build_info_keys():
     assert info["version"] == llmkern.__version__
 
 
+def test_both_extensions_import_in_one_process():
+    # _C and the SIMT emulator (_simt) bind the same C++ classes; pybind11 types are global to the
+    # interpreter, so each class must be module-local or the second import fails. A fresh process:
+    # this one may have imported them already.
+    code = ("import importlib.util, llmkern, llmkern._C as c\n"
+            "if importlib.util.find_spec('llmkern._simt') is None: raise SystemExit(0)\n"
+            "import llmkern._simt as s\n"
+            "assert c.DecodeStepCpu is not s.DecodeStepCpu\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_cuda_compiled_when_nvcc_present():
     # CI machines have nvcc: the CUDA sources must have been compiled, for the default archs.
     import shutil

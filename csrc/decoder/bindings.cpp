@@ -26,7 +26,9 @@ void add_layer(DecodeStepCpu& self, TensorView input_norm, double input_eps, Ten
 }  // namespace
 
 void bind_decoder(pybind11::module_& m) {
-  pybind11::class_<DecodeStepCpu>(m, "DecodeStepCpu")
+  // module_local: _C and _simt both bind it, and pybind11 types are global to the interpreter
+  // unless local (a process that imports both would otherwise fail on the second import).
+  pybind11::class_<DecodeStepCpu>(m, "DecodeStepCpu", pybind11::module_local())
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, TensorView, TensorView, double, int64_t, int64_t>())
       .def("add_layer", &add_layer)
       .def("set_kv_caches", &DecodeStepCpu::set_kv_caches)
