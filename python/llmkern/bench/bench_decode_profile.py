@@ -57,24 +57,32 @@ def _split(prof: cProfile.Profile, steps: int) -> list:
     return rows
 
 
-def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16"), threads: int = 0,
-        new_tokens: int = 0) -> list:
+def batch1_setup(name: str, device: str, threads: int, quick: bool, new_tokens: int):
+    """The batch-1 benches' common setup: CPU only, the thread count applied to llmkern and torch;
+    returns (cpu_time, clock, tokens to decode, the 128-token prompt). One thread: the calling
+    thread's CPU time (see the module docstring)."""
     import llmkern
     import torch
-    from llmkern.bench.common import Record
-    from llmkern.engine.llm import LLM
-    from llmkern.engine.sampling_params import SamplingParams
 
     if device != "cpu":
-        raise SystemExit("bench_decode_profile: CPU only")
+        raise SystemExit(f"{name}: CPU only")
     if threads:
         llmkern.set_num_threads(threads)
         torch.set_num_threads(threads)
     cpu_time = threads == 1
-    clock = time.thread_time if cpu_time else time.perf_counter
-    n_new = new_tokens or (16 if quick else 128)
     rng = random.Random(2)
     prompt = [rng.randrange(100, 49152) for _ in range(128)]
+    return cpu_time, time.thread_time if cpu_time else time.perf_counter, new_tokens or (16 if quick else 128), prompt
+
+
+def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16"), threads: int = 0,
+        new_tokens: int = 0) -> list:
+    import llmkern
+    from llmkern.bench.common import Record
+    from llmkern.engine.llm import LLM
+    from llmkern.engine.sampling_params import SamplingParams
+
+    cpu_time, clock, n_new, prompt = batch1_setup("bench_decode_profile", device, threads, quick, new_tokens)
     recs = []
     for dt in dtypes:
         llm = LLM(dtype=dt, kv_cache_memory_gb=0.25)

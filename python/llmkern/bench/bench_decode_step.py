@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
-import time
 
 SUITE = "e2e"
 
@@ -24,23 +22,13 @@ SUITE = "e2e"
 def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16"), threads: int = 0,
         new_tokens: int = 0, rounds: int = 0) -> list:
     import llmkern
-    import torch
-    from llmkern.bench.bench_decode_profile import _bandwidth
+    from llmkern.bench.bench_decode_profile import _bandwidth, batch1_setup
     from llmkern.bench.common import Record
     from llmkern.engine.llm import LLM
     from llmkern.engine.sampling_params import SamplingParams
 
-    if device != "cpu":
-        raise SystemExit("bench_decode_step: CPU only")
-    if threads:
-        llmkern.set_num_threads(threads)
-        torch.set_num_threads(threads)
-    cpu_time = threads == 1
-    clock = time.thread_time if cpu_time else time.perf_counter
-    n_new = new_tokens or (16 if quick else 128)
+    cpu_time, clock, n_new, prompt = batch1_setup("bench_decode_step", device, threads, quick, new_tokens)
     rounds = rounds or (2 if quick else 5)
-    rng = random.Random(2)
-    prompt = [rng.randrange(100, 49152) for _ in range(128)]
     recs = []
     for dt in dtypes:
         llm = LLM(dtype=dt, kv_cache_memory_gb=0.25)
