@@ -264,3 +264,28 @@ def test_logits_to_float_in_serial_chunks():
         assert y.dtype == torch.float32 and y.shape == x.shape and torch.equal(y, x.float())
     z = torch.randn(4, 7)
     assert _to_float(z) is z
+
+
+@pytest.mark.parametrize("threads,placement", [(2, "nudge"), (2, "off"), (3, "nudge"), (8, "off")])
+def test_hand_off_under_stress(threads, placement):
+    """Back-to-back jobs whose chunk counts rise and fall, with team jobs between them: every chunk
+    runs exactly once, before its job returns. A worker late for a finished job (woken late,
+    preempted, or moving itself) once claimed a slot of it while the next, larger job was being
+    set up: the join then never ended or a slot ran on a dead frame (a hang or crash about once in
+    17 decode benchmark runs). Such a late claim hung this check within ~10^4 jobs. A subprocess,
+    since the failure is a hang."""
+    code = (
+        "from llmkern import _C\n"
+        "bad = sum(_C.thread_pool_selftest(20000, m) for m in (3, 8, 64) for _ in range(3))\n"
+        "assert bad == 0, bad\n"
+    )
+    run_python(code, timeout=120, OMP_NUM_THREADS=str(threads), LLMKERN_THREAD_PLACEMENT=placement)
+
+
+def test_selftest_rejects_bad_arguments():
+    from llmkern import _C
+
+    with pytest.raises(ValueError, match="jobs"):
+        _C.thread_pool_selftest(-1)
+    with pytest.raises(ValueError, match="max_chunks"):
+        _C.thread_pool_selftest(10, 0)

@@ -113,6 +113,8 @@ PYBIND11_MODULE(LLMK_MODULE_NAME, m) {
   m.def("set_num_threads", &set_num_threads);
   m.def("get_num_threads", &get_num_threads);
   m.def("thread_pool_stats", &thread_pool_stats);
+  m.def("thread_pool_selftest", &llmk::pool_selftest, py::arg("jobs"), py::arg("max_chunks") = 16,
+        py::call_guard<py::gil_scoped_release>());
   m.def("pause_thread_placement", &llmk::pause_thread_placement, py::call_guard<py::gil_scoped_release>());
   m.def("check_fits_int32", &check_fits_int32);
   llmk::bind_kvcache(m);

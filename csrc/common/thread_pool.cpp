@@ -34,6 +34,7 @@
 #endif
 
 #include "common/cpu_quota.h"
+#include "common/errors.h"
 #include "common/stall_guard.h"
 #include "common/thread_placement.h"
 
@@ -169,9 +170,16 @@ class Pool {
       return false;
     }
     if (team) n = std::min(n, size());
+    // Close the previous job before its fields change. A worker that comes late to it (woken
+    // late, preempted, nudged) may have read claim_ while its last slot was taken and read n_
+    // after this job's larger n was written: without the close its exchange would then succeed
+    // on the old claim word and run a slot of a finished job, on this job's fn and a stale ctx,
+    // counted into this job's done_ (a join that never ends, or a slot run on a dead frame).
+    // n_ is released after the close, so whoever sees the new n_ fails the exchange.
+    claim_.store(claim_.load(std::memory_order_relaxed) | kClosed, std::memory_order_relaxed);
     fn_.store(fn, std::memory_order_relaxed);
     ctx_.store(ctx, std::memory_order_relaxed);
-    n_.store(n, std::memory_order_relaxed);
+    n_.store(n, std::memory_order_release);
     team_.store(team, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
@@ -214,14 +222,17 @@ class Pool {
   }
 
  private:
+  static constexpr uint64_t kClosed = 0xffffffffu;  // claim_'s slot field of a closed job: above any n
+
   // The next free slot of job `seq`, or -1 when it has none left (or is no longer current).
   int64_t claim(uint64_t seq) {
     uint64_t c = claim_.load(std::memory_order_acquire);
     for (;;) {
       if ((c >> 32) != seq) return -1;
       const int64_t i = int64_t(c & 0xffffffffu);
-      // n_ may belong to a newer job by now; then the exchange below fails on the new seq.
-      if (i >= n_.load(std::memory_order_relaxed)) return -1;
+      // n_ may belong to the next job by now: then the previous one was closed first (try_run),
+      // and the exchange below fails on the closed word.
+      if (i >= n_.load(std::memory_order_acquire)) return -1;
       if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return i;
     }
   }
@@ -436,6 +447,42 @@ const char* pool_placement() {
     case Placement::kBind: return "bind";
     default: return "nudge";
   }
+}
+
+long long pool_selftest(int jobs, int max_chunks) {
+  LLMK_CHECK(jobs >= 0, ValueError, "jobs: expected >= 0, got ", jobs);
+  LLMK_CHECK(max_chunks >= 1 && max_chunks <= 4096, ValueError, "max_chunks: expected 1..4096, got ", max_chunks);
+  struct Job {
+    std::vector<std::atomic<int>> ran;
+    std::atomic<int> team_errors{0};
+  };
+  std::vector<Job> all(static_cast<size_t>(jobs));
+  long long bad = 0;
+  for (int j = 0; j < jobs; ++j) {
+    Job& job = all[size_t(j)];
+    // Counts that alternate low and high: a late worker's view of the previous, smaller job is
+    // the case a hand-off must get right.
+    const int n = j % 2 ? max_chunks - (j / 2) % std::max(1, max_chunks / 2) : 1 + (j / 2) % max_chunks;
+    job.ran = std::vector<std::atomic<int>>(size_t(n));
+    if (j % 16 == 15) {  // a team: each member passes two barriers and sees all others' marks between them
+      job.ran = std::vector<std::atomic<int>>(size_t(pool_threads()));
+      pool_run(pool_threads(), [](void* p, int t, int count) {
+        Job& jb = *static_cast<Job*>(p);
+        jb.ran[size_t(t)].fetch_add(1);
+        pool_barrier();
+        for (int u = 0; u < count; ++u)
+          if (jb.ran[size_t(u)].load() != 1) jb.team_errors.fetch_add(1);
+        pool_barrier();
+      }, &job);
+      bad += job.team_errors.load() + (job.ran[0].load() != 1);  // member 0 is the caller, always
+      continue;
+    }
+    pool_for(n, pool_threads(), [](void* p, int i, int) { static_cast<Job*>(p)->ran[size_t(i)].fetch_add(1); }, &job);
+    for (auto& r : job.ran) bad += r.load() != 1;  // not run before the join returned, or twice
+  }
+  for (Job& job : all)  // a late, stale run of a finished job's chunk shows here
+    for (auto& r : job.ran) bad += r.load() > 1;
+  return bad;
 }
 
 PoolStats pool_stats() {

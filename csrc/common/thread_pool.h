@@ -66,6 +66,13 @@ struct PoolStats {
 };
 PoolStats pool_stats();
 
+// The pool's hand-off protocol under stress: `jobs` jobs back to back with chunk counts that rise
+// and fall (1..max_chunks), each chunk bumping its own counter, plus a team job with barriers every
+// 16th job. Returns how many chunks ran more or less than once, or had not run when their job
+// returned. Every job's counters stay alive to the end, so a late worker that runs a chunk of a
+// finished job is counted, not a crash. 0 is the only right answer.
+long long pool_selftest(int jobs, int max_chunks);
+
 // True when the kernels' parallel loops should use OpenMP rather than the pool (decided once).
 bool use_openmp();
 
