@@ -216,7 +216,9 @@ def test_cli_serve_process(db):
     import llmkern
 
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(llmkern.__file__))))
-    proc = subprocess.Popen([sys.executable, "-m", "llmkern.cli", "explore", "--db", db, "--serve", "--port", "0"],
+    # -X faulthandler: should it not exit, SIGABRT makes it print every thread's stack (below)
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "llmkern.cli", "explore", "--db", db,
+                             "--serve", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
@@ -232,7 +234,12 @@ def test_cli_serve_process(db):
         with urllib.request.urlopen(m.group(1), timeout=60) as r:
             assert embedded(r.read().decode())["runs"] == data.load(db)["runs"]
         proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean exit
-        assert proc.wait(timeout=30) == 0
+        try:
+            assert proc.wait(timeout=30) == 0
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out = proc.communicate(timeout=30)[0]
+            pytest.fail(f"no exit within 30 s of Ctrl-C; where its threads were:\n{out}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
