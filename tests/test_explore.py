@@ -216,11 +216,13 @@ def test_cli_serve_process(db):
     import llmkern
 
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(llmkern.__file__))))
-    # -X faulthandler: should it not exit, SIGABRT makes it print every thread's stack (below)
+    # SIGINT as a terminal's Ctrl-C delivers it: the default handler restored, since a shell's
+    # background job (how CI may run) ignores SIGINT and a child inherits that. -X faulthandler:
+    # should it still not exit, SIGABRT makes it print every thread's stack (below).
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "llmkern.cli", "explore", "--db", db,
                              "--serve", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = ""
         timer = threading.Timer(120, proc.kill)  # a hung start cannot block readline forever
