@@ -56,25 +56,13 @@ LLMK_ALWAYS_INLINE void pack_x_pairs(const uint16_t* x, int64_t ldx, int64_t M, 
   });
 }
 
-// Thin tiles split the k pairs over S independent accumulator sets (one FMA chain each), as in tile.
-template <int R, int V>
-constexpr int ksplit() { return R * V <= 2 ? 4 : R * V <= 4 ? 2 : 1; }
-
-// C[R, P*16] (+)= xb[kc pairs][xs] . W panels (pstride words apart), widened to fp32: every build.
+// C[R, P*16] (+)= xb[kc pairs][xs] . W panels (pstride words apart), widened to fp32: every build
+// (the k pairs split over accumulator sets as in the fp32 tile: ksplit_tile).
 template <int R, int P>
 LLMK_ALWAYS_INLINE void tile_bf16_widen(const uint32_t* __restrict xb, int xs, const uint32_t* __restrict w,
                                         int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init) {
-  constexpr int V = P * VPP, S = ksplit<R, V>();
-  vf acc[S][R][V];
-#pragma GCC unroll 16
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-      acc[0][i][v] = init ? vec::splat(0.f) : vec::loadu(c + i * ldc + v * VL);
-#pragma GCC unroll 4
-      for (int s = 1; s < S; ++s) acc[s][i][v] = vec::splat(0.f);
-    }
-  auto step = [&](int64_t h, int s) __attribute__((always_inline)) {
+  constexpr int V = P * VPP;
+  ksplit_tile<R, V>(kc, c, ldc, nullptr, init, [&](vf (&acc)[R][V], int64_t h) __attribute__((always_inline)) {
     vf we[V], wo[V];
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) {
@@ -88,22 +76,9 @@ LLMK_ALWAYS_INLINE void tile_bf16_widen(const uint32_t* __restrict xb, int xs, c
       const uint32_t a = xb[h * xs + i];
       const vf ae = vec::splat(bits_f32(a << 16)), ao = vec::splat(bits_f32(a & 0xffff0000u));
 #pragma GCC unroll 8
-      for (int v = 0; v < V; ++v) acc[s][i][v] = fmadd(ao, wo[v], fmadd(ae, we[v], acc[s][i][v]));
+      for (int v = 0; v < V; ++v) acc[i][v] = fmadd(ao, wo[v], fmadd(ae, we[v], acc[i][v]));
     }
-  };
-  int64_t h = 0;
-  for (; h + S <= kc; h += S)
-#pragma GCC unroll 4
-    for (int s = 0; s < S; ++s) step(h + s, s);
-  for (; h < kc; ++h) step(h, 0);
-#pragma GCC unroll 16
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-#pragma GCC unroll 4
-      for (int s = 1; s < S; ++s) acc[0][i][v] += acc[s][i][v];
-      vec::storeu(c + i * ldc + v * VL, acc[0][i][v]);
-    }
+  });
 }
 
 // One instantiation per row count (1 .. MR) keeps each tile's accumulators in registers.

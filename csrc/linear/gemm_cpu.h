@@ -56,18 +56,18 @@ LLMK_ALWAYS_INLINE void pack_x_block(const float* x, int64_t ldx, int rows, int6
     for (int64_t k = 0; k < K; ++k) dst[k * xs + i] = x[i * ldx + k];
 }
 
-// C[R, P*16] (+)= xb[kc][xs] . W panels; `w` points at panel 0 (k offset applied), panels `pstride`
-// floats apart. c has row stride ldc; init (first k chunk) starts from bias (or 0), else from c.
-// pf (or null): the next group's panels, prefetched one line per panel per k step, so that its
-// read from memory overlaps this tile's arithmetic.
-template <int R, int P>
-LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __restrict w, int64_t pstride,
-                             int64_t kc, float* c, int64_t ldc, const float* bias, bool init,
-                             const float* pf) {
-  constexpr int V = P * VPP;
-  // Thin tiles (a decode step's 1-2 rows) would be one FMA latency chain per accumulator: split k
-  // over S independent accumulator sets, summed at the end.
-  constexpr int S = R * V <= 2 ? 4 : R * V <= 4 ? 2 : 1;
+// Thin tiles (a decode step's 1-2 rows) would be one FMA latency chain per accumulator: k is split
+// over this many independent accumulator sets, summed at the end.
+template <int R, int V>
+constexpr int ksplit() { return R * V <= 2 ? 4 : R * V <= 4 ? 2 : 1; }
+
+// The frame of an R x V-vector tile with k split over ksplit<R, V>() accumulator sets: the sets
+// start from c, or on the first k chunk (init) from bias (or 0); step(acc[s], k) adds k = 0 ..
+// kc-1, consecutive k to consecutive sets; the sets' sum is stored back to c (row stride ldc).
+template <int R, int V, typename Step>
+LLMK_ALWAYS_INLINE void ksplit_tile(int64_t kc, float* c, int64_t ldc, const float* bias, bool init,
+                                    const Step& step) {
+  constexpr int S = ksplit<R, V>();
   vf acc[S][R][V];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
@@ -77,10 +77,34 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __
 #pragma GCC unroll 4
       for (int s = 1; s < S; ++s) acc[s][i][v] = vec::splat(0.f);
     }
+  int64_t k = 0;
+  for (; k + S <= kc; k += S)
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) step(acc[s], k + s);
+  for (; k < kc; ++k) step(acc[0], k);
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+#pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) acc[0][i][v] += acc[s][i][v];
+      vec::storeu(c + i * ldc + v * VL, acc[0][i][v]);
+    }
+}
+
+// C[R, P*16] (+)= xb[kc][xs] . W panels; `w` points at panel 0 (k offset applied), panels `pstride`
+// floats apart. c has row stride ldc; init (first k chunk) starts from bias (or 0), else from c.
+// pf (or null): the next group's panels, prefetched one line per panel per k step, so that its
+// read from memory overlaps this tile's arithmetic.
+template <int R, int P>
+LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __restrict w, int64_t pstride,
+                             int64_t kc, float* c, int64_t ldc, const float* bias, bool init,
+                             const float* pf) {
+  constexpr int V = P * VPP;
   const float* wv[V];
 #pragma GCC unroll 8
   for (int v = 0; v < V; ++v) wv[v] = w + (v / VPP) * pstride + (v % VPP) * VL;
-  auto step = [&](int64_t k, int s) __attribute__((always_inline)) {
+  ksplit_tile<R, V>(kc, c, ldc, bias, init, [&](vf (&acc)[R][V], int64_t k) __attribute__((always_inline)) {
     if (pf)
 #pragma GCC unroll 4
       for (int j = 0; j < P; ++j) __builtin_prefetch(pf + j * pstride + k * PW, 0, 2);
@@ -91,22 +115,9 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __
     for (int i = 0; i < R; ++i) {
       const vf a = vec::splat(xb[k * xs + i]);
 #pragma GCC unroll 8
-      for (int v = 0; v < V; ++v) acc[s][i][v] = fmadd(a, b[v], acc[s][i][v]);
+      for (int v = 0; v < V; ++v) acc[i][v] = fmadd(a, b[v], acc[i][v]);
     }
-  };
-  int64_t k = 0;
-  for (; k + S <= kc; k += S)
-#pragma GCC unroll 4
-    for (int s = 0; s < S; ++s) step(k + s, s);
-  for (; k < kc; ++k) step(k, 0);
-#pragma GCC unroll 16
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-#pragma GCC unroll 4
-      for (int s = 1; s < S; ++s) acc[0][i][v] += acc[s][i][v];
-      vec::storeu(c + i * ldc + v * VL, acc[0][i][v]);
-    }
+  });
 }
 
 template <int P>
