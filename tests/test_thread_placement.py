@@ -34,6 +34,15 @@ def kernels():
 def same(a, b):
     return all(torch.equal(a[k], b[k]) for k in a)
 
+def masks():
+    # A worker late for the last job may be mid-nudge (its temporary one-CPU mask set, its own not
+    # yet back): read with placement paused, which waits for a nudge in progress to finish.
+    _C.pause_thread_placement(True)
+    try:
+        return [sorted(os.sched_getaffinity(t)) for t in [me] + workers]
+    finally:
+        _C.pause_thread_placement(False)
+
 llmkern.set_num_threads(2)
 ref = kernels()
 for _ in range(20):  # warm-up
@@ -73,11 +82,11 @@ elif os.environ["PHASE"] == "masks":
     llmkern.set_cpu_affinity([cpus[0]], threads=2)
     for _ in range(50):
         assert same(kernels(), ref)
-    out["one_cpu_masks"] = [sorted(os.sched_getaffinity(t)) for t in [me] + workers]
+    out["one_cpu_masks"] = masks()
     llmkern.set_cpu_affinity(cpus, threads=2)
     for _ in range(50):
         assert same(kernels(), ref)
-    out["two_cpu_masks"] = [sorted(os.sched_getaffinity(t)) for t in [me] + workers]
+    out["two_cpu_masks"] = masks()
 out["stats"] = _C.thread_pool_stats()
 torch.save(out, sys.argv[1])
 """
