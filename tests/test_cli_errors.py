@@ -77,7 +77,7 @@ def test_device_cuda_without_gpu_is_one_line(no_model_load):
 
 
 def test_memory_request_checked_against_the_machine(no_model_load):
-    from llmkern.engine.memory import host_available_bytes
+    from llmkern.kvcache.memory import host_available_bytes
 
     avail = host_available_bytes()
     assert avail and avail > 0

@@ -1,6 +1,6 @@
 """Multi-machine launch, on loopback: two "nodes" of two ranks each, every rank started the way a
 torchrun-style launcher starts it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT in the environment, the same command line everywhere: `python -m llmkern.distributed
+MASTER_PORT in the environment, the same command line everywhere: `python -m llmkern.cli.torchrun
 generate ...`). Rank 0 runs the engine through the CLI (-tp 2 -pp 2, one stage per node); its JSONL
 output must hold the single-process engine's greedy tokens. Also the CLI's local launch."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_two_nodes_env_launch(setup):
     model, inp, root, ref = setup
     out = root / "two_nodes.jsonl"
     port = free_port()
-    cmd = [sys.executable, "-m", "llmkern.distributed", *_args(model, inp, out, "-tp", "2", "-pp", "2")]
+    cmd = [sys.executable, "-m", "llmkern.cli.torchrun", *_args(model, inp, out, "-tp", "2", "-pp", "2")]
     base = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 WORLD_SIZE="4", LOCAL_WORLD_SIZE="2")
     procs = []

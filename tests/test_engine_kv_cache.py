@@ -9,7 +9,8 @@ pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check mach
 
 from llmkern.engine.block_pool import BlockPool, HostPool
 from llmkern.engine.config import EngineConfig
-from llmkern.engine.kv_cache_manager import KVCacheManager, alloc_caches, build_kv_cache
+from llmkern.engine.kv_cache_manager import KVCacheManager, build_kv_cache
+from llmkern.kvcache import alloc_caches
 from llmkern.engine.sampling_params import SamplingParams
 from llmkern.engine.sequence import Request, Sequence
 

@@ -197,12 +197,13 @@ def test_serve_reports_unreadable_db(tmp_path):
 
 def test_report_notes_a_missing_browser(db, tmp_path, monkeypatch):
     from llmkern.bench import report
+    from llmkern.explore.report_section import EXPLORER_PNG, explorer_section
 
     monkeypatch.setattr("llmkern.explore.browser.find_chromium", lambda: None)
-    paths = report.write_report({"records": [], "machine": {}, "limits": {}}, str(tmp_path), explorer_db=db)
+    paths = report.write_report({"records": [], "machine": {}, "limits": {}}, str(tmp_path), extra=explorer_section(db))
     md = open(paths["markdown"]).read()
     assert "## Performance Explorer" in md and "Chromium was not found" in md
-    assert not (tmp_path / report.EXPLORER_PNG).exists()
+    assert not (tmp_path / EXPLORER_PNG).exists()
 
 
 def test_cli_serve_process(db):

@@ -136,12 +136,13 @@ def test_screenshot(site, tmp_path):
 
 def test_benchmark_report_shows_the_explorer(site, tmp_path):
     from llmkern.bench import report
+    from llmkern.explore.report_section import EXPLORER_PNG, explorer_section
 
     db, _ = site
-    paths = report.write_report({"records": [], "machine": {}, "limits": {}}, str(tmp_path), explorer_db=db)
+    paths = report.write_report({"records": [], "machine": {}, "limits": {}}, str(tmp_path), extra=explorer_section(db))
     md = open(paths["markdown"]).read()
-    png = tmp_path / report.EXPLORER_PNG
-    assert f"![Performance Explorer]({report.EXPLORER_PNG})" in md and f"{len(ok_results(db))} optimiser runs" in md
+    png = tmp_path / EXPLORER_PNG
+    assert f"![Performance Explorer]({EXPLORER_PNG})" in md and f"{len(ok_results(db))} optimiser runs" in md
     assert str(png) in paths["plots"] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -47,7 +47,7 @@ def test_loaded_model_weights_on_one_arena_and_early_exit_shares_them():
 
 
 def test_kv_caches_on_one_arena_zeroed_and_disjoint():
-    from llmkern.engine.kv_cache_manager import alloc_caches
+    from llmkern.kvcache import alloc_caches
 
     caches = alloc_caches(7, 4, 3, 2, 8, torch.bfloat16, "cpu")
     flat = [t for pair in caches for t in pair]

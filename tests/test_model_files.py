@@ -11,7 +11,7 @@ np = pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check
 pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
 
 from llmkern import LLM, cli
-from llmkern.engine.memory import host_available_bytes
+from llmkern.kvcache.memory import host_available_bytes
 
 TINY = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)

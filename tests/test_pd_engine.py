@@ -135,7 +135,7 @@ def prefill(P, prompts, params=GREEDY, prefix="r"):
 
 def test_gather_scatter_blocks_roundtrip():
     """The flat layout against plain indexing: any block order, runs and single blocks, mixed dtypes."""
-    from llmkern.engine.kv_transfer import gather_blocks, kv_cache_geometry, scatter_blocks
+    from llmkern.kvcache.blocks import gather_blocks, kv_cache_geometry, scatter_blocks
 
     g = torch.Generator().manual_seed(0)
     src = [(torch.randn(12, BS, 2, 8, generator=g), torch.randn(12, BS, 2, 8, generator=g)),
@@ -270,7 +270,7 @@ def test_shm_decode_gone_file_removed(shm_pair, tmp_path):
 
 
 def test_shm_stale_files_of_dead_writers_removed(tmp_path):
-    from llmkern.distributed.kv_shm import remove_stale_files
+    from llmkern.pd.shm import remove_stale_files
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

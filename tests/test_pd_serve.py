@@ -332,7 +332,7 @@ def test_decode_replica_killed_mid_run(cluster):
     pid = cluster.prefill.proc.pid
     cluster.close()
     assert cluster.prefill.proc.returncode == 0
-    from llmkern.distributed.kv_shm import default_shm_dir
+    from llmkern.pd.shm import default_shm_dir
 
     assert not glob.glob(os.path.join(default_shm_dir(), f"llmkern-kv-{pid}-*"))
 

@@ -22,7 +22,8 @@ import sys
 from typing import Dict, List, Optional
 
 from ..engine.metrics import percentile
-from .serving import _WORDS, Req, Server, drive, llmkern_argv
+from ..loadgen import Req, drive, words_text
+from ..procs import ServerProcess, llmkern_serve_argv
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -49,13 +50,13 @@ def workload(a) -> List[Req]:
     fixed = {"ignore_eos": True}
     for _ in range(a.chat_requests):
         t += rng.expovariate(a.chat_rate)
-        text = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(20, 60)))
+        text = words_text(rng, rng.randint(20, 60))
         reqs.append(Req(t, "Continue this story: " + text, a.chat_max_tokens, dict(fixed)))
     span = t
     for b in range(a.bursts):
         at = span * (b + 1) / (a.bursts + 1)
         for _ in range(a.burst_size):
-            text = " ".join(rng.choice(_WORDS) for _ in range(a.long_words))
+            text = words_text(rng, a.long_words)
             reqs.append(Req(at, "Summarise this in one sentence: " + text, a.long_max_tokens,
                             dict(fixed, user="burst")))
     return sorted(reqs, key=lambda r: r.arrival)
@@ -124,7 +125,7 @@ def run_system(system: str, a, reqs: List[Req], model_name: str) -> dict:
     extra = ["--kv-cache-memory-gb", "1", "--max-num-seqs", "64"]
     if system == "pd":
         extra += ["--pd", "1P1D", "--kv-connector", a.kv_connector]
-    srv = Server(system, llmkern_argv(extra, a.model), env=_env(cpus))
+    srv = ServerProcess(system, llmkern_serve_argv(extra, a.model), env=_env(cpus))
     try:
         replicas = []
         if system == "pd":

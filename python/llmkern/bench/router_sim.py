@@ -331,9 +331,3 @@ def calibrate(model: Optional[str], threads: int = 1, prompt_tokens: int = 1024)
     seq = max((t4 - t1) / 3, 0.0)
     step = max(t1 - seq, 0.0)
     return Costs(step_s=step, prefill_tok_s=max(pre - step, 0.0) / prompt_tokens, decode_seq_s=seq)
-
-
-def tokenized_workload(a, variant: str, tokenizer):
-    from .routing import workload
-
-    return [(t, p, tokenizer.encode(p)) for t, p in workload(a, variant)]

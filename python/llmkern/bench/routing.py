@@ -48,11 +48,12 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import List
+
+from ..procs import child_setup, free_port, wait_healthy
 
 KV_FIT = 0.5          # share of the tenants' prompts one replica's cache holds
 KV_RUNNING = 4        # and at least this many whole requests
@@ -120,32 +121,14 @@ def kv_blocks_per_replica(a, tokenizer) -> int:
     return max(int(KV_FIT * a.tenants * request_blocks), KV_RUNNING * request_blocks)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(args, env=None, cpus=None):
-    from ..router.launch import _child_setup
-
     e = dict(os.environ, **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "llmkern.cli", *args], env=e, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, preexec_fn=_child_setup(cpus))
+                            stderr=subprocess.DEVNULL, preexec_fn=child_setup(cpus))
 
 
 def _wait_health(url: str, timeout: float = 300) -> None:
-    import httpx
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not become healthy in {timeout} s")
+    wait_healthy(url + "/health", timeout, what=url)
 
 
 def _hits(url: str):
@@ -200,12 +183,12 @@ def run_policy(a, policy: str, reqs, model: str, num_blocks: int) -> dict:
     router = None
     try:
         for i in range(a.replicas):
-            port = _port()
+            port = free_port()
             cpus = shares[i][:a.threads_per_replica]
             reps.append((_spawn(["serve", "--model", model, "--port", str(port), "--block-size", str(a.block_size),
                                  "--num-gpu-blocks-override", str(num_blocks)],
                                 {"OMP_NUM_THREADS": str(len(cpus))}, cpus), f"http://127.0.0.1:{port}"))
-        rport = _port()
+        rport = free_port()
         args = ["router", "--model", model, "--policy", policy, "--port", str(rport)]
         for _, u in reps:
             args += ["--worker", u]
@@ -257,7 +240,7 @@ def run_bench(a) -> dict:
         report["sim_costs"] = vars(costs)
     for variant in a.variants:
         if a.simulate:
-            treqs = router_sim.tokenized_workload(a, variant, tok)
+            treqs = [(t, p, tok.encode(p)) for t, p in workload(a, variant)]
             rows = [router_sim.simulate(pol, treqs, a.replicas, num_blocks, costs, a.block_size, a.max_tokens)
                     for pol in a.policies]
             for row in rows:

@@ -13,201 +13,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-from ..engine.metrics import percentile
-
-_WORDS = ("the a of to and in is it you that he was for on are with as his they be at one have this from or "
-          "had by word but what some we can out other were all there when up use your how said an each she "
-          "which do their time if will way about many then them write would like so these her long make thing "
-          "see him two has look more day could go come did number sound no most people my over know water than "
-          "call first who may down side been now find any new work part take get place made live where after "
-          "back little only round man year came show every good me give our under name very through just form "
-          "sentence great think say help low line differ turn cause much mean before move right boy old too same "
-          "tell does set three want air well also play small end put home read hand port large spell add even "
-          "land here must big high such follow act why ask men change went light kind off need house picture "
-          "try us again animal point mother world near build self earth father head stand own page should "
-          "country found answer school grow study still learn plant cover food sun four between state keep eye "
-          "never last let thought city tree cross farm hard start might story saw far sea draw left late run").split()
-
-
-@dataclass
-class Req:
-    arrival: float
-    prompt: str
-    max_tokens: int
-    extra: dict = field(default_factory=dict)   # more body fields (e.g. ignore_eos)
-
-
-@dataclass
-class Result:
-    ok: bool = False
-    ttft: Optional[float] = None
-    itls: List[float] = field(default_factory=list)
-    e2e: Optional[float] = None
-    tokens: int = 0
-    status: Optional[int] = None
-    times: List[float] = field(default_factory=list)   # perf_counter() of each streamed token
-
-
-def workload(n: int, rate: float, seed: int, long_frac: float = 0.2) -> List[Req]:
-    """n requests, Poisson arrivals at `rate`/s: short chat turns (~20-100 words, 16-64 output
-    tokens) and long-prompt requests (~300-500 words, 16-32 output tokens)."""
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        t += rng.expovariate(rate)
-        long_ = rng.random() < long_frac
-        words = rng.randint(300, 500) if long_ else rng.randint(20, 100)
-        text = " ".join(rng.choice(_WORDS) for _ in range(words))
-        prompt = ("Summarise this in one sentence: " if long_ else "Continue this story: ") + text
-        out.append(Req(t, prompt, rng.randint(16, 32) if long_ else rng.randint(16, 64)))
-    return out
-
-
-async def _one(client, url: str, model: str, r: Req, t0: float, headers: dict, extra: Optional[dict] = None) -> Result:
-    res = Result()
-    await asyncio.sleep(max(0.0, t0 + r.arrival - time.perf_counter()))
-    start = t0 + r.arrival
-    body = {"model": model, "messages": [{"role": "user", "content": r.prompt}], "max_tokens": r.max_tokens,
-            "temperature": 0.0, "stream": True, **r.extra, **(extra or {})}
-    last = None
-    try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
-            res.status = resp.status_code
-            if resp.status_code != 200:
-                await resp.aread()
-                return res
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                obj = json.loads(line[6:])
-                if obj.get("error"):
-                    return res
-                choices = obj.get("choices") or []
-                if not choices or not (choices[0].get("delta") or {}).get("content"):
-                    continue
-                now = time.perf_counter()
-                if last is None:
-                    res.ttft = now - start
-                else:
-                    res.itls.append(now - last)
-                last = now
-                res.tokens += 1   # one chunk per token while streaming (both servers)
-                res.times.append(now)
-        res.e2e = time.perf_counter() - start
-        res.ok = res.ttft is not None
-    except Exception:  # noqa: BLE001 - a failed request counts as not meeting the SLO
-        pass
-    return res
-
-
-async def drive(base: str, model: str, reqs: List[Req], timeout: float, api_key: Optional[str] = None):
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=len(reqs) + 4, max_keepalive_connections=len(reqs) + 4)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        t0 = time.perf_counter() + 0.05
-        tasks = [asyncio.ensure_future(_one(client, base + "/v1/chat/completions", model, r, t0, headers))
-                 for r in reqs]
-        done, pending = await asyncio.wait(tasks, timeout=timeout)
-        for t in pending:
-            t.cancel()
-        results = [t.result() if t in done else Result() for t in tasks]
-        return results, time.perf_counter() - t0
-
-
-def summarise(system: str, rate: float, results: List[Result], wall: float, slo_ttft: float, slo_itl: float) -> dict:
-    ok = [r for r in results if r.ok]
-    ttft = [r.ttft for r in ok]
-    itl = [x for r in ok for x in r.itls]
-    e2e = [r.e2e for r in ok]
-    good = [r for r in ok if r.ttft <= slo_ttft and (not r.itls or sum(r.itls) / len(r.itls) <= slo_itl)]
-
-    def p(xs, q):
-        v = percentile(xs, q)
-        return None if v is None else round(v, 4)
-
-    return {"system": system, "rate": rate, "requests": len(results), "completed": len(ok),
-            "refused": sum(1 for r in results if r.status == 429),
-            "ttft_p50": p(ttft, 50), "ttft_p95": p(ttft, 95), "ttft_p99": p(ttft, 99),
-            "itl_p50": p(itl, 50), "itl_p95": p(itl, 95), "itl_p99": p(itl, 99),
-            "e2e_p50": p(e2e, 50), "e2e_p95": p(e2e, 95), "e2e_p99": p(e2e, 99),
-            "out_tok_s": round(sum(r.tokens for r in ok) / wall, 2), "goodput_rps": round(len(good) / wall, 3),
-            "wall_s": round(wall, 2)}
-
+from ..loadgen import Req, chat_mix as workload, drive, summarise
+from ..procs import ServerProcess, llmkern_serve_argv as llmkern_argv
 
 # -- servers ------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A server subprocess on a free loopback port, killed on close."""
-
-    def __init__(self, name: str, argv: List[str], health: str = "/health", timeout: float = 300, env=None):
-        import httpx
-
-        self.name = name
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        argv = [a.replace("{port}", str(self.port)) for a in argv]
-        self.log = tempfile.TemporaryFile("w+")
-        from ..router.launch import _child_setup   # dies with this process even if it is SIGKILLed
-
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
-                                     preexec_fn=_child_setup(None))
-        end = time.monotonic() + timeout
-        try:
-            while time.monotonic() < end:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{name}: exited with {self.proc.returncode}: {self.tail()}")
-                try:
-                    if httpx.get(self.base + health, timeout=2).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
-        except BaseException:   # Ctrl-C while waiting: the caller never gets the object to close
-            self.close()
-            raise
-        tail = self.tail()
-        self.close()
-        raise RuntimeError(f"{name}: not ready after {timeout} s: {tail}")
-
-    def tail(self, n: int = 2000) -> str:
-        self.log.seek(0)
-        return self.log.read()[-n:]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-
-
-def llmkern_argv(extra: List[str], model: Optional[str]) -> List[str]:
-    return ([sys.executable, "-m", "llmkern.cli", "serve", "--port", "{port}", "--shutdown-grace-s", "0"]
-            + (["--model", model] if model else []) + extra)
-
-
 def hf_model_dir(path: str) -> str:
     """The embedded SmolLM2 weights and tokenizer as a HF directory (what `transformers serve` loads)."""
     from ..models.loader import default_model_path, read_gguf, save_hf_dir
@@ -377,7 +194,7 @@ def run_bench(a) -> dict:
                                  "num_requests": a.num_requests, "rates": a.rates}
     model_name = DEFAULT_MODEL_NAME if a.model is None else os.path.basename(os.path.normpath(a.model))
     for policy in a.policies:
-        srv = Server(f"llmkern-{policy}", llmkern_argv(_policy_args(policy, a), a.model))
+        srv = ServerProcess(f"llmkern-{policy}", llmkern_argv(_policy_args(policy, a), a.model))
         try:
             _run_system(f"llmkern {policy}", srv, model_name, a, rows)
             if policy == "continuous" and not a.no_burst:
@@ -425,7 +242,7 @@ def _run_hf_peer(a, rows) -> str:
         try:
             # The KV pool is bounded (1024 blocks of 32 tokens, ~1.5 GB for SmolLM2): sized on its own,
             # HF's continuous-batching cache took ~14 GB on the first long prompt here and was OOM-killed.
-            srv = Server("HF transformers serve", [exe, "serve", "--continuous-batching", "--cb-block-size", "32",
+            srv = ServerProcess("HF transformers serve", [exe, "serve", "--continuous-batching", "--cb-block-size", "32",
                                                    "--cb-num-blocks", "1024", "--device", "cpu",
                                                    "--dtype", "float32", "--host", "127.0.0.1", "--port", "{port}",
                                                    path], env=env)

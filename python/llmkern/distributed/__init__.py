@@ -17,14 +17,13 @@ and every send between stages is non-blocking.
 - control.py   rank 0's messages to the other ranks (setup, steps, stats, stop)
 - comm.py      the collectives the parallel layers and stages use, with byte/time counters
 - launch.py    process-group setup, local worker spawn, env:// (torchrun) join, reaping
-- stage.py     one rank's shard of the model and KV cache, and its part of a step
+- stage.py     one rank's shard of the model and its KV tiers, and its part of a step
 - worker.py    a worker process: join, build its stage, run steps until told to stop
 - executor.py  the engine side: start the ranks, ship each step, collect the logits, fail loudly
+- spec.py      ParallelSpec: the T x P x E split, device, dtype, timeout
 
-Prefill-decode hand-over (the interface is engine/kv_transfer.py):
-- kv_connectors.py  the pull protocol over a TCPStore, build_connector for dict specs
-- kv_p2p.py         KV blocks over torch.distributed point-to-point (gloo; NCCL for CUDA caches)
-- kv_shm.py         KV blocks through shared-memory files between engines on one host
+The engine takes a ParallelSpec (spec.py) and a kvcache.KVSpec, never the engine's own config.
+Prefill-decode KV hand-over lives in llmkern.pd.
 """
 from .topology import Topology
 

@@ -23,10 +23,11 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from ..engine.config import EngineConfig
-from ..engine.kv_cache_manager import CPU_KV_DEFAULT_GIB, kv_block_counts
+from .._build import get_num_threads, set_num_threads
+from ..kvcache import CPU_KV_DEFAULT_GIB, KVSpec, kv_block_counts
 from ..models.loader import default_dtype, read_checkpoint
 from . import launch
+from .spec import ParallelSpec
 from .sharding import check_parallel, local_config
 from .stage import Stage, to_device
 from .topology import Topology
@@ -38,8 +39,10 @@ class DistributedError(RuntimeError):
 
 
 class ParallelExecutor:
-    def __init__(self, model, config: EngineConfig, load_format: str = "auto"):
-        T, P, E = config.ranks_per_stage, config.pipeline_parallel_size, config.expert_parallel_size
+    def __init__(self, model, par: ParallelSpec, kv: KVSpec, load_format: str = "auto"):
+        """kv: the engine's KV settings; self.kv_spec holds them with every tier's block count
+        resolved (the same on every rank)."""
+        T, P, E = par.ranks_per_stage, par.pipeline_parallel_size, par.expert_parallel_size
         world = T * P
         env = launch.env_launch()
         if env is not None and env["rank"] != 0:
@@ -51,23 +54,23 @@ class ParallelExecutor:
         if dist.is_available() and dist.is_initialized():
             raise RuntimeError("distributed: this process already has a torch.distributed process group "
                                "(one model-parallel engine per process; shut the other one down first)")
-        device = config.torch_device
+        device = par.device
         if device.type == "cuda":
             device = torch.device("cuda", env["local_rank"] if env else 0)
             torch.cuda.set_device(device)
-        dtype = config.torch_dtype or default_dtype(device)
-        cfg, sd, self.tokenizer = read_checkpoint(model, load_format, config.seed)
+        dtype = par.dtype or default_dtype(device)
+        cfg, sd, self.tokenizer = read_checkpoint(model, load_format, par.seed)
         topo = Topology(T, P, cfg.num_layers, E)
         check_parallel(cfg, topo)  # before any process starts
         self.topo, self.device, self.model_config = topo, device, cfg
-        self.timeout_s = config.distributed_timeout_s
+        self.timeout_s = par.timeout_s
         self.failed: Optional[str] = None
         self.closed = False
         self.workers = None
-        self._threads = (torch.get_num_threads(), _llmkern_threads())  # restored by shutdown()
+        self._threads = (torch.get_num_threads(), get_num_threads())  # restored by shutdown()
         self.setup_group = self.ctrl = self.chain = None
         try:  # from here on a failure stops whatever was started (shutdown copes with a partial start)
-            launch.set_threads(launch.cpu_share(env["local_world_size"] if env else world))
+            launch.set_threads(launch.threads_per_rank(env["local_world_size"] if env else world))
             if env is not None:
                 setup = launch.init_env(0, world)
             else:
@@ -75,7 +78,7 @@ class ParallelExecutor:
                 setup = launch.init_store(self.workers.rendezvous_store(), 0, world)
             self.setup_group = setup
             bcast(setup, ("setup", {"topology": topo, "model": model, "load_format": load_format,
-                                        "seed": config.seed, "dtype": dtype, "device_type": device.type,
+                                        "seed": par.seed, "dtype": dtype, "device_type": device.type,
                                         "timeout_s": self.timeout_s}))
             groups = launch.make_groups(topo, 0, device.type, self.timeout_s)
             self.ctrl = groups.ctrl
@@ -83,23 +86,23 @@ class ParallelExecutor:
             self.stage, err = try_report(lambda: Stage(cfg, sd, topo, 0, groups, dtype, device))
             self._check(gather_to_root(setup, err), "build its shard of the model")
             local, _ = local_config(cfg, topo, 0)
-            if device.type == "cpu" and config.kv_cache_memory_gb is None:
+            if device.type == "cpu" and kv.kv_cache_memory_gb is None:
                 # The ranks on this machine share its memory: the default budget is split among them
                 # (an explicit kv_cache_memory_gb is per rank, like a GPU's memory).
                 n_local = env["local_world_size"] if env else world
-                config = dataclasses.replace(config, kv_cache_memory_gb=CPU_KV_DEFAULT_GIB / n_local)
-            n, n_off, n_swap = kv_block_counts(config, [(topo.max_stage_layers(), local.num_kv_heads, local.head_dim)],
+                kv = dataclasses.replace(kv, kv_cache_memory_gb=CPU_KV_DEFAULT_GIB / n_local)
+            n, n_off, n_swap = kv_block_counts(kv, [(topo.max_stage_layers(), local.num_kv_heads, local.head_dim)],
                                                dtype, device)
-            self.config = dataclasses.replace(config, num_gpu_blocks=n, num_cpu_offload_blocks=n_off,
-                                              num_swap_blocks=n_swap)
-            bcast(setup, ("config", self.config))
-            _, err = try_report(lambda: self.stage.build_kv(self.config))
+            self.kv_spec = dataclasses.replace(kv, num_gpu_blocks=n, num_cpu_offload_blocks=n_off,
+                                               num_swap_blocks=n_swap)
+            bcast(setup, ("kv", self.kv_spec))
+            _, err = try_report(lambda: self.stage.build_kv(self.kv_spec))
             self._check(gather_to_root(setup, err), "allocate its KV cache")
         except BaseException:
             self.shutdown(graceful=False)
             raise
-        self.kv = self.stage.kv
-        self.kv.copy_log = []  # block copies the KV manager makes, replayed by the other ranks
+        self.kv = self.stage.kv  # rank 0's tiers: the engine puts its KVCacheManager on them
+        self.copy_log: list = []  # tier copies rank 0's KV manager made, replayed by the other ranks
         self.model = self.stage.model  # rank 0's shard (its config is the shard's)
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().shutdown())
@@ -122,7 +125,8 @@ class ParallelExecutor:
         """Start a step: send it on its way and run rank 0's stage. With pipeline parallelism this
         returns while the later stages work; finish() (in launch order) collects the logits."""
         self._check_open()
-        copies, self.kv.copy_log = self.kv.copy_log, []
+        copies = self.copy_log[:]
+        self.copy_log.clear()
         msg = ("step", (input_ids, positions, meta, sample_rows, copies))
         try:
             self._send(msg)
@@ -200,12 +204,4 @@ class ParallelExecutor:
             except Exception:
                 pass
         torch.set_num_threads(self._threads[0])
-        import llmkern
-
-        llmkern.set_num_threads(self._threads[1])
-
-
-def _llmkern_threads() -> int:
-    import llmkern
-
-    return llmkern.get_num_threads()
+        set_num_threads(self._threads[1])

@@ -32,6 +32,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from .._build import set_num_threads
 from .topology import Topology
 
 STARTUP_TIMEOUT_S = 300.0          # ranks joining (interpreter start, torch import)
@@ -51,7 +52,7 @@ def env_launch() -> Optional[dict]:
             "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", world))}
 
 
-def cpu_share(local_world_size: int) -> int:
+def threads_per_rank(local_world_size: int) -> int:
     """This rank's share of the CPUs the process may run on."""
     try:
         n = len(os.sched_getaffinity(0))
@@ -62,10 +63,8 @@ def cpu_share(local_world_size: int) -> int:
 
 def set_threads(n: int) -> None:
     """Intra-op threads of torch and of llmkern's CPU kernels."""
-    import llmkern
-
     torch.set_num_threads(n)
-    llmkern.set_num_threads(n)
+    set_num_threads(n)
 
 
 def watch_stdin() -> None:

@@ -9,8 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..engine.config import EngineConfig
-from ..engine.kv_cache_manager import build_kv_cache
+from ..kvcache import KVSpec, build_kv_tiers
 from ..layers.attention import AttnMetadata
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
@@ -76,9 +75,9 @@ class Stage:
         if self.ep is not None:
             self.ep.stats.reset()
 
-    def build_kv(self, config: EngineConfig) -> None:
-        """config has the block counts resolved by rank 0 (the same on every rank)."""
-        self.kv = build_kv_cache(config, [self.model.config.kv_layout], self.model.dtype, self.device)
+    def build_kv(self, spec: KVSpec) -> None:
+        """spec has the block counts resolved by rank 0 (the same on every rank)."""
+        self.kv = build_kv_tiers(spec, [self.model.config.kv_layout], self.model.dtype, self.device)
 
     def run(self, msg: StepMessage) -> Optional[torch.Tensor]:
         """This rank's part of a step. Returns the full fp32 logits [rows, vocab] on the rank that

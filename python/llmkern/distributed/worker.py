@@ -23,7 +23,7 @@ def main() -> None:
                          "the environment, as torchrun sets them; rank 0 is the engine")
     if os.environ.get("LLMKERN_WATCH_STDIN") == "1":
         launch.watch_stdin()
-    launch.set_threads(launch.cpu_share(env["local_world_size"]))
+    launch.set_threads(launch.threads_per_rank(env["local_world_size"]))
     launch.announce_ready(env["rank"], env["world_size"])
     setup_group = launch.init_env(env["rank"], env["world_size"])
     sys.exit(run(env["rank"], setup_group, env["local_rank"]))
@@ -48,10 +48,10 @@ def run(rank: int, setup_group, local_rank: int) -> int:
 
     stage, err = try_report(build)
     gather_to_root(setup_group, err)
-    kind, config = bcast(setup_group)
+    kind, kv_spec = bcast(setup_group)
     if kind == "stop" or stage is None:
         return 0 if kind == "stop" else 1
-    _, err = try_report(lambda: stage.build_kv(config))
+    _, err = try_report(lambda: stage.build_kv(kv_spec))
     gather_to_root(setup_group, err)
     ctrl = groups.ctrl
     chain = StageChain(topo, rank, ctrl, max_pending=8 * topo.pp) if topo.pp > 1 else None

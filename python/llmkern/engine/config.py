@@ -7,6 +7,9 @@ from typing import Optional
 
 import torch
 
+from ..distributed.spec import ParallelSpec
+from ..kvcache.spec import KVSpec
+
 
 @dataclass
 class EngineConfig:
@@ -50,10 +53,10 @@ class EngineConfig:
     # micro-batches in the pipeline at once (pipeline_parallel_size > 1); None: one per stage, so no
     # stage idles while another works (vLLM's "virtual engines"); 1: one step at a time
     pipeline_micro_batches: Optional[int] = None
-    # prefill-decode disaggregation (engine/kv_transfer.py): "both" (co-located), "prefill" (one
+    # prefill-decode disaggregation (llmkern.pd): "both" (co-located), "prefill" (one
     # token, then the KV blocks are handed over), "decode" (takes requests with kv_transfer_params)
     kv_role: str = "both"
-    # a KVConnector, or a dict for llmkern.distributed.kv_connectors.build_connector, e.g.
+    # a KVConnector, or a dict for llmkern.pd.build_connector, e.g.
     # {"kind": "p2p" | "shm", "rank": 0, "world_size": 2, "master_addr": "127.0.0.1", "master_port": N},
     # or just the kind ("torch" = "p2p", "shm") with the rest in kv_connector_options
     # ({"rendezvous": "HOST:PORT", "rank": R, "world_size": W, ...})
@@ -146,10 +149,14 @@ class EngineConfig:
             if dev.index is not None and dev.index >= torch.cuda.device_count():
                 raise ValueError(f"device: {self.device!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
 
+    def kv_spec(self) -> KVSpec:
+        """The KV-cache settings (what kvcache sizes and allocates from)."""
+        return KVSpec(**{f.name: getattr(self, f.name) for f in fields(KVSpec)})
+
     def _check_memory(self) -> None:
         """Sizes in GiB asked for explicitly must fit the machine (the engine checks again, exactly,
         once the model is loaded and the block count is known)."""
-        from .memory import check_fits
+        from ..kvcache.memory import check_fits
 
         if self.kv_cache_memory_gb is not None:
             check_fits(self.kv_cache_memory_gb * _GiB, self.torch_device, "kv_cache_memory_gb")
@@ -157,15 +164,15 @@ class EngineConfig:
         if host:
             check_fits(host * _GiB, "cpu", "cpu_offload_gb" if self.cpu_offload_gb else "swap_space_gb")
 
+    def parallel_spec(self) -> ParallelSpec:
+        """The model-parallel settings (what distributed/ runs on)."""
+        return ParallelSpec(self.tensor_parallel_size, self.pipeline_parallel_size, self.expert_parallel_size,
+                            self.torch_device, self.torch_dtype, self.seed, self.distributed_timeout_s)
+
     @property
     def world_size(self) -> int:
         """Model-parallel ranks (processes) the engine runs on."""
-        return self.ranks_per_stage * self.pipeline_parallel_size
-
-    @property
-    def ranks_per_stage(self) -> int:
-        """Ranks sharing each pipeline stage: attention split over them by heads, experts by expert."""
-        return max(self.tensor_parallel_size, self.expert_parallel_size)
+        return self.parallel_spec().world_size
 
     @property
     def torch_device(self) -> torch.device:

@@ -3,28 +3,30 @@ abort, and run metrics. `LLM` drives it for offline batches; streaming callers u
 step / abort directly."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
-from typing import Dict, List, NamedTuple, Optional, Union
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from ..models.loader import load_model
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer, stop_holdback
-from .kv_cache_manager import build_kv_cache
-from .metrics import EngineStats, RunMetrics, inter_token_latencies
+from .detokenizer import IncrementalDetokenizer
+from .kv_cache_manager import KVCacheManager, build_kv_cache
+from .metrics import EngineStats, RunMetrics
 from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner
-from .parallel_runner import ParallelRunner
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .parallel_runner import ParallelRunner, start_executor
+from .output_processor import make_output, record_logprobs, request_metrics
+from .outputs import RequestOutput
+from .processor import PromptType, tokenize
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Request, Sequence, SeqStatus
+from .sequence import Request, Sequence
 
-PromptType = Union[str, List[int], dict, List[dict]]
 
 
 class _Launched(NamedTuple):
@@ -35,10 +37,6 @@ class _Launched(NamedTuple):
     t0: float
 
 
-_EXPECTED = {"prompt": "a string", "prompt_token_ids": "a list of token ids",
-             "messages": "a non-empty list of {'role', 'content'} messages"}
-
-
 class Engine:
     def __init__(self, model=None, config: Optional[EngineConfig] = None, load_format: str = "auto",
                  tokenizer=None, model_obj=None):
@@ -47,10 +45,11 @@ class Engine:
         self.executor = None
         if config.world_size > 1:  # the model split over T x P ranks; this process is rank 0
             self._check_parallel(config, model_obj)
-            from ..distributed.executor import ParallelExecutor
-
-            self.executor = ParallelExecutor(model, config, load_format)
-            self.config = config = self.executor.config  # KV block counts resolved for every rank
+            self.executor = start_executor(model, config, load_format)
+            kv = self.executor.kv_spec  # KV block counts resolved for every rank
+            self.config = config = dataclasses.replace(config, num_gpu_blocks=kv.num_gpu_blocks,
+                                                       num_cpu_offload_blocks=kv.num_cpu_offload_blocks,
+                                                       num_swap_blocks=kv.num_swap_blocks)
             self.model, self.tokenizer = self.executor.model, tokenizer or self.executor.tokenizer
             device = self.executor.device
             mc = self.executor.model_config  # the whole model's (self.model holds rank 0's shard)
@@ -76,7 +75,11 @@ class Engine:
 
             self.spec = SpecDecoder(config.speculative, self.model, device, dtype, self.max_model_len, self.sampler)
             kv_layers += self.spec.kv_layers()
-        self.kv = self.executor.kv if self.executor is not None else build_kv_cache(config, kv_layers, dtype, device)
+        if self.executor is not None:  # rank 0's tiers; the other ranks replay the copies it logs
+            self.kv = KVCacheManager.on_tiers(self.executor.kv, config.block_size, config.enable_prefix_caching)
+            self.kv.copy_log = self.executor.copy_log
+        else:
+            self.kv = build_kv_cache(config, kv_layers, dtype, device)
         if self.spec is not None:
             self.spec.bind_caches(self.kv.caches, config.block_size)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
@@ -104,7 +107,7 @@ class Engine:
         self.handover = self._make_handover(config) if config.kv_connector is not None else None
 
     def _make_handover(self, config: EngineConfig):
-        """Prefill-decode hand-over (kv_transfer.py): the connector, bound to this engine's cache."""
+        """Prefill-decode hand-over (pd/): the connector, bound to this engine's cache."""
         from .kv_handover import KVHandover
 
         if self.executor is not None:
@@ -112,7 +115,7 @@ class Engine:
                                       "is not supported")
         conn = config.kv_connector
         if isinstance(conn, dict):  # built here so a caller can pass a plain spec (CLI, server)
-            from ..distributed.kv_connectors import build_connector
+            from ..pd.factory import build_connector
 
             conn = build_connector(conn)
         return KVHandover(config.kv_role, conn, self.kv, config.kv_transfer_timeout_s, config.kv_transfer_fallback)
@@ -140,40 +143,9 @@ class Engine:
             self.executor.shutdown()
 
     # -- intake ---------------------------------------------------------------------------------
-    def tokenize(self, prompt: PromptType) -> (Optional[str], List[int]):
-        """(prompt text or None, token ids) for a str, token-id list, chat (list of messages) or
-        a dict with one of "prompt", "prompt_token_ids", "messages"."""
-        if isinstance(prompt, dict):
-            keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in prompt]
-            if len(keys) != 1:
-                raise ValueError("prompt: a dict prompt needs exactly one of 'prompt', 'prompt_token_ids', 'messages'")
-            key, prompt = keys[0], prompt[keys[0]]
-            want = {"prompt": str, "prompt_token_ids": (list, tuple), "messages": (list, tuple)}[key]
-            if not isinstance(prompt, want) or (key == "messages" and not (
-                    prompt and all(isinstance(m, dict) for m in prompt))):  # never reinterpreted
-                raise TypeError(f"{key}: expected {_EXPECTED[key]}, got {type(prompt).__name__}")
-        if isinstance(prompt, str):
-            self._need_tokenizer()
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-            self._need_tokenizer()
-            for i, m in enumerate(prompt):
-                if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                    raise ValueError(f"messages[{i}]: expected {{'role': str, 'content': str}}, got {m!r}")
-            text = self.tokenizer.apply_chat_template(list(prompt))
-            return text, self.tokenizer.encode_chat(list(prompt))
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
-            if bad:
-                raise ValueError(f"prompt_token_ids: token id {bad[0]} outside [0, {self.model_config.vocab_size})")
-            return None, ids
-        raise TypeError(f"prompt: expected a string, a list of token ids, a list of chat messages or a dict, "
-                        f"got {type(prompt).__name__}")
-
-    def _need_tokenizer(self):
-        if self.tokenizer is None:
-            raise ValueError("prompt: this model has no tokenizer; pass token ids")
+    def tokenize(self, prompt: PromptType) -> Tuple[Optional[str], List[int]]:
+        """(prompt text or None, token ids): see processor.tokenize."""
+        return tokenize(prompt, self.tokenizer, self.model_config.vocab_size)
 
     def add_request(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, stream: bool = False,
@@ -185,7 +157,7 @@ class Engine:
         started, finishes with finish_reason "timeout" and no output.
         kv_transfer_params: (decode side) a prefill engine's RequestOutput.kv_transfer_params:
         the request's prompt KV is received instead of computed, then it decodes from the
-        prefill's first token on (see kv_transfer.py). On a prefill engine (kv_role="prefill")
+        prefill's first token on (see pd/interface.py). On a prefill engine (kv_role="prefill")
         every request is cut to its first token and its finished output carries
         kv_transfer_params."""
         params = params if params is not None else SamplingParams()
@@ -364,7 +336,7 @@ class Engine:
         logp = torch.log_softmax(logits[lp_rows].float(), dim=-1) if lp_rows else None
         tokens = self.sampler(logits, sample_seqs) if sample_seqs else []
         if lp_rows:
-            self._record_logprobs(logp, [sample_seqs[i] for i in lp_rows], [tokens[i] for i in lp_rows])
+            record_logprobs(logp, [sample_seqs[i] for i in lp_rows], [tokens[i] for i in lp_rows])
         now = time.perf_counter()
         for seq in batch.decodes:
             if not seq.is_finished:
@@ -416,16 +388,6 @@ class Engine:
             out.append(seq)
         return out
 
-    @staticmethod
-    def _record_logprobs(logp: torch.Tensor, seqs: List[Sequence], toks: List[int]) -> None:
-        kmax = max(s.params.logprobs for s in seqs)
-        top_v, top_i = logp.topk(kmax, dim=-1) if kmax else (None, None)
-        chosen = logp[torch.arange(len(toks)), torch.tensor(toks)].tolist()
-        for r, (s, lp) in enumerate(zip(seqs, chosen)):
-            k = s.params.logprobs
-            top = list(zip(top_i[r, :k].tolist(), top_v[r, :k].tolist())) if k else []
-            s.logprobs.append((lp, top))
-
     def _check_stop(self, seq: Sequence, tok: int, now: float) -> None:
         p = seq.params
         n_out = seq.num_output_tokens
@@ -468,41 +430,7 @@ class Engine:
             if self.tokenizer is not None:
                 seq.output_text = self.tokenizer.decode(seq.output_token_ids, seq.params.skip_special_tokens)
         if seq.request.finished:
-            self.metrics.on_finish(self._request_metrics(seq.request))
-
-    # -- outputs --------------------------------------------------------------------------------
-    def _request_metrics(self, req: Request) -> RequestMetrics:
-        s0 = req.seqs[0]
-        firsts = [s.first_token_time for s in req.seqs if s.first_token_time is not None]
-        itl = inter_token_latencies(s0.token_times)
-        kvb, kvs = req.kv_transfer or (0, 0.0)
-        return RequestMetrics(
-            arrival_time=req.arrival_time, first_scheduled_time=req.first_scheduled_time,
-            first_token_time=min(firsts) if firsts else None,
-            finish_time=max((s.finish_time or 0.0) for s in req.seqs) if req.finished else None,
-            num_prompt_tokens=len(req.prompt_token_ids),
-            num_output_tokens=sum(s.num_output_tokens for s in req.seqs),
-            num_cached_prompt_tokens=s0.prompt_cache_hit_tokens,
-            num_preemptions=sum(s.num_preemptions for s in req.seqs), inter_token_latencies=itl,
-            kv_transfer_bytes=kvb, kv_transfer_s=kvs)
-
-    def _output(self, req: Request, finished: bool) -> RequestOutput:
-        outs = []
-        for s in req.seqs:
-            new_ids = s.output_token_ids[s.stream_offset:]
-            s.stream_offset = s.num_output_tokens
-            visible = len(s.output_text)
-            if not s.is_finished and s.params.stop_list and not s.params.include_stop_str_in_output:
-                visible -= stop_holdback(s.output_text, s.params.stop_list)
-            delta = s.output_text[s.text_sent:visible] if visible > s.text_sent else ""
-            s.text_sent = max(s.text_sent, visible)
-            lps = s.logprobs
-            outs.append(CompletionOutput(s.index, s.output_text[:visible], s.output_token_ids, s.finish_reason,
-                                         s.stop_reason, delta, new_ids, lps,
-                                         None if lps is None else lps[len(lps) - len(new_ids):]))
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
-                             self._request_metrics(req), error=req.error,
-                             kv_transfer_params=req.kv_transfer_params if finished else None)
+            self.metrics.on_finish(request_metrics(seq.request))
 
     def _collect(self, touched: List[Sequence]) -> List[RequestOutput]:
         out, seen = [], set()
@@ -515,7 +443,7 @@ class Engine:
             if rid in seen:
                 continue
             seen.add(rid)
-            out.append(self._output(req, fin))
+            out.append(make_output(req, fin))
             if fin:
                 del self.requests[rid]
                 del self._stream[rid]

@@ -1,8 +1,7 @@
-"""KVCacheManager: the paged KV cache of all layers and the policy on top of the block pools:
-its sizing (build_kv_cache), per-sequence block tables (allocation, rollback), prefix caching
-(chained block hashes), the CPU offload tier for evicted prefix blocks, and swap-out/in of
-preempted sequences. Block copies between device and host go through the swap_blocks kernel,
-batched per layer."""
+"""KVCacheManager: the block bookkeeping on top of the KV tiers (kvcache.KVTiers): per-sequence
+block tables (allocation, rollback), prefix caching (chained block hashes), the CPU offload tier
+for evicted prefix blocks, and swap-out/in of preempted sequences. A model-parallel engine logs the
+tier copies it makes so the other ranks replay them on their shards."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,96 +9,18 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..models.hugepages import zeros_on_hugepages
-from ..ops.kvcache import swap_blocks
+from ..kvcache import Caches, KVTiers, LayerGroup, build_kv_tiers
 from .config import EngineConfig
-from .memory import check_fits, host_available_bytes
 from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool, block_hash
 from .sequence import Sequence
-
-Caches = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (key_cache, value_cache)
-LayerGroup = Tuple[int, int, int]  # (num_layers, num_kv_heads, head_dim) of one model
-_GiB = 1 << 30
-CPU_KV_DEFAULT_GIB = 2.0  # the CPU KV budget when none is given (per machine: ranks on it split it)
-
-
-def alloc_caches(num_blocks: int, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device, pin: bool = False) -> Caches:
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    pin = pin and torch.cuda.is_available()
-    if torch.device(device).type == "cpu" and not pin:
-        flat = zeros_on_hugepages([shape] * (2 * num_layers), dtype)
-        return [(flat[2 * i], flat[2 * i + 1]) for i in range(num_layers)]
-    return [tuple(torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in range(2))
-            for _ in range(num_layers)]
-
-
-def kv_budget_bytes(config: EngineConfig, device: torch.device) -> float:
-    """Memory for the device KV blocks: kv_cache_memory_gb, else on a GPU the part of
-    gpu_memory_utilization not used yet (weights loaded), else CPU_KV_DEFAULT_GIB."""
-    if config.kv_cache_memory_gb is not None:
-        return config.kv_cache_memory_gb * _GiB
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return max(0.0, total * config.gpu_memory_utilization - (total - free))
-    avail = host_available_bytes()  # the CPU default never takes more than half of what is free
-    default = CPU_KV_DEFAULT_GIB * _GiB
-    return default if avail is None else min(default, avail / 2)
-
-
-def kv_block_counts(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
-                    device: torch.device) -> Tuple[int, int, int]:
-    """(device blocks, CPU offload blocks, swap blocks) for a cache of `layers`: from the block
-    counts in config, else from its memory budgets."""
-    block_bytes = kv_block_bytes(layers, dtype, config.block_size)
-    num_blocks = config.num_gpu_blocks
-    if num_blocks is None:
-        num_blocks = int(kv_budget_bytes(config, device) // block_bytes)
-    if num_blocks < 1:
-        raise ValueError(f"kv_cache_memory_gb: leaves room for {num_blocks} KV blocks; need at least 1")
-    n_off = config.num_cpu_offload_blocks
-    if n_off is None:
-        n_off = int(config.cpu_offload_gb * _GiB // block_bytes)
-    n_swap = config.num_swap_blocks
-    if n_swap is None:
-        n_swap = int(config.swap_space_gb * _GiB // block_bytes)
-    return num_blocks, n_off, n_swap
-
-
-def kv_block_bytes(layers: List[LayerGroup], dtype: torch.dtype, block_size: int) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return sum(2 * n * h * d for n, h, d in layers) * elem * block_size
-
-
-def check_kv_memory(config: EngineConfig, device: torch.device, n_dev: int, n_host: int, block_bytes: int) -> None:
-    """Before any cache is zero-filled: the device blocks and the host tiers must fit the machine."""
-    what = (f"num_gpu_blocks={n_dev} x block_size={config.block_size}" if config.num_gpu_blocks is not None
-            else "kv_cache_memory_gb") + " (KV cache)"
-    host_what = "cpu_offload_gb / swap_space_gb (host KV blocks)"
-    if device.type == "cpu":
-        check_fits((n_dev + n_host) * block_bytes, device, what if n_host == 0 else f"{what} + {host_what}")
-    else:
-        check_fits(n_dev * block_bytes, device, what)
-        check_fits(n_host * block_bytes, "cpu", host_what)
 
 
 def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
                    device: torch.device) -> "KVCacheManager":
-    """Size and allocate the KV cache of `layers` (the target model, then a draft model whose layers
-    share the block ids): device blocks from num_gpu_blocks or the memory budget, the CPU offload
-    tier and the swap space from their block counts or GiB."""
-    bs = config.block_size
-    num_blocks, n_off, n_swap = kv_block_counts(config, layers, dtype, device)
-
-    def alloc(n: int, dev, pin: bool = False) -> Caches:
-        return [c for g in layers for c in alloc_caches(n, bs, *g, dtype, dev, pin=pin)]
-
-    n_off = n_off if config.enable_prefix_caching else 0
-    n_swap = n_swap if config.preemption_mode == "swap" else 0
-    check_kv_memory(config, device, num_blocks, n_off + n_swap, kv_block_bytes(layers, dtype, bs))
-    offload = alloc(n_off, "cpu", pin=True) if n_off else None
-    swap = alloc(n_swap, "cpu", pin=True) if n_swap else None
-    return KVCacheManager(alloc(num_blocks, device), bs, config.enable_prefix_caching, offload, swap)
+    """The engine's KV cache: the tiers sized from config (kvcache.build_kv_tiers) under the block
+    bookkeeping."""
+    return KVCacheManager.on_tiers(build_kv_tiers(config.kv_spec(), layers, dtype, device), config.block_size,
+                                   config.enable_prefix_caching)
 
 
 @dataclass
@@ -120,6 +41,7 @@ class CacheStats:
 class KVCacheManager:
     def __init__(self, caches: Caches, block_size: int, enable_prefix_caching: bool,
                  offload_caches: Optional[Caches] = None, swap_caches: Optional[Caches] = None):
+        self.tiers = KVTiers(caches, offload_caches if enable_prefix_caching else None, swap_caches)
         self.caches = caches
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -131,28 +53,19 @@ class KVCacheManager:
         self.stats = CacheStats()
         self.copy_log: Optional[list] = None  # set by a model-parallel engine: block copies to replay
 
+    @classmethod
+    def on_tiers(cls, tiers: KVTiers, block_size: int, enable_prefix_caching: bool) -> "KVCacheManager":
+        return cls(tiers.caches, block_size, enable_prefix_caching, tiers.offload_caches, tiers.swap_caches)
+
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
     # -- copies ---------------------------------------------------------------------------------
-    def tier(self, name: str) -> Caches:
-        """The caches of one tier: "device", "offload" or "swap"."""
-        return {"device": self.caches, "offload": self.offload_caches, "swap": self.swap_caches}[name]
-
-    def copy_blocks_between(self, src: str, dst: str, pairs: List[Tuple[int, int]]) -> None:
-        """Copy (src block, dst block) pairs between two tiers, every layer."""
-        if not pairs:
-            return
-        mapping = torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
-        for (sk, sv), (dk, dv) in zip(self.tier(src), self.tier(dst)):
-            swap_blocks(sk, dk, mapping)
-            swap_blocks(sv, dv, mapping)
-
     def _copy(self, src: str, dst: str, pairs: List[Tuple[int, int]]) -> None:
         if pairs and self.copy_log is not None:  # model-parallel ranks replay them on their shards
             self.copy_log.append((src, dst, list(pairs)))
-        self.copy_blocks_between(src, dst, pairs)
+        self.tiers.copy_blocks_between(src, dst, pairs)
 
     def _allocate(self, n: int) -> List[int]:
         bids, evicted = self.pool.allocate(n)

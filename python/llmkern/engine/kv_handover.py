@@ -1,4 +1,4 @@
-"""The engine's part of prefill-decode hand-over (see kv_transfer.py for the roles and contracts):
+"""The engine's part of prefill-decode hand-over (see pd/interface.py for the roles and contracts):
 pinning a finished prefill's blocks until its send ends, and on the decode side allocating,
 loading and admitting requests that arrive with kv_transfer_params. Blocks are only ever taken
 and given back through the KVCacheManager."""
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from .block_pool import chain_block_hashes
-from .kv_transfer import (KVConnector, KVTransferParams, LoadRequest, SendRequest, TransferEvent,
+from ..pd.interface import (KVConnector, KVTransferParams, LoadRequest, SendRequest, TransferEvent,
                           TransferState, TransferStats, now)
 from .sampling_params import SamplingParams
 from .sequence import Sequence

@@ -11,7 +11,8 @@ import time
 from typing import List, Optional, Sequence, Union
 
 from .config import EngineConfig
-from .engine import Engine, PromptType
+from .engine import Engine
+from .processor import PromptType
 from .outputs import (EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringOutput,
                       ScoringRequestOutput)
 from .sampling_params import SamplingParams

@@ -31,7 +31,7 @@ class EngineStats:
     prompt_tokens_computed: int
     generation_tokens: int
     prefill_tok_s: Optional[float]  # recent prefill rate (None before the first prefill)
-    # prefill-decode hand-over (kv_transfer.TransferStats): bytes, seconds and counts, both ways
+    # prefill-decode hand-over (pd.interface.TransferStats): bytes, seconds and counts, both ways
     kv_bytes_sent: int = 0
     kv_bytes_received: int = 0
     kv_transfer_seconds_sent: float = 0.0

@@ -7,9 +7,17 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from .config import EngineConfig
 from .model_runner import ModelRunner, StepInputs
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
+
+
+def start_executor(model, config: EngineConfig, load_format: str):
+    """Start (or join) the model-parallel ranks for config's T x P split; this process is rank 0."""
+    from ..distributed.executor import ParallelExecutor  # torch.distributed only when it is used
+
+    return ParallelExecutor(model, config.parallel_spec(), config.kv_spec(), load_format)
 
 
 class ParallelRunner:

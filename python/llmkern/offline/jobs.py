@@ -50,12 +50,12 @@ class JobSummary:
 
 
 def run_job(task, input_path: str, output_path: Optional[str], mode: Optional[str] = None, *,
-            llm_factory: Optional[Callable] = None, ray_options: Optional[dict] = None,
+            llm_factory: Optional[Callable] = None, run_elsewhere: Optional[Callable] = None,
             progress: bool = True) -> JobSummary:
     """Run `task` (GenerateTask / EmbedTask) over input_path. output_path None: records go to stdout in
     completion order (not resumable). mode: "resume" | "overwrite" | None (refuse to touch a file
-    holding results). llm_factory() builds the engine for a local run; ray_options (see
-    llmkern.integrations.ray.run_on_ray) runs the lines on Ray Data instead. Raises JobError on a
+    holding results). llm_factory() builds the engine for a local run; run_elsewhere(task, items,
+    emit) runs the lines somewhere else instead (e.g. llmkern.integrations.ray.run_on_ray on Ray Data). Raises JobError on a
     bad input/output path before any model is loaded."""
     try:
         items = read_items(input_path)
@@ -93,10 +93,8 @@ def run_job(task, input_path: str, output_path: Optional[str], mode: Optional[st
     t0 = time.perf_counter()
     try:
         if todo:
-            if ray_options is not None:
-                from ..integrations.ray import run_on_ray
-
-                run_on_ray(task, todo, emit, **ray_options)
+            if run_elsewhere is not None:
+                run_elsewhere(task, todo, emit)
             else:
                 t_load = time.perf_counter()
                 llm = llm_factory()

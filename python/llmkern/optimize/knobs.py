@@ -22,9 +22,9 @@ _RESERVED = {"host", "port", "model", "load_format", "api_key", "served_model_na
 
 def _serve_options() -> Dict[str, Tuple[str, Any]]:
     """dest -> (long option, argparse action) of `llmkern serve`."""
-    from ..cli import _subparser, build_parser
+    from ..serve.command_args import serve_parser
 
-    p = _subparser(build_parser(), ["serve"])
+    p = serve_parser()
     out = {}
     for act in p._actions:
         longs = [o for o in act.option_strings if o.startswith("--")]

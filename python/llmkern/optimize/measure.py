@@ -1,15 +1,15 @@
 """Measuring one configuration: through `llmkern serve` (a subprocess on a loopback port, driven by
-the serving benchmark's open-loop client) or in-process with LLM.generate for offline workloads.
+the load generator's open-loop client, llmkern.loadgen) or in-process with LLM.generate for offline workloads.
 Both return the database's metric names and one latency row per request."""
 from __future__ import annotations
 
 import asyncio
 import sys
 import time
-from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..bench import serving
+from .. import loadgen
+from ..procs import ServerProcess, llmkern_serve_argv
 from ..engine.metrics import percentile
 from . import knobs as knobs_mod
 from .grammar import Constraint
@@ -46,34 +46,7 @@ def metrics_from_rows(rows: Sequence[dict], wall: float, constraints: Sequence[C
     return m
 
 
-async def _drive(base: str, reqs: List[serving.Req], timeout: float, max_concurrency: Optional[int]):
-    """The serving benchmark's per-request coroutine, with a client-side cap on requests in flight
-    (a request waiting for a slot is timed from when it is sent) and ignore_eos, so every request
-    produces exactly its max_tokens."""
-    import httpx
-
-    sem = asyncio.Semaphore(max_concurrency or len(reqs) or 1)
-    url = base + "/v1/chat/completions"
-    extra = {"ignore_eos": True}
-    limits = httpx.Limits(max_connections=len(reqs) + 4, max_keepalive_connections=len(reqs) + 4)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        t0 = time.perf_counter() + 0.05
-
-        async def one(r: serving.Req) -> serving.Result:
-            await asyncio.sleep(max(0.0, t0 + r.arrival - time.perf_counter()))
-            async with sem:
-                sent = replace(r, arrival=time.perf_counter() - t0)
-                return await serving._one(client, url, SERVED_NAME, sent, t0, {}, extra)
-
-        tasks = [asyncio.ensure_future(one(r)) for r in reqs]
-        done, pending = await asyncio.wait(tasks, timeout=timeout)
-        for t in pending:
-            t.cancel()
-        results = [t.result() if t in done else serving.Result() for t in tasks]
-        return results, time.perf_counter() - t0
-
-
-def _rows(results: Sequence[serving.Result], prompt_tokens: Sequence[int]) -> List[dict]:
+def _rows(results: Sequence[loadgen.Result], prompt_tokens: Sequence[int]) -> List[dict]:
     rows = []
     for r, p in zip(results, prompt_tokens):
         rows.append({"ok": r.ok, "ttft": r.ttft, "e2e_latency": r.e2e, "itls": list(r.itls),
@@ -82,17 +55,21 @@ def _rows(results: Sequence[serving.Result], prompt_tokens: Sequence[int]) -> Li
     return rows
 
 
-def measure_serve(model: Optional[str], server_knobs: dict, client_knobs: dict, reqs: List[serving.Req],
+def measure_serve(model: Optional[str], server_knobs: dict, client_knobs: dict, reqs: List[loadgen.Req],
                   prompt_tokens: Sequence[int], constraints: Sequence[Constraint], timeout: float,
                   extra_serve_args: Sequence[str] = ()) -> Tuple[Dict, List[dict]]:
     """Start `llmkern serve` with the configuration's flags, warm it with one request, run the
     workload, stop the server. RuntimeError (with the server's log tail) when it fails to start."""
-    argv = serving.llmkern_argv(["--served-model-name", SERVED_NAME] + list(extra_serve_args)
+    argv = llmkern_serve_argv(["--served-model-name", SERVED_NAME] + list(extra_serve_args)
                                 + knobs_mod.serve_flags(server_knobs), model)
-    srv = serving.Server("llmkern serve", argv, timeout=min(timeout, 300))
+    srv = ServerProcess("llmkern serve", argv, timeout=min(timeout, 300))
     try:
-        asyncio.run(_drive(srv.base, [serving.Req(0.0, "Hello", 4)], timeout, None))
-        results, wall = asyncio.run(_drive(srv.base, reqs, timeout, client_knobs.get("max_concurrency")))
+        # ignore_eos: every request produces exactly its max_tokens
+        asyncio.run(loadgen.drive(srv.base, SERVED_NAME, [loadgen.Req(0.0, "Hello", 4)], timeout,
+                                  extra={"ignore_eos": True}))
+        results, wall = asyncio.run(loadgen.drive(srv.base, SERVED_NAME, reqs, timeout,
+                                                  max_concurrency=client_knobs.get("max_concurrency"),
+                                                  extra={"ignore_eos": True}))
         if srv.proc.poll() is not None:
             raise RuntimeError(f"the server exited with {srv.proc.returncode} during the run: {srv.tail()}")
     finally:

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import List, Optional
 
-from ..bench.serving import _WORDS, Req, workload as _chat_mix
+from ..loadgen import Req, chat_mix as _chat_mix, words_text as _words
 
 BUILTINS = ("chat", "long-prompt", "shared-prefix", "offline")
 
@@ -33,10 +33,6 @@ class Workload:
             raise ValueError(f"request_rate: workload {self.name!r} has no arrival times to rescale")
         k = self.rate / rate
         return replace(self, requests=[replace(r, arrival=r.arrival * k) for r in self.requests], rate=rate)
-
-
-def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
 def _poisson(rng: random.Random, n: int, rate: float) -> List[float]:

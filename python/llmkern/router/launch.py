@@ -4,15 +4,12 @@ pinned to its share of the CPUs (or its own GPU), and the router on the public p
 die with the launcher (SIGTERM drains them; PDEATHSIG covers a launcher that was killed)."""
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import socket
 import subprocess
 import sys
 from typing import List, Optional
 
-PR_SET_PDEATHSIG = 1
+from ..procs import child_setup, free_port, stop
 
 
 def run_router(router, host: str, port: int, admin_key: Optional[str] = None, log_level: str = "warning") -> int:
@@ -34,12 +31,6 @@ def split_cpus(n: int) -> List[List[int]]:
     return [cpu_share(i, n) for i in range(n)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def replica_argv(argv: List[str]) -> List[str]:
     """The serve arguments without those the launcher decides (data parallelism, router, address)."""
     out, skip = [], False
@@ -55,23 +46,12 @@ def replica_argv(argv: List[str]) -> List[str]:
     return out
 
 
-def _child_setup(cpus: Optional[List[int]]):
-    def setup():
-        try:   # die with the launcher even if it is killed without a chance to clean up
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-        if cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cpus)
-    return setup
-
-
 def spawn_replica(serve_argv: List[str], index: int, shares, use_gpus: bool = False):
     """(Popen, url) of one `llmkern serve` replica on a free loopback port: GPU `index`, or the
     CPUs shares[index] (the replica pins itself to them and sizes its threads)."""
     from ..cpu_affinity import format_cpus
 
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     cpus = None
     if use_gpus:
@@ -81,7 +61,7 @@ def spawn_replica(serve_argv: List[str], index: int, shares, use_gpus: bool = Fa
         env["OMP_NUM_THREADS"] = str(len(cpus))
         env["LLMKERN_CPUS"] = format_cpus(cpus)
     cmd = [sys.executable, "-m", "llmkern.cli", "serve", *serve_argv, "--host", "127.0.0.1", "--port", str(port)]
-    return subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cpus)), f"http://127.0.0.1:{port}"
+    return subprocess.Popen(cmd, env=env, preexec_fn=child_setup(cpus)), f"http://127.0.0.1:{port}"
 
 
 def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
@@ -91,15 +71,8 @@ def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
 
 
 def stop_replicas(procs, grace_s: float = 30.0) -> None:
-    for p, _ in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p, _ in procs:
-        try:
-            p.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+    """Stop [(Popen, url)] replicas: SIGTERM (they drain), SIGKILL after grace_s."""
+    stop([p for p, _ in procs], grace_s)
 
 
 def run_data_parallel(a, argv: List[str]) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import List, Tuple
 
+from ..procs import free_port
+
 from .launch import _router_tokenizer, replica_argv, run_router, spawn_replica, split_cpus, stop_replicas
 
 _SPEC = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
@@ -72,7 +74,7 @@ def run_pd(a, argv: List[str]) -> int:
         except ImportError:
             pass
     tokenizer = _router_tokenizer(a.model, a.load_format)
-    procs = start_pd_replicas(argv, n_prefill, n_decode, use_gpus, connector_argv=_connector_argv(a))
+    procs = start_pd_replicas(argv, n_prefill, n_decode, use_gpus, connector_argv=launch_connector_argv(a))
     try:
         router = PDRouter([u for _, u, r in procs if r == "prefill"], [u for _, u, r in procs if r == "decode"],
                           policy=a.router_policy, tokenizer=tokenizer)
@@ -81,8 +83,14 @@ def run_pd(a, argv: List[str]) -> int:
         stop_replicas([(p, u) for p, u, _ in procs], a.shutdown_grace_s + 5)
 
 
-def _connector_argv(a):
-    """Each replica's KV-connector options (filled in by serve/pd.py's launch_connector_argv)."""
-    from ..serve.pd import launch_connector_argv
+def launch_connector_argv(a):
+    """For `serve --pd`: each replica's connector options (one rendezvous on a free loopback port,
+    ranks in launch order: prefill replicas first)."""
+    n_prefill, n_decode = parse_pd_spec(a.pd)
+    rendezvous = a.kv_rendezvous or f"127.0.0.1:{free_port()}"
+    connector = a.kv_connector or "torch"
 
-    return launch_connector_argv(a)
+    def argv(role: str, index: int) -> List[str]:
+        return ["--kv-connector", connector, "--kv-rendezvous", rendezvous, "--kv-rank", str(index),
+                "--kv-world-size", str(n_prefill + n_decode)]
+    return argv

@@ -9,11 +9,12 @@ The role is the engine's (EngineConfig.kv_role); this module only says what it m
   blocks instead of computing them and streams the whole completion, first token included; a
   request without it runs prefill and decode here (the router's co-located fallback).
 - both (default): today's server; `kv_transfer_params` is refused.
-Plus the command-line options of the roles and connectors, and of `serve --pd NPMD`."""
+Plus the command-line options of the roles and connectors, and of `serve --pd NPMD` (whose launcher
+is router/pd_launch.py)."""
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional
+from typing import Optional
 
 from .errors import APIError
 
@@ -108,7 +109,7 @@ def engine_kwargs(a) -> dict:
 
 
 def connector_spec(a) -> dict:
-    """The connector's spec for llmkern.distributed.kv_connectors.build_connector."""
+    """The connector's spec for llmkern.pd.build_connector."""
     if a.kv_rendezvous is None or a.kv_rank is None or a.kv_world_size is None:
         raise ValueError("kv_connector: --role prefill|decode needs --kv-rendezvous HOST:PORT, --kv-rank and "
                          "--kv-world-size (the same rendezvous for every engine; `serve --pd` sets them)")
@@ -124,19 +125,3 @@ def connector_spec(a) -> dict:
     if kind == "p2p":
         spec["backend"] = getattr(a, "kv_torch_backend", "gloo")
     return spec
-
-
-def launch_connector_argv(a):
-    """For `serve --pd`: each replica's connector options (one rendezvous on a free loopback port,
-    ranks in launch order: prefill replicas first)."""
-    from ..router.launch import _free_port
-    from ..router.pd_launch import parse_pd_spec
-
-    n_prefill, n_decode = parse_pd_spec(a.pd)
-    rendezvous = a.kv_rendezvous or f"127.0.0.1:{_free_port()}"
-    connector = a.kv_connector or "torch"
-
-    def argv(role: str, index: int) -> List[str]:
-        return ["--kv-connector", connector, "--kv-rendezvous", rendezvous, "--kv-rank", str(index),
-                "--kv-world-size", str(n_prefill + n_decode)]
-    return argv

@@ -12,6 +12,8 @@ import tempfile
 import time
 from typing import Optional
 
+from ...procs import child_setup
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -37,11 +39,9 @@ class PeerProcess:
         self.log = tempfile.TemporaryFile()  # the driver's stderr: kept for error messages
         child_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         child_env.update(env or {})
-        from ...router.launch import _child_setup  # dies with this process even if it is SIGKILLed
-
         self.proc = subprocess.Popen([python, os.path.join(HERE, driver)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=child_env, cwd=HERE,
-                                     start_new_session=True, preexec_fn=_child_setup(None))
+                                     start_new_session=True, preexec_fn=child_setup(None))  # dies with this process even if SIGKILLed
         self._buf = b""
         self._stuck = False  # a reply is overdue: the channel is out of step, close() kills at once
 

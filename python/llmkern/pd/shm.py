@@ -18,8 +18,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .kv_connectors import NO_KV, PullConnector, _short
-from ..engine.kv_transfer import gather_blocks, now
+from .pull import NO_KV, PullConnector, _short
+from ..kvcache.blocks import gather_blocks
+from .interface import now
 
 
 _PREFIX = "llmkern-kv-"  # then the writer's pid: files of dead writers can be told apart

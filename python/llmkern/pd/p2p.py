@@ -20,8 +20,8 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-from ..engine.kv_transfer import gather_blocks
-from .kv_connectors import NO_KV, PullConnector, _short
+from ..kvcache.blocks import gather_blocks
+from .pull import NO_KV, PullConnector, _short
 
 _TAG = 7
 _MAX_PAYLOAD = 1 << 36  # refuse absurd headers (a corrupt stream) instead of allocating them

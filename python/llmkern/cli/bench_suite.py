@@ -1,14 +1,13 @@
 """`llmkern bench`: run the benchmark suite and write the report.
 
     llmkern bench [kernels|e2e|all] [--quick] [--out DIR] [--device cpu|cuda] [--only NAMES]
-    llmkern bench throughput [--quick] [--no-peers]       # end-to-end offline throughput vs HF
     llmkern bench report RESULTS.json [--out DIR]     # re-render a saved run
     ... --explorer [DB] | --no-explorer                # screenshot of `llmkern explore` over DB in the
                                                        # report (the suite: on, shipped DB; report: off)
-    python -m llmkern.bench ...                        # the same, without the console script
 
-The benchmark modules are this package (llmkern.bench); the repository's bench/ folder holds
-only thin entry scripts, the pytest-benchmark wrappers and the device/sanitizer scripts.
+The benchmark modules are the llmkern.bench package; the repository's bench/ folder holds only
+thin entry scripts, the pytest-benchmark wrappers and the device/sanitizer scripts. The named
+benchmarks (`llmkern bench throughput|serve|router|pd`) are cli/bench.py's.
 """
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ QUICK_BUDGET_S = 180  # `--quick` is meant to finish within 3 minutes on 2 cores
 
 
 def _load():
-    from . import report, suite
+    from ..bench import report, suite
 
     return suite, report
 
@@ -64,12 +63,16 @@ def _add_explorer_arg(ap: argparse.ArgumentParser, default: Optional[str] = None
                    help="no Performance Explorer screenshot in the report")
 
 
-def _explorer_db(value: Optional[str]) -> Optional[str]:
-    if value != "shipped":
-        return value
-    from ..optimize.db import default_db_path
+def _explorer(value: Optional[str]):
+    """The report's Performance Explorer section over runs database `value` ("shipped": the one
+    that comes with llmkern), or None."""
+    from ..explore.report_section import explorer_section
 
-    return default_db_path()
+    if value == "shipped":
+        from ..optimize.db import default_db_path
+
+        value = default_db_path()
+    return explorer_section(value)
 
 
 def _report_main(argv: list) -> int:
@@ -88,7 +91,7 @@ def _report_main(argv: list) -> int:
         print(report.headline_markdown(report.load(a.results)))
         return 0
     out = a.out or os.path.dirname(os.path.abspath(a.results))
-    paths = report.write_report(report.load(a.results), out, plots=not a.no_plots, explorer_db=_explorer_db(a.explorer))
+    paths = report.write_report(report.load(a.results), out, plots=not a.no_plots, extra=_explorer(a.explorer))
     _print_paths(paths)
     return 0
 
@@ -108,10 +111,6 @@ def main(argv: Optional[list] = None) -> int:
         argv = argv[1:]
     if argv[:1] == ["report"]:
         return _report_main(argv[1:])
-    if argv[:1] == ["throughput"]:
-        from ..cli import main as cli_main
-
-        return cli_main(["bench"] + argv)
     a = _parser().parse_args(argv)
     suite, report = _load()
     if a.list:
@@ -129,10 +128,10 @@ def main(argv: Optional[list] = None) -> int:
     if a.threads > 0:
         import torch
 
-        import llmkern
+        from .._build import set_num_threads
 
         torch.set_num_threads(a.threads)
-        llmkern.set_num_threads(a.threads)
+        set_num_threads(a.threads)
     out = a.out or _default_out()
     only = [s for s in a.only.split(",") if s.strip()] or None
     command = "llmkern bench " + " ".join(argv) if argv else "llmkern bench"
@@ -145,7 +144,7 @@ def main(argv: Optional[list] = None) -> int:
     res = suite.run_suite(a.which, quick=a.quick, device=a.device, only=only, on_module=save_partial)
     res["command"] = command
     suite.common.print_records(res["records"])
-    paths = report.write_report(res, out, plots=not a.no_plots, explorer_db=_explorer_db(a.explorer))
+    paths = report.write_report(res, out, plots=not a.no_plots, extra=_explorer(a.explorer))
     print()
     _print_paths(paths)
     print(f"total {res['elapsed_s']:.0f} s")
@@ -158,7 +157,3 @@ def main(argv: Optional[list] = None) -> int:
         print(f"failed modules: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,4 @@
-"""KV connectors for prefill-decode hand-over (the interface is engine/kv_transfer.py): the pull
-protocol both implementations share, and build_connector for a dict spec.
+"""The pull protocol both KV connectors (p2p.py, shm.py) share (the interface is pd/interface.py).
 
 Every engine of a prefill-decode group has a rank; rank 0 hosts a torch.distributed TCPStore
 (loopback or any reachable address) that carries the control messages. The decode side pulls:
@@ -10,81 +9,23 @@ extra matching. A pull for a request the prefill side no longer holds (unknown, 
 expired) is answered with a failure, in order, never left unanswered.
 
 What travels for a pull: a status, the block hashes of the full blocks sent, and the blocks'
-bytes (kv_transfer.gather_blocks layout). The decode side checks both against what it expects
+bytes (kvcache.blocks.gather_blocks layout). The decode side checks both against what it expects
 before anything is written into its cache, and writes only on the engine thread (poll)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
-from ..engine.kv_transfer import (KVConnector, KVTransferParams, LoadRequest, SendRequest, TransferEvent,
-                                  TransferState, now, scatter_blocks)
+from ..kvcache.blocks import scatter_blocks
+from .interface import KVConnector, KVTransferParams, LoadRequest, SendRequest, TransferEvent, TransferState, now
 
 NO_KV = "the prefill engine no longer holds this request's KV (unknown id, aborted or expired)"
 STORE_TIMEOUT_S = 30.0
-
-
-def build_connector(spec: dict) -> KVConnector:
-    """A connector from a plain spec (what a CLI or server passes through EngineConfig):
-    {"kind": "p2p" (alias "torch") | "shm", "rank": R, "world_size": W, "master_addr": "127.0.0.1",
-     "master_port": N, "group": "default", "timeout_s": 60, "backend": "gloo" | "nccl" (p2p),
-     "shm_dir": "/dev/shm" (shm)}. Rank 0 hosts the store unless "is_master" says otherwise
-    (master_port 0: any free port, see PullConnector.store_port); the others connect to it; or
-    "store": an existing torch.distributed Store object; "rendezvous": "HOST:PORT" stands for
-    master_addr and master_port; keys set to None take their defaults. master_addr / master_port default to the
-    MASTER_ADDR / MASTER_PORT environment variables (env:// style)."""
-    if not isinstance(spec, dict):
-        raise ValueError(f"kv_connector: expected a dict spec, got {type(spec).__name__}")
-    spec = {k: v for k, v in spec.items() if v is not None}  # unset CLI options: the defaults
-    kind = {"torch": "p2p"}.get(spec.get("kind"), spec.get("kind"))
-    if kind not in ("p2p", "shm"):
-        raise ValueError(f"kv_connector: kind must be 'p2p' (or 'torch') or 'shm', got {kind!r}")
-    if "rendezvous" in spec:  # "HOST:PORT"
-        host, _, port = str(spec.pop("rendezvous")).rpartition(":")
-        if not host:
-            raise ValueError(f"kv_connector: rendezvous must be HOST:PORT, got {host}:{port}")
-        spec.update(master_addr=host, master_port=port)
-    known = {"kind", "rank", "world_size", "master_addr", "master_port", "group", "timeout_s", "backend",
-             "shm_dir", "store", "is_master"}
-    unknown = sorted(set(spec) - known)
-    if unknown:
-        raise ValueError(f"kv_connector: unknown key(s) {', '.join(unknown)}")
-    rank, world = spec.get("rank"), spec.get("world_size")
-    if not isinstance(world, int) or world < 2:
-        raise ValueError(f"kv_connector: world_size must be an integer >= 2, got {world!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world:
-        raise ValueError(f"kv_connector: rank must be an integer in [0, {world}), got {rank!r}")
-    timeout_s = spec.get("timeout_s", 60.0)
-    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ValueError(f"kv_connector: timeout_s must be > 0, got {timeout_s!r}")
-    store = spec.get("store")
-    if store is None:
-        addr = spec.get("master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        port = spec.get("master_port", os.environ.get("MASTER_PORT"))
-        try:
-            port = int(port)
-        except (TypeError, ValueError):
-            raise ValueError(f"kv_connector: master_port must be a port number, got {port!r}") from None
-        store = dist.TCPStore(addr, port, world, is_master=bool(spec.get("is_master", rank == 0)), wait_for_workers=False,
-                              timeout=timedelta(seconds=STORE_TIMEOUT_S))
-    group = str(spec.get("group", "default"))
-    if kind == "p2p":
-        from .kv_p2p import P2PConnector
-
-        backend = spec.get("backend", "gloo")
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"kv_connector: backend must be 'gloo' or 'nccl', got {backend!r}")
-        return P2PConnector(store, rank, world, group, float(timeout_s), backend)
-    from .kv_shm import ShmConnector
-
-    return ShmConnector(store, rank, world, group, float(timeout_s), spec.get("shm_dir"))
 
 
 @dataclass

@@ -1,0 +1,30 @@
+"""What this build holds and how many threads the CPU kernels use (re-exported by llmkern)."""
+from __future__ import annotations
+
+from . import _C
+from ._backend import simt_available
+
+
+def build_info() -> dict:
+    """What this build contains and what the running machine offers.
+
+    Keys: version, backends (compiled), cuda_compiled, cuda_archs, cuda_device_count,
+    cpu_simd (level in use), cpu_simd_supported, cpu_simd_compiled, num_threads, threads ("pool"
+    or "openmp": what runs the CPU kernels' parallel loops, see csrc/common/thread_pool.h),
+    available_cpus (affinity mask capped by the cgroup CPU quota), cgroup_cpu_limit (0: none), simt (whether the emulated-CUDA test backend llmkern._simt is installed)."""
+    info = dict(_C.build_info())
+    info["backends"] = list(info["backends"])
+    info["cpu_simd_compiled"] = list(info["cpu_simd_compiled"])
+    info["simt"] = simt_available()
+    return info
+
+
+def set_num_threads(n: int) -> None:
+    """Threads used by the CPU kernels (default: OMP_NUM_THREADS, else the CPUs this process may
+    run on: its affinity mask, capped by its cgroup's CPU quota). Call it while no kernel is
+    running. To split cores between engines see set_cpu_affinity / LLMKERN_CPUS."""
+    _C.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return _C.get_num_threads()

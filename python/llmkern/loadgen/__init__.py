@@ -1,0 +1,7 @@
+"""A neutral load generator for OpenAI-compatible servers, shared by the serving benchmark and the
+configuration optimiser: synthetic workloads, the open-loop streaming client and the summary row."""
+from .client import Result, drive, send_one
+from .summary import summarise
+from .workload import WORDS, Req, chat_mix, words_text
+
+__all__ = ["Result", "drive", "send_one", "summarise", "WORDS", "Req", "chat_mix", "words_text"]

@@ -1,0 +1,35 @@
+"""All options of `llmkern serve`: the engine's, the server's, data parallelism and the
+prefill-decode roles. The CLI builds the command from here, and the optimiser reads it to map
+sweep knobs to flags."""
+from __future__ import annotations
+
+import argparse
+
+from ..engine.args import HelpFormatter, add_engine_args, engine_kwargs
+from .config import add_serve_args
+from .pd import add_pd_args, engine_kwargs as role_kwargs
+
+# The router policies a data-parallel serve offers (of router/policies.py POLICIES), by name: the
+# serve command launches the router in another process and only passes the name on.
+ROUTER_POLICIES = ["cache_aware", "approx_tree", "least_load", "round_robin"]
+
+
+def add_serve_command_args(p: argparse.ArgumentParser) -> None:
+    add_engine_args(p)
+    add_serve_args(p)
+    dp = p.add_argument_group("data parallelism")
+    dp.add_argument("--data-parallel-size", type=int, default=1,
+                    help="N > 1: N replicas (the CPUs split between them, or one GPU each) behind a router on --port")
+    dp.add_argument("--router-policy", default="cache_aware", choices=ROUTER_POLICIES)
+    add_pd_args(p)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmkern serve", formatter_class=HelpFormatter)
+    add_serve_command_args(p)
+    return p
+
+
+def serve_engine_kwargs(a) -> dict:
+    """EngineConfig keyword arguments of a serve (or generate/embed) command, the role's included."""
+    return dict(engine_kwargs(a), **role_kwargs(a))
