@@ -1,4 +1,4 @@
-"""`python bench/bench_pd.py ...`: runs llmkern.bench.bench_pd (the code and its docs live there)."""
-from llmkern.bench.bench_pd import main
+"""`python bench/bench_pd.py ...` = `llmkern bench pd ...` (the code and its docs: llmkern/bench/disagg.py)."""
+from llmkern.bench.disagg import main
 
 raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`python bench/bench_router.py ...`: runs llmkern.bench.bench_router (the code and its docs live there)."""
-from llmkern.bench.bench_router import main
+"""`python bench/bench_router.py ...` = `llmkern bench router ...` (the code and its docs: llmkern/bench/routing.py)."""
+from llmkern.bench.routing import main
 
 raise SystemExit(main())

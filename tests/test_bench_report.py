@@ -125,7 +125,7 @@ def test_suite_survives_missing_and_failing_modules(tmp_path, monkeypatch):
 
 
 def test_cli_rerenders_saved_json(tmp_path, capsys):
-    from llmkern.bench import cli as bench_cli
+    from llmkern.cli import bench_suite as bench_cli
 
     report.write_report(result(synthetic()), str(tmp_path / "run"), plots=False)
     rc = bench_cli.main(["report", str(tmp_path / "run" / "results.json"), "--out", str(tmp_path / "again"), "--no-plots"])

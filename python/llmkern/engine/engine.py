@@ -28,7 +28,6 @@ from .scheduler import Scheduler
 from .sequence import Request, Sequence
 
 
-
 class _Launched(NamedTuple):
     """A step whose model run has started (with pipeline parallelism, possibly not finished)."""
     batch: object
