@@ -54,6 +54,7 @@ Common rules of every op in this module:
   ``offset`` between replays. The CUDA build flushes subnormal floats (below ~1.2e-38) to zero,
   so such weights carry no mass there.
 """
+from ._sampling_args import Scalar, Seed  # noqa: F401  (the parameter types, for annotations)
 from .penalties import apply_penalties
 from .samplers import (
     min_p_sampling_from_probs,
