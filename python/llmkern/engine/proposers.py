@@ -29,35 +29,14 @@ import torch
 
 from ..layers.attention import AttnMetadata
 from ..models.llama import LlamaForCausalLM
-from ..ops.sampling import sampling_from_probs, top_k_mask_logits, top_p_renorm_probs
+from ..ops.sampling import sampling_from_probs
 from .model_runner import block_table
+from .row_filters import RowFilters, filtered_probs
 from .sampler import greedy_tokens
-from .sampling_params import SamplingParams
 from .sequence import Sequence
 
 
-# -- sampling helpers shared with the verification ------------------------------------------------
-def filtered_probs(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Tensor:
-    """fp32 probabilities [R, V] a sampled request draws from: softmax(logits / T) restricted to
-    its top-k, top-p (of the top-k set) and min-p sets, renormalised -- the same distribution the
-    engine's sampler draws from. Rows must not be greedy."""
-    R, V = logits.shape
-    dev = logits.device
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
-    x = logits.float() / temps.unsqueeze(1)
-    top_k = [min(p.top_k, V) if p.top_k > 0 else V for p in params]  # clamped to the vocabulary
-    if any(k < V for k in top_k):
-        x = top_k_mask_logits(x, torch.tensor(top_k, dtype=torch.int32, device=dev))
-    probs = torch.softmax(x, dim=-1)
-    if any(p.top_p < 1.0 for p in params):
-        probs = top_p_renorm_probs(probs, torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev))
-    if any(p.min_p > 0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev).unsqueeze(1)
-        probs = torch.where(probs >= min_p * probs.amax(dim=-1, keepdim=True), probs, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs.contiguous()
-
-
+# -- sampling the draft's distribution -------------------------------------------------------------
 def sample_rows(probs: torch.Tensor, gens: Seq[Optional[torch.Generator]],
                 default: torch.Generator) -> torch.Tensor:
     """One token per row of probs; rows with their own generator draw from it alone (so a seeded
@@ -151,7 +130,8 @@ class ModelProposer:
             nxt = greedy_tokens(logits)
             sampled = [r for r, i in enumerate(act) if not seqs[i].params.greedy]
             if sampled:
-                p = filtered_probs(logits[sampled], [seqs[act[r]].params for r in sampled])
+                x = logits[sampled]
+                p = filtered_probs(x, RowFilters.of([seqs[act[r]].params for r in sampled], x))
                 nxt[sampled] = sample_rows(p, [seqs[act[r]].generator for r in sampled], default_gen)
                 for r, row in zip(sampled, p):
                     probs[act[r]].append(row)

@@ -1,9 +1,10 @@
 """Sampler: logits of the sampling rows -> next token per sequence.
 
 Order per row: min_tokens masking (EOS/stop ids), penalties, then greedy argmax (temperature 0)
-or temperature + top-k / top-p / min-p sampling through the sampling kernels. Requests with a
-seed draw from their own generator (one kernel call each, so their draws do not depend on the
-rest of the batch); the others share the engine's generator in one call."""
+or temperature + top-k / top-p / min-p sampling through the sampling kernels (the filters of
+row_filters.py, which speculative decoding shares). Requests with a seed draw from their own
+generator (one kernel call each, so their draws do not depend on the rest of the batch); the
+others share the engine's generator in one call."""
 from __future__ import annotations
 
 from typing import List, Optional
@@ -14,10 +15,9 @@ from ..ops.sampling import (
     apply_penalties,
     min_p_sampling_from_probs,
     sampling_from_logits,
-    top_k_mask_logits,
     top_k_top_p_sampling_from_logits,
-    top_p_renorm_probs,
 )
+from .row_filters import RowFilters, filtered_probs
 from .sequence import Sequence
 
 
@@ -93,25 +93,12 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, rows: List[int], seqs: List[Sequence],
                 generator: Optional[torch.Generator]) -> torch.Tensor:
-        ps = [seqs[i].params for i in rows]
         x = logits[rows]
-        temps = torch.tensor([p.temperature for p in ps], dtype=x.dtype, device=x.device)
-        x = x / temps.unsqueeze(1)
-        V = x.shape[1]
-        top_k = [min(p.top_k, V) if p.top_k > 0 else V for p in ps]  # clamped to the vocabulary, as vLLM does
-        top_p = [p.top_p for p in ps]
-        min_p = [p.min_p for p in ps]
-        use_k, use_p = any(k < V for k in top_k), any(q < 1.0 for q in top_p)
-        if any(m > 0 for m in min_p):
-            if use_k:
-                x = top_k_mask_logits(x, torch.tensor(top_k, dtype=torch.int32, device=x.device))
-            probs = torch.softmax(x, dim=-1)
-            if use_p:
-                probs = top_p_renorm_probs(probs, torch.tensor(top_p, dtype=torch.float32, device=x.device))
-            return min_p_sampling_from_probs(probs, torch.tensor(min_p, dtype=torch.float32, device=x.device),
-                                               generator=generator)
-        if use_k or use_p:
-            return top_k_top_p_sampling_from_logits(
-                x, torch.tensor(top_k, dtype=torch.int32, device=x.device),
-                torch.tensor(top_p, dtype=torch.float32, device=x.device), generator=generator)
-        return sampling_from_logits(x, generator=generator)
+        f = RowFilters.of([seqs[i].params for i in rows], x)
+        if f.use_min_p:
+            # min-p is left to the draw kernel: it keeps the set filtered_probs' min-p step keeps
+            return min_p_sampling_from_probs(filtered_probs(x, f, min_p=False), f.min_p, generator=generator)
+        if f.use_top_k or f.use_top_p:
+            return top_k_top_p_sampling_from_logits(x, f.top_k, f.top_p, temperature=f.temperature,
+                                                    generator=generator)
+        return sampling_from_logits(x, temperature=f.temperature, generator=generator)

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from ..ops.sampling import chain_speculative_sampling
-from .proposers import ModelProposer, NgramProposer, early_exit_model, filtered_probs
+from .proposers import ModelProposer, NgramProposer, early_exit_model
+from .row_filters import RowFilters, filtered_probs
 from .sampler import Sampler, greedy_tokens
 from .sequence import Sequence, SeqStatus
 from .spec_config import SpecConfig
@@ -259,7 +260,8 @@ class SpecDecoder:
         for (n, has_q, _), group in groups.items():
             rows = torch.tensor([spans[s] + j for s in group for j in range(n + 1)], dtype=torch.int64, device=dev)
             params = [s.params for s in group for _ in range(n + 1)]
-            p = filtered_probs(logits.index_select(0, rows), params).view(len(group), n + 1, -1)
+            x = logits.index_select(0, rows)
+            p = filtered_probs(x, RowFilters.of(params, x)).view(len(group), n + 1, -1)
             ids = torch.tensor([s.spec_token_ids for s in group], dtype=torch.int64, device=dev)
             q = torch.stack([self._draft_probs[s.seq_id] for s in group]).float().contiguous() if has_q else None
             gen = group[0].generator if group[0].generator is not None else self.sampler.generator

@@ -1,5 +1,6 @@
 """Kernel ops, one module per family: attention.py (+ flash_attn_variants.py), kvcache.py,
-sampling.py, linear.py, layernorm.py, rotary.py."""
+sampling.py (the import path of samplers.py, sampling_filters.py, speculative.py, penalties.py),
+linear.py, layernorm.py, rotary.py."""
 from . import attention, flash_attn_variants, kvcache, layernorm, linear, moe, rotary, sampling
 from .attention import *  # noqa: F401,F403
 from .flash_attn_variants import *  # noqa: F401,F403

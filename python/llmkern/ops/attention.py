@@ -35,7 +35,7 @@ import torch
 from .._args import float_arg, int_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
 from ._splitkv import split_workspace
-from .sm90_check import ensure_decided as ensure_sm90_decided
+from .sm90_check import ensure_decided as ensure_sm90_decided, set_default_attend
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -190,6 +190,7 @@ def flash_attn_varlen_func(
 # The registered custom op (torch.ops.llmkern.flash_attn_varlen_func) takes the normalised
 # arguments of _varlen; the public function fills defaults and converts indices around it.
 flash_attn_varlen_func.op = _varlen.op
+set_default_attend(flash_attn_varlen_func)   # the prefill the sm_90a check compares on
 
 
 # ---- flash_attn_with_kvcache -----------------------------------------------------------------

@@ -19,6 +19,14 @@ import torch
 
 _lock = threading.Lock()
 _decided: Optional[bool] = None   # None: not yet looked at in this process
+# The cases' default prefill: ops.attention's flash_attn_varlen_func, handed over by attention at
+# import. Attention imports this module (its ops call ensure_decided), so this one cannot import it.
+_attend: Optional[Callable] = None
+
+
+def set_default_attend(attend: Callable) -> None:
+    global _attend
+    _attend = attend
 
 
 def _cu(lens, device) -> torch.Tensor:
@@ -57,9 +65,10 @@ def _cases(device, attend: Callable):
 
 def check(lib, device, attend: Optional[Callable] = None) -> Optional[str]:
     """Runs the cases on `lib`'s two prefill kernels; None if they agree, else what differed.
-    An error raised on the sm_90a side is reported as the disagreement, not raised."""
+    An error raised on the sm_90a side is reported as the disagreement, not raised. `attend`
+    defaults to llmkern's flash_attn_varlen_func."""
     if attend is None:
-        from .attention import flash_attn_varlen_func as attend
+        attend = _attend
     prev = lib.use_sm90_prefill(False)
     try:
         want = _cases(device, attend)
