@@ -30,7 +30,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 from ..ops.sampling import chain_speculative_sampling
