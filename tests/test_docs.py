@@ -390,3 +390,33 @@ def test_docs_page_commands_run(page, model_dir, tmp_path):
             block.close()
     if skipped:
         pytest.skip(f"{page}: the others ran; not run: " + "; ".join(skipped))
+
+
+# -- links -----------------------------------------------------------------------------------------
+def _anchors(path: str) -> set:
+    """GitHub's heading anchors of a Markdown file."""
+    with open(path, encoding="utf-8") as f:
+        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+    out = set()
+    for h in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        out.add(re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-"))
+    return out
+
+
+def test_docs_links_resolve():
+    """Relative links between the README, docs/ and bench/README.md point at files and headings that exist."""
+    bad = []
+    for page in DOC_FILES + ["bench/README.md"]:
+        with open(os.path.join(REPO, page), encoding="utf-8") as f:
+            text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(REPO, os.path.dirname(page), file)) if file else \
+                os.path.join(REPO, page)
+            if not os.path.exists(dest):
+                bad.append(f"{page}: {target} (no such file)")
+            elif anchor and anchor not in _anchors(dest):
+                bad.append(f"{page}: {target} (no such heading)")
+    assert not bad, "\n".join(bad)
