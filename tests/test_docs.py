@@ -30,6 +30,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -384,7 +385,9 @@ def test_docs_page_commands_run(page, model_dir, tmp_path):
                 if missing:   # an optional extra is not installed: this command and the rest of its block
                     skipped += [f"{c} (needs {', '.join(missing)})" for c, _ in cmds[i:]]
                     break
+                t0 = time.monotonic()
                 block.run(cmd, run)
+                print(f"{time.monotonic() - t0:6.1f} s  {cmd}")   # shown with -s, and on a failure
             block.wait_servers()                    # a block of servers only: they must come up
         finally:
             block.close()
