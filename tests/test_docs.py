@@ -82,6 +82,12 @@ def output_contains(*needles: str) -> Callable[[str, str], None]:
     return check
 
 
+def completion_ok(out: str, cwd: str) -> None:
+    r = json.loads(out)
+    c = r["choices"][0]
+    assert c["finish_reason"] in ("length", "stop") and 1 <= r["usage"]["completion_tokens"] <= 8, r
+
+
 # -- the tables ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Run:
@@ -139,6 +145,9 @@ RUNS: Dict[str, Run] = {
     "--port 8002": Run("server", add=SMALL_SERVER, needs=SERVE),
     "llmkern router --pd --model DIR --prefill http://127.0.0.1:8001 --decode http://127.0.0.1:8002 --port 8000":
         Run("server", needs=SERVE),
+    "curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\": \"The capital of France "
+    "is\", \"max_tokens\": 8}'": Run("client", check=completion_ok),
+    "curl localhost:8000/admin/workers": Run("client", check=output_contains("prefill", "decode")),
     # docs/optimizer.md
     'llmkern optimize --workload chat --db runs.sqlite --sweep "max_num_seqs=[4,16]" '
     '--constraints "ttft:p95<500ms;itl:p95<50ms"':
