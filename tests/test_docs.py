@@ -12,7 +12,7 @@ How a command is run (the same for every command, so a reader of the docs knows 
 - Each page runs in a fresh folder holding `prompts.jsonl` and `texts.jsonl` (PROMPTS, TEXTS);
   `DIR` (a model folder in the docs) is a tiny random Llama with a tokenizer (serve_helpers).
 - Every port a block names (`--port N`, `HOST:N`) becomes a free port on 127.0.0.1, the same one
-  for the same number within the block; servers listen on loopback only.
+  for the same number within the block; servers listen on loopback only (`--host` becomes 127.0.0.1).
 - Servers (kind "server") are started in their own process group, waited for until their probe
   paths answer 200, and killed with their group when their block ends, whatever happened.
 - Commands that run to the end (kind "exit") must exit 0 within their timeout and pass their
@@ -289,7 +289,11 @@ class Block:
         import shlex
 
         text = _PORT_RE.sub(lambda m: m.group(1) + str(self._port(m.group(2))), cmd + " " + shlex.join(run.add))
-        return [self.model_dir if a in ("DIR", TINY) else a for a in shlex.split(text)]
+        args = [self.model_dir if a in ("DIR", TINY) else a for a in shlex.split(text)]
+        for i, a in enumerate(args[:-1]):         # loopback only, whatever address the docs give
+            if a == "--host":
+                args[i + 1] = "127.0.0.1"
+        return args
 
     def run(self, cmd: str, run: Run) -> None:
         args = self.argv(cmd, run)
