@@ -82,6 +82,20 @@ def output_contains(*needles: str) -> Callable[[str, str], None]:
     return check
 
 
+def sweep_done(n: int) -> Callable[[str, str], None]:
+    """The runs database holds n successful configurations of one sweep."""
+    def check(out: str, cwd: str) -> None:
+        import sqlite3
+
+        con = sqlite3.connect(os.path.join(cwd, "runs.sqlite"))
+        try:
+            rows = con.execute("SELECT sweep_id, status FROM results").fetchall()
+        finally:
+            con.close()
+        assert len(rows) == n and len({r[0] for r in rows}) == 1 and all(r[1] == "ok" for r in rows), (rows, out[-2000:])
+    return check
+
+
 def completion_ok(out: str, cwd: str) -> None:
     r = json.loads(out)
     c = r["choices"][0]
@@ -152,11 +166,13 @@ RUNS: Dict[str, Run] = {
     'llmkern optimize --workload chat --db runs.sqlite --sweep "max_num_seqs=[4,16]" '
     '--constraints "ttft:p95<500ms;itl:p95<50ms"':
         Run("exit", add=("--model", TINY, "--num-requests", "4", "--request-rate", "20", "--profile", "H100",
-                         "--kv-cache-memory-gb", "0.02", "-q"), check=file_exists("runs.sqlite"), needs=SERVE),
+                         "--kv-cache-memory-gb", "0.02", "-q"), check=sweep_done(2), needs=SERVE),
     'llmkern optimize --workload chat --db runs.sqlite --sweep "max_num_seqs=[4,16]" '
     '--constraints "ttft:p95<500ms;itl:p95<50ms" --continue':
         Run("exit", add=("--model", TINY, "--num-requests", "4", "--request-rate", "20", "--profile", "H100",
-                         "--kv-cache-memory-gb", "0.02", "-q"), needs=SERVE),
+                         "--kv-cache-memory-gb", "0.02", "-q"),
+            check=lambda out, cwd: (output_contains("2 of 2 configurations already done")(out, cwd),
+                                    sweep_done(2)(out, cwd)), needs=SERVE),
     "llmkern estimate --calibrate": Run("exit", add=("--model", TINY)),
     "llmkern estimate --concurrency 16 --input-len 512 --output-len 128":
         Run("exit", add=("--model", TINY), check=output_contains("TTFT")),
