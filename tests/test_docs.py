@@ -96,6 +96,16 @@ def sweep_done(n: int) -> Callable[[str, str], None]:
     return check
 
 
+def workers(n: int, roles: Optional[set] = None) -> Callable[[str, str], None]:
+    """GET /admin/workers lists n workers (with these roles)."""
+    def check(out: str, cwd: str) -> None:
+        ws = json.loads(out)["workers"]
+        assert len(ws) == n, ws
+        if roles is not None:
+            assert {w["role"] for w in ws} == roles, ws
+    return check
+
+
 def completion_ok(out: str, cwd: str) -> None:
     r = json.loads(out)
     c = r["choices"][0]
@@ -147,7 +157,7 @@ RUNS: Dict[str, Run] = {
     "curl -X POST localhost:8000/admin/workers -H 'X-Admin-Key: SECRET' -d '{\"url\": \"http://127.0.0.1:8003\"}'":
         Run("client"),
     "curl -X DELETE 'localhost:8000/admin/workers?url=http://127.0.0.1:8003' -H 'X-Admin-Key: SECRET'": Run("client"),
-    "curl localhost:8000/admin/workers -H 'X-Admin-Key: SECRET'": Run("client", check=output_contains("127.0.0.1")),
+    "curl localhost:8000/admin/workers -H 'X-Admin-Key: SECRET'": Run("client", check=workers(2)),
     "llmkern generate --model DIR -tp 2 -pp 2 --input prompts.jsonl --output results.jsonl":
         Run("exit", add=("--max-tokens", "4", "--kv-cache-memory-gb", "0.02"),
             check=results_complete("results.jsonl", "token_ids")),
@@ -161,7 +171,7 @@ RUNS: Dict[str, Run] = {
         Run("server", needs=SERVE),
     "curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\": \"The capital of France "
     "is\", \"max_tokens\": 8}'": Run("client", check=completion_ok),
-    "curl localhost:8000/admin/workers": Run("client", check=output_contains("prefill", "decode")),
+    "curl localhost:8000/admin/workers": Run("client", check=workers(2, roles={"prefill", "decode"})),
     # docs/optimizer.md
     'llmkern optimize --workload chat --db runs.sqlite --sweep "max_num_seqs=[4,16]" '
     '--constraints "ttft:p95<500ms;itl:p95<50ms"':
