@@ -59,17 +59,24 @@ def free_port() -> int:
 
 class ServerProcess:
     """`llmkern serve ARGS` (or another command, e.g. router) on 127.0.0.1:<free port>; a context manager that waits for /health
-    and always kills the process (and its log file) on exit."""
+    and always kills the process (and its log file) on exit.
+
+    health: the path that answers 200 once it is ready. new_session: start it in its own process group and kill the
+    whole group on close (launchers whose replicas or workers must go with them). cwd: its working directory."""
 
     def __init__(self, args: List[str], startup_timeout: float = 120, env: Optional[dict] = None,
-                 command: str = "serve", wait: bool = True):
+                 command: str = "serve", wait: bool = True, health: str = "/health", new_session: bool = False,
+                 cwd: Optional[str] = None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        self.health = health
+        self.new_session = new_session
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         e = dict(os.environ, PYTHONPATH=package_root() + os.pathsep + os.environ.get("PYTHONPATH", ""))
         e.update(env or {})
         self.proc = subprocess.Popen([sys.executable, "-m", "llmkern.cli", command, "--port", str(self.port), *args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=e)
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=e, cwd=cwd,
+                                     start_new_session=new_session)
         if wait:
             self.wait_ready(startup_timeout)
 
@@ -83,7 +90,7 @@ class ServerProcess:
                 self.close()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.base + self.health, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -103,6 +110,11 @@ class ServerProcess:
         return self.proc.wait(timeout)
 
     def close(self) -> None:
+        if self.new_session:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)   # the group: the process and whatever it started
+            except (ProcessLookupError, PermissionError):
+                pass
         if self.proc.poll() is None:
             self.proc.kill()
         try:

@@ -44,7 +44,7 @@ class EngineConfig:
     # or "METHOD[:K][,key=value...]" (see spec_config.SpecConfig)
     speculative: Optional[object] = None
     # model parallelism (llmkern.distributed): T x P ranks, each its own process; the engine's
-    # process is rank 0 and spawns the others (or joins ranks started by torchrun, see README)
+    # process is rank 0 and spawns the others (or joins ranks started by torchrun, see docs/scale-out.md)
     tensor_parallel_size: int = 1           # Megatron-style shards of every layer
     pipeline_parallel_size: int = 1         # contiguous stages of layers
     expert_parallel_size: int = 1           # MoE: experts spread over this many ranks per stage
