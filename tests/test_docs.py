@@ -212,7 +212,7 @@ NOT_RUN: Dict[str, str] = {
     "python bench/peer_suites.py vllm ~/src/vllm --backend simt":
         "needs a checkout of vLLM; test_peer_suites.py runs the runner on a stand-in suite",
     "torchrun --nnodes 2 --nproc-per-node 2 --node-rank N --master-addr HOST0 --master-port 29500 -m "
-    "llmkern.distributed generate --model DIR -tp 2 -pp 2 --input prompts.jsonl --output out.jsonl":
+    "llmkern.cli.torchrun generate --model DIR -tp 2 -pp 2 --input prompts.jsonl --output out.jsonl":
         "needs two machines; test_distributed_launch.py starts the same ranks on loopback",
 }
 
