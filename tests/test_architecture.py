@@ -22,10 +22,10 @@ LAYERS: List[Set[str]] = [
     {"optimize"},                  #   the optimiser calibrates with the benchmarks' timers,
     {"bench"},                     #   and both drive servers with the load generator
     {"loadgen"},
-    {"integrations"},              # Ray over offline jobs
-    {"offline"},
     {"router"},                    # HTTP fronts: the router (and the launchers) over serve
     {"serve"},
+    {"integrations"},              # Ray over offline jobs
+    {"offline"},
     {"llmkern"},                   # the public facade (llmkern.LLM, llmkern.<op>)
     {"engine"},
     {"pd"},                        # prefill-decode KV hand-over: interface, connectors, factory
