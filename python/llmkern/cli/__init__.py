@@ -23,11 +23,14 @@ import sys
 from typing import List, Optional
 
 from ..engine.args import HelpFormatter
-from . import embed, generate, optimize, router, serve
-from .bench import BENCH_COMMANDS
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The command modules are imported here, not at the top: importing llmkern.cli stays light
+    # (the device check collects tests that import it on a machine without the runtime's extras).
+    from . import embed, generate, optimize, router, serve
+    from .bench import BENCH_COMMANDS
+
     ap = argparse.ArgumentParser(prog="llmkern", description="llmkern: LLM inference kernels and a small runtime")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,bench}")
     commands = [("generate", generate.HELP, generate.add_args, generate.run, True),
@@ -81,6 +84,8 @@ def _unknown_option_error(p: argparse.ArgumentParser, extra: List[str]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from .bench import BENCH_COMMANDS
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"] and (not argv[1:2] or argv[1] not in BENCH_COMMANDS):  # the suite: kernels | e2e | all | report
         from .bench_suite import main as bench_main
