@@ -46,7 +46,9 @@ def test_jsonl_batch_with_bad_lines(tmp_path, capsys):
 def test_bench_subcommands_registered():
     p = cli.build_parser()
     a = p.parse_args(["bench", "throughput", "--quick", "--no-peers"])
-    assert a.func is cli.BENCH_COMMANDS["throughput"][2] and a.quick
+    from llmkern.cli.bench import BENCH_COMMANDS
+
+    assert a.func is BENCH_COMMANDS["throughput"][2] and a.quick
     with pytest.raises(SystemExit):
         p.parse_args(["bench", "nonexistent"])
 
