@@ -511,12 +511,7 @@ void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_c
     a.kn_batch_stride = k->stride(0), a.kn_row_stride = k->stride(1), a.kn_head_stride = k->stride(2);
     a.vn_batch_stride = v->stride(0), a.vn_row_stride = v->stride(1), a.vn_head_stride = v->stride(2);
     a.k_cache = k_cache.data, a.v_cache = v_cache.data;
-    a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
-    a.k_block_stride = p.k_block_stride, a.k_batch_stride = p.k_batch_stride;
-    a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
-    a.v_block_stride = p.v_block_stride, a.v_batch_stride = p.v_batch_stride;
-    a.block_table = p.block_table, a.block_table_stride = p.block_table_stride;
-    a.block_size = p.block_size;
+    static_cast<KvGeom&>(a) = p;  // the cache layout the attention then reads
     a.cache_seqlens = p.seqused_k;
     a.batch = p.batch, a.seqlen_new = static_cast<int>(s_new);
     a.num_kv_heads = p.num_kv_heads, a.head_dim = p.head_dim, a.dtype = q.dtype;
