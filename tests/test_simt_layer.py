@@ -1,7 +1,7 @@
-"""The SIMT portability layer (csrc/common/simt*.h): its self-test kernels run on the emulator
-(llmkern._simt) and, when a GPU is present, natively (llmkern._C). Expected values are derived here
-from the CUDA programming guide and the PTX ISA (shuffle, ballot, ldmatrix and mma fragment
-layouts), independently of the emulator's code."""
+"""The SIMT portability layer (csrc/common/simt*.h; its emulator in csrc/simt/): its self-test
+kernels run on the emulator (llmkern._simt) and, when a GPU is present, natively (llmkern._C).
+Expected values are derived here from the CUDA programming guide and the PTX ISA (shuffle, ballot,
+ldmatrix and mma fragment layouts), independently of the emulator's code."""
 from __future__ import annotations
 
 import os
@@ -372,17 +372,17 @@ def test_half_bf16_rounding_matches_torch(layer):
 
 
 @pytest.mark.parametrize("kind,pattern", [
-    (0, r"divergent barrier: thread 16 reached __syncthreads\(\) at common/simt_selftest.cu:\d+ while threads 0-15 wait"),
-    (1, r"deadlock: __syncthreads\(\) at common/simt_selftest.cu:\d+ reached by 16 of 64 threads \(0-15\); threads 16-63 exited"),
-    (2, r"deadlock: __syncthreads\(\) at common/simt_selftest.cu:\d+ reached by 32 of 64 threads \(16-31, 48-63\); "
-        r"threads 0-15, 32-47 wait in __shfl_xor_sync\(mask=0xffffffff\) common/simt_selftest.cu:\d+ \| "
-        r"__shfl_xor_sync\(mask=0xffffffff\) at common/simt_selftest.cu:\d+ in warp 0 reached by lanes 0-15; "
+    (0, r"divergent barrier: thread 16 reached __syncthreads\(\) at simt/simt_selftest.cu:\d+ while threads 0-15 wait"),
+    (1, r"deadlock: __syncthreads\(\) at simt/simt_selftest.cu:\d+ reached by 16 of 64 threads \(0-15\); threads 16-63 exited"),
+    (2, r"deadlock: __syncthreads\(\) at simt/simt_selftest.cu:\d+ reached by 32 of 64 threads \(16-31, 48-63\); "
+        r"threads 0-15, 32-47 wait in __shfl_xor_sync\(mask=0xffffffff\) simt/simt_selftest.cu:\d+ \| "
+        r"__shfl_xor_sync\(mask=0xffffffff\) at simt/simt_selftest.cu:\d+ in warp 0 reached by lanes 0-15; "
         r"lanes 16-31 wait at __syncthreads\(\)"),
     (3, r"lane 16 is not in mask 0x0000ffff"),
     (4, r"mismatched warp collective"),
     (5, r"width 12 is not a power of two"),
     (6, r"cp_async_16 .*16-byte aligned"),
-    (7, r"__shfl_xor_sync at common/simt_selftest.cu:\d+: lane 0 of warp 0 reads lane 16, which has exited"),
+    (7, r"__shfl_xor_sync at simt/simt_selftest.cu:\d+: lane 0 of warp 0 reads lane 16, which has exited"),
 ])
 def test_planted_bugs_raise(emu, kind, pattern):
     with pytest.raises(RuntimeError, match=r"simt: kernel fault_kernel, block \(0,0,0\): .*" + pattern):

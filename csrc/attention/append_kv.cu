@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "attention/flash_attn.h"
+#include "attention/paged_kv.h"
 #include "common/device_memory.h"
 #include "common/elem_device.cuh"
 #include "common/simt.h"
@@ -24,11 +25,8 @@ struct AppendGeom {
   const char* vn;
   char* kc;
   char* vc;
-  int64_t kn_b, kn_r, kn_h, vn_b, vn_r, vn_h;      // new rows
-  int64_t kc_b, kc_r, kc_h, kc_blk, vc_b, vc_r, vc_h, vc_blk;  // caches
-  const int32_t* block_table;
-  int64_t bt_stride;
-  int block_size;
+  int64_t kn_b, kn_r, kn_h, vn_b, vn_r, vn_h;  // new rows
+  KvGeom cache;                                // the caches, strides in bytes
   const int32_t* cache_seqlens;
   const int32_t* cache_batch_idx;  // dense: cache batch of sequence b (null = b)
   int seqlen_new, heads, units;  // units of U per row
@@ -36,6 +34,15 @@ struct AppendGeom {
 
 LLMK_DEVICE int64_t cache_batch(const AppendGeom& g, int b) {
   return g.cache_batch_idx ? g.cache_batch_idx[b] : b;
+}
+
+// Byte offsets of cache row j of sequence b in the K and V caches (kv head 0).
+LLMK_DEVICE KvOffsets cache_rows(const AppendGeom& g, int b, int64_t j) {
+  const KvGeom& c = g.cache;
+  if (c.block_table)
+    return paged_kv_offsets(c, c.block_table + b * c.block_table_stride, PageDiv{c.block_size}, j);
+  return {cache_batch(g, b) * c.k_batch_stride + j * c.k_row_stride,
+          cache_batch(g, b) * c.v_batch_stride + j * c.v_row_stride};
 }
 
 // Rotary tables and the query rotation (see AppendKvParams).
@@ -71,23 +78,15 @@ template <typename U>
 __global__ void append_kv_kernel(const AppendGeom g) {
   const int b = blockIdx.x / g.seqlen_new, i = blockIdx.x % g.seqlen_new;
   const int64_t j = int64_t(g.cache_seqlens[b]) + i;
-  int64_t kc_row, vc_row;
-  if (g.block_table) {
-    const int64_t blk = g.block_table[b * g.bt_stride + j / g.block_size];
-    const int64_t slot = j % g.block_size;
-    kc_row = blk * g.kc_blk + slot * g.kc_r;
-    vc_row = blk * g.vc_blk + slot * g.vc_r;
-  } else {
-    kc_row = cache_batch(g, b) * g.kc_b + j * g.kc_r;
-    vc_row = cache_batch(g, b) * g.vc_b + j * g.vc_r;
-  }
+  const KvOffsets rows = cache_rows(g, b, j);
+  const int64_t kc_row = rows.k, vc_row = rows.v;
   const int64_t kn_row = b * g.kn_b + i * g.kn_r, vn_row = b * g.vn_b + i * g.vn_r;
   for (int e = threadIdx.x; e < g.heads * g.units; e += blockDim.x) {
     const int h = e / g.units, u = e % g.units;
     const int64_t ub = int64_t(u) * int64_t(sizeof(U));
-    *reinterpret_cast<U*>(g.kc + kc_row + h * g.kc_h + ub) =
+    *reinterpret_cast<U*>(g.kc + kc_row + h * g.cache.k_head_stride + ub) =
         *reinterpret_cast<const U*>(g.kn + kn_row + h * g.kn_h + ub);
-    *reinterpret_cast<U*>(g.vc + vc_row + h * g.vc_h + ub) =
+    *reinterpret_cast<U*>(g.vc + vc_row + h * g.cache.v_head_stride + ub) =
         *reinterpret_cast<const U*>(g.vn + vn_row + h * g.vn_h + ub);
   }
 }
@@ -97,22 +96,14 @@ template <typename T>
 __global__ void append_kv_rotary_kernel(const AppendGeom g, const RotaryGeom r) {
   const int b = blockIdx.x / g.seqlen_new, i = blockIdx.x % g.seqlen_new;
   const int64_t j = int64_t(g.cache_seqlens[b]) + i;
-  int64_t kc_row, vc_row;
-  if (g.block_table) {
-    const int64_t blk = g.block_table[b * g.bt_stride + j / g.block_size];
-    const int64_t slot = j % g.block_size;
-    kc_row = blk * g.kc_blk + slot * g.kc_r;
-    vc_row = blk * g.vc_blk + slot * g.vc_r;
-  } else {
-    kc_row = cache_batch(g, b) * g.kc_b + j * g.kc_r;
-    vc_row = cache_batch(g, b) * g.vc_b + j * g.vc_r;
-  }
+  const KvOffsets rows = cache_rows(g, b, j);
+  const int64_t kc_row = rows.k, vc_row = rows.v;
   const int64_t kn_row = b * g.kn_b + i * g.kn_r, vn_row = b * g.vn_b + i * g.vn_r;
   for (int e = threadIdx.x; e < g.heads * r.head_dim; e += blockDim.x) {
     const int h = e / r.head_dim, d = e % r.head_dim;
     const T* kn = reinterpret_cast<const T*>(g.kn + kn_row + h * g.kn_h);
-    reinterpret_cast<T*>(g.kc + kc_row + h * g.kc_h)[d] = rotated(r, kn, d, j);
-    reinterpret_cast<T*>(g.vc + vc_row + h * g.vc_h)[d] =
+    reinterpret_cast<T*>(g.kc + kc_row + h * g.cache.k_head_stride)[d] = rotated(r, kn, d, j);
+    reinterpret_cast<T*>(g.vc + vc_row + h * g.cache.v_head_stride)[d] =
         reinterpret_cast<const T*>(g.vn + vn_row + h * g.vn_h)[d];
   }
 }
@@ -130,6 +121,16 @@ __global__ void rotate_q_kernel(const RotaryGeom r, const int32_t* cache_seqlens
   }
 }
 
+// The cache geometry with byte strides (es: element size); block_size >= 1 even for a dense
+// cache, whose rows never divide by it.
+KvGeom in_bytes(const KvGeom& e, int64_t es) {
+  KvGeom g = e;
+  g.k_row_stride *= es, g.k_head_stride *= es, g.k_block_stride *= es, g.k_batch_stride *= es;
+  g.v_row_stride *= es, g.v_head_stride *= es, g.v_block_stride *= es, g.v_batch_stride *= es;
+  g.block_size = e.block_size > 0 ? e.block_size : 1;
+  return g;
+}
+
 }  // namespace
 
 void append_kv(const AppendKvParams& p, int64_t stream) {
@@ -142,13 +143,7 @@ void append_kv(const AppendKvParams& p, int64_t stream) {
   g.vc = static_cast<char*>(p.v_cache);
   g.kn_b = p.kn_batch_stride * es, g.kn_r = p.kn_row_stride * es, g.kn_h = p.kn_head_stride * es;
   g.vn_b = p.vn_batch_stride * es, g.vn_r = p.vn_row_stride * es, g.vn_h = p.vn_head_stride * es;
-  g.kc_b = p.k_batch_stride * es, g.kc_r = p.k_row_stride * es, g.kc_h = p.k_head_stride * es;
-  g.kc_blk = p.k_block_stride * es;
-  g.vc_b = p.v_batch_stride * es, g.vc_r = p.v_row_stride * es, g.vc_h = p.v_head_stride * es;
-  g.vc_blk = p.v_block_stride * es;
-  g.block_table = p.block_table;
-  g.bt_stride = p.block_table_stride;
-  g.block_size = p.block_size > 0 ? p.block_size : 1;
+  g.cache = in_bytes(p, es);
   g.cache_seqlens = p.cache_seqlens;
   g.cache_batch_idx = p.cache_batch_idx;
   g.seqlen_new = p.seqlen_new;
@@ -185,8 +180,10 @@ void append_kv(const AppendKvParams& p, int64_t stream) {
   for (const void* ptr : {static_cast<const void*>(g.kn), static_cast<const void*>(g.vn),
                           static_cast<const void*>(g.kc), static_cast<const void*>(g.vc)})
     vec = vec && (reinterpret_cast<uintptr_t>(ptr) & 15) == 0;
-  for (int64_t st : {g.kn_b, g.kn_r, g.kn_h, g.vn_b, g.vn_r, g.vn_h, g.kc_b, g.kc_r, g.kc_h,
-                     g.kc_blk, g.vc_b, g.vc_r, g.vc_h, g.vc_blk})
+  const KvGeom& c = g.cache;
+  for (int64_t st : {g.kn_b, g.kn_r, g.kn_h, g.vn_b, g.vn_r, g.vn_h, c.k_batch_stride, c.k_row_stride,
+                     c.k_head_stride, c.k_block_stride, c.v_batch_stride, c.v_row_stride, c.v_head_stride,
+                     c.v_block_stride})
     vec = vec && st % 16 == 0;
   const unsigned grid = unsigned(int64_t(p.batch) * p.seqlen_new);
   if (vec) {

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "attention/flash_attn.h"
+#include "attention/paged_kv.h"
 #include "common/macros.h"
 
 LLMK_NS_BEGIN
@@ -41,8 +42,9 @@ LLMK_HD int64_t attn_kv_offset(const AttnParams& p, bool is_v, int b, int j, int
   const int64_t rs = is_v ? p.v_row_stride : p.k_row_stride;
   const int64_t hs = is_v ? p.v_head_stride : p.k_head_stride;
   if (p.block_table) {
-    const int64_t blk = p.block_table[b * p.block_table_stride + j / p.block_size];
-    return blk * (is_v ? p.v_block_stride : p.k_block_stride) + (j % p.block_size) * rs + h * hs;
+    const PagedRow<int> r =
+        paged_row(p.block_table + b * p.block_table_stride, PageDiv{p.block_size}, p.block_size, j);
+    return r.block * (is_v ? p.v_block_stride : p.k_block_stride) + r.slot * rs + h * hs;
   }
   if (p.cu_seqlens_k) return (int64_t(p.cu_seqlens_k[b]) + j) * rs + h * hs;
   return attn_cache_batch(p, b) * (is_v ? p.v_batch_stride : p.k_batch_stride) +

@@ -11,6 +11,7 @@
 
 #include "attention/attention_math.h"
 #include "attention/flash_attn.h"
+#include "attention/paged_kv.h"
 #include "common/macros.h"
 #include "common/simt.h"
 
@@ -130,21 +131,11 @@ LLMK_DEVICE SeqInfo seq_info(const AttnParams& p, int b) {
   return s;
 }
 
-// Element offsets of key j's row (for one kv head, added separately) in K and V: the same
-// addressing as attn_kv_offset, with the page division done by FastDiv.
-struct KvRow {
-  int64_t k, v;
-};
-
-LLMK_DEVICE KvRow kv_row(const KernelArgs& a, const SeqInfo& s, int j) {
+// Element offsets of key j's row (for one kv head, added separately) in K and V: paged, the
+// addressing of paged_kv.h with the page division done by FastDiv.
+LLMK_DEVICE KvOffsets kv_row(const KernelArgs& a, const SeqInfo& s, int j) {
   const AttnParams& p = a.p;
-  if (s.table) {
-    const int page = a.page.div(j);
-    const int64_t blk = s.table[page];
-    const int64_t slot = j - page * p.block_size;
-    return {blk * p.k_block_stride + slot * p.k_row_stride,
-            blk * p.v_block_stride + slot * p.v_row_stride};
-  }
+  if (s.table) return paged_kv_offsets(p, s.table, a.page, j);
   return {s.k_base + int64_t(j) * p.k_row_stride, s.v_base + int64_t(j) * p.v_row_stride};
 }
 

@@ -51,6 +51,25 @@ void set_alibi(AttnParams& p, const std::optional<TensorView>& a, const TensorVi
   p.alibi_batch_stride = a->ndim == 2 ? a->stride(0) : 0;
 }
 
+// The params both fronts fill alike, once their argument checks passed: sizes, dtype, K/V data,
+// score options and ALiBi (whose checks run here, before the caller's paging ones). The caller
+// adds the K/V layout (set_paged or its dense strides), q/out, lengths, window and lse.
+AttnParams front_params(const TensorView& q, const TensorView& k, const TensorView& v, int64_t batch,
+                        int64_t hq, int64_t hkv, int64_t D, double softmax_scale, double softcap,
+                        const std::optional<TensorView>& alibi_slopes) {
+  AttnParams p;
+  p.batch = static_cast<int>(batch);
+  p.num_heads = static_cast<int>(hq);
+  p.num_kv_heads = static_cast<int>(hkv);
+  p.head_dim = static_cast<int>(D);
+  p.dtype = q.dtype;
+  p.k = k.data, p.v = v.data;
+  p.softmax_scale = static_cast<float>(softmax_scale);
+  p.softcap = static_cast<float>(softcap);
+  set_alibi(p, alibi_slopes, q, batch);
+  return p;
+}
+
 void set_window(AttnParams& p, bool causal, int64_t wl, int64_t wr, int64_t max_seqlen_k) {
   // flash-attn: windows at least as long as the keys are unbounded; causal = right window 0.
   if (wl >= max_seqlen_k) wl = -1;
@@ -278,13 +297,7 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
                                   arg(cu_seqlens_k, "cu_seqlens_k"), arg(alibi_slopes, "alibi_slopes"),
                                   arg(block_table, "block_table")});
 
-  AttnParams p;
-  p.batch = static_cast<int>(batch);
-  p.num_heads = static_cast<int>(hq);
-  p.num_kv_heads = static_cast<int>(hkv);
-  p.head_dim = static_cast<int>(D);
-  p.dtype = q.dtype;
-  set_alibi(p, alibi_slopes, q, batch);
+  AttnParams p = front_params(q, k, v, batch, hq, hkv, D, softmax_scale, softcap, alibi_slopes);
   int64_t capacity = 0;
   if (paged) {
     capacity = set_paged(p, k, v, *block_table, batch, q, "k", "v");
@@ -325,13 +338,10 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
   }
   p.q = q.data, p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
   p.out = out.data, p.o_row_stride = out.stride(0), p.o_head_stride = out.stride(1);
-  p.k = k.data, p.v = v.data;
   p.cu_seqlens_q = cu_seqlens_q.ptr<const int32_t>();
   p.cu_seqlens_k = cu_seqlens_k.ptr<const int32_t>();
   p.max_seqlen_q = static_cast<int>(max_seqlen_q);
   p.max_seqlen_k = static_cast<int>(max_seqlen_k);
-  p.softmax_scale = static_cast<float>(softmax_scale);
-  p.softcap = static_cast<float>(softcap);
   set_window(p, causal, window_left, window_right, max_seqlen_k);
   if (softmax_lse) {
     p.lse = softmax_lse->ptr<float>();
@@ -423,13 +433,7 @@ void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_c
   LLMK_CHECK(num_splits >= 0 && num_splits <= 128, ValueError,
              "num_splits: must be in [0, 128] (0 = auto), got ", num_splits);
 
-  AttnParams p;
-  p.batch = static_cast<int>(batch);
-  p.num_heads = static_cast<int>(hq);
-  p.num_kv_heads = static_cast<int>(hkv);
-  p.head_dim = static_cast<int>(D);
-  p.dtype = q.dtype;
-  set_alibi(p, alibi_slopes, q, batch);
+  AttnParams p = front_params(q, k_cache, v_cache, batch, hq, hkv, D, softmax_scale, softcap, alibi_slopes);
   int64_t capacity;
   if (paged) {
     capacity = set_paged(p, k_cache, v_cache, *block_table, batch, q, "k_cache", "v_cache");
@@ -473,14 +477,11 @@ void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_c
   p.q = q.data, p.q_row_stride = row_stride(q), p.q_head_stride = q.stride(2);
   if (ex.rotary_dim > 0) p.q = ex.q_rot, p.q_row_stride = hq * D, p.q_head_stride = D;
   p.out = out.data, p.o_row_stride = row_stride(out), p.o_head_stride = out.stride(2);
-  p.k = k_cache.data, p.v = v_cache.data;
   p.seqlen_q = static_cast<int>(sq);
   p.seqused_k = cache_seqlens.ptr<const int32_t>();
   p.seqused_k_add = static_cast<int>(s_new);
   p.max_seqlen_q = static_cast<int>(sq);
   p.max_seqlen_k = static_cast<int>(capacity);
-  p.softmax_scale = static_cast<float>(softmax_scale);
-  p.softcap = static_cast<float>(softcap);
   set_window(p, causal, window_left, window_right, capacity);
   p.num_splits = static_cast<int>(num_splits);
   if (softmax_lse) {
@@ -511,12 +512,7 @@ void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_c
     a.kn_batch_stride = k->stride(0), a.kn_row_stride = k->stride(1), a.kn_head_stride = k->stride(2);
     a.vn_batch_stride = v->stride(0), a.vn_row_stride = v->stride(1), a.vn_head_stride = v->stride(2);
     a.k_cache = k_cache.data, a.v_cache = v_cache.data;
-    a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
-    a.k_block_stride = p.k_block_stride, a.k_batch_stride = p.k_batch_stride;
-    a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
-    a.v_block_stride = p.v_block_stride, a.v_batch_stride = p.v_batch_stride;
-    a.block_table = p.block_table, a.block_table_stride = p.block_table_stride;
-    a.block_size = p.block_size;
+    static_cast<KvGeom&>(a) = p;  // the cache layout the attention then reads
     a.cache_seqlens = p.seqused_k;
     a.batch = p.batch, a.seqlen_new = static_cast<int>(s_new);
     a.num_kv_heads = p.num_kv_heads, a.head_dim = p.head_dim, a.dtype = q.dtype;

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <optional>
 
+#include "attention/paged_kv.h"
 #include "common/dispatch.h"
 #include "common/tensor.h"
 
 namespace llmk {
 
-struct AttnParams {
+// The K/V cache geometry (strides, block table) is the KvGeom base, shared with AppendKvParams.
+struct AttnParams : KvGeom {
   // Query rows. Varlen: q is [total_q, Hq, D] and sequence b owns rows cu_seqlens_q[b] ..
   // cu_seqlens_q[b+1]. kvcache: q is [b, s, Hq, D] viewed as rows b*s + i (cu_seqlens_q null,
   // seqlen_q = s). Strides are in elements.
@@ -20,17 +22,13 @@ struct AttnParams {
   void* out = nullptr;  // same layout as q
   int64_t o_row_stride = 0, o_head_stride = 0;
 
-  // Keys/values. Dense (block_table null): rows [total_k, Hkv, D]; sequence b owns rows
-  // k_start(b) = cu_seqlens_k[b] (varlen) or b * k_batch_stride_rows (kvcache, k_batch_stride).
-  // Paged (block_table set): caches [num_blocks, block_size, Hkv, D]; logical row j of sequence b
-  // lives in block block_table[b * block_table_stride + j / block_size], slot j % block_size.
+  // Keys/values, laid out as the KvGeom base says. Dense (block_table null): rows [total_k, Hkv,
+  // D]; sequence b owns rows k_start(b) = cu_seqlens_k[b] (varlen) or b * k_batch_stride_rows
+  // (kvcache, k_batch_stride). Paged (block_table set): caches [num_blocks, block_size, Hkv, D];
+  // logical row j of sequence b lives in block block_table[b * block_table_stride + j /
+  // block_size], slot j % block_size (paged_kv.h: paged_row).
   const void* k = nullptr;
   const void* v = nullptr;
-  int64_t k_row_stride = 0, k_head_stride = 0, k_block_stride = 0, k_batch_stride = 0;
-  int64_t v_row_stride = 0, v_head_stride = 0, v_block_stride = 0, v_batch_stride = 0;
-  const int32_t* block_table = nullptr;
-  int64_t block_table_stride = 0;
-  int block_size = 0;
 
   // Lengths: seqlen_q(b) = cu_seqlens_q ? cu_seqlens_q[b+1]-cu_seqlens_q[b] : seqlen_q;
   // seqlen_k(b) = seqused_k ? seqused_k[b] + seqused_k_add : cu_seqlens_k[b+1]-cu_seqlens_k[b].
@@ -88,19 +86,15 @@ struct AttnParams {
 
 // flash_attn_with_kvcache's in-place append of k/v [b, s_new, Hkv, D] into the cache at rows
 // cache_seqlens[b] .. cache_seqlens[b] + s_new - 1 (dense or paged), run before the attention
-// kernel of the same call. Cache addressing is AttnParams' (k/v = the caches).
-struct AppendKvParams {
+// kernel of the same call. Cache addressing is the KvGeom base, copied from the call's
+// AttnParams (k/v = the caches; a null block_table is a dense cache [b, seqlen_cache, Hkv, D]).
+struct AppendKvParams : KvGeom {
   const void* k_new = nullptr;
   const void* v_new = nullptr;
   int64_t kn_batch_stride = 0, kn_row_stride = 0, kn_head_stride = 0;
   int64_t vn_batch_stride = 0, vn_row_stride = 0, vn_head_stride = 0;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
-  int64_t k_row_stride = 0, k_head_stride = 0, k_block_stride = 0, k_batch_stride = 0;
-  int64_t v_row_stride = 0, v_head_stride = 0, v_block_stride = 0, v_batch_stride = 0;
-  const int32_t* block_table = nullptr;  // null = dense cache [b, seqlen_cache, Hkv, D]
-  int64_t block_table_stride = 0;
-  int block_size = 0;
   const int32_t* cache_seqlens = nullptr;  // [b] write position of the first new row
   const int32_t* cache_batch_idx = nullptr;  // dense: sequence b writes cache batch [b] (null = b)
   int batch = 0, seqlen_new = 0, num_kv_heads = 0, head_dim = 0;

@@ -11,6 +11,7 @@
 
 #include "attention/attn_vec_cpu.h"
 #include "attention/flash_attn_cpu.h"
+#include "attention/paged_kv.h"
 #include "common/vec_cpu.h"
 #include "common/parallel.h"
 #include "rotary/rotary_math.h"
@@ -212,10 +213,10 @@ void append_rows(const AppendKvParams& p) {
       const int64_t j = int64_t(p.cache_seqlens[b]) + i;
       int64_t kbase, vbase;
       if (p.block_table) {
-        const int64_t blk = p.block_table[b * p.block_table_stride + j / p.block_size];
-        const int64_t slot = j % p.block_size;
-        kbase = blk * p.k_block_stride + slot * p.k_row_stride;
-        vbase = blk * p.v_block_stride + slot * p.v_row_stride;
+        const KvOffsets o =
+            paged_kv_offsets(p, p.block_table + b * p.block_table_stride, PageDiv{p.block_size}, j);
+        kbase = o.k;
+        vbase = o.v;
       } else {
         const int64_t cb = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
         kbase = cb * p.k_batch_stride + j * p.k_row_stride;

@@ -285,6 +285,16 @@ LLMK_DEVICE void store4<float>(float* dst, float4 v) {
   *reinterpret_cast<float4*>(dst) = v;
 }
 
+// The sequence's block-table row as paged_row reads it: pages [page0, page0 + kTableCap) from
+// the copy in shared memory when the split's pages fit there, else from global memory.
+struct DecodeTable {
+  const int32_t* smem;
+  const int32_t* global;
+  int page0;
+  bool in_smem;
+  LLMK_DEVICE int32_t operator[](int page) const { return in_smem ? smem[page - page0] : global[page]; }
+};
+
 // ---- the kernel skeleton ---------------------------------------------------------------------
 template <typename Tile, int kStages>
 struct DecodeCfg {
@@ -359,6 +369,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
   if (table_in_smem)
     for (int e = tid; e < pages; e += Cfg::kThreads) sTable[e] = s.table[page0 + e];
   __syncthreads();
+  const DecodeTable table{sTable, s.table, page0, table_in_smem};
 
   const char* kbase = static_cast<const char*>(p.k) + int64_t(kvh) * p.k_head_stride * Tile::kElem;
   const char* vbase = static_cast<const char*>(p.v) + int64_t(kvh) * p.v_head_stride * Tile::kElem;
@@ -373,11 +384,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) flash_decode_kernel(const K
       const int j = j0 + lane < s.seqlen_k ? j0 + lane : s.seqlen_k - 1;
       int64_t ko, vo;
       if (s.table) {
-        const int page = a.page.div(j);
-        const int64_t blk = table_in_smem ? sTable[page - page0] : s.table[page];
-        const int64_t slot = j - page * p.block_size;
-        ko = blk * p.k_block_stride + slot * p.k_row_stride;
-        vo = blk * p.v_block_stride + slot * p.v_row_stride;
+        const KvOffsets o = paged_kv_offsets(p, table, a.page, j);
+        ko = o.k;
+        vo = o.v;
       } else {
         ko = s.k_base + int64_t(j) * p.k_row_stride;
         vo = s.v_base + int64_t(j) * p.v_row_stride;

@@ -104,11 +104,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_prefill_kernel(const Kern
     if (tid < kBlockN) {
       int j = n * kBlockN + tid;
       j = j < s.seqlen_k ? j : s.seqlen_k - 1;
-      const int page = a.page.div(j);
-      const int64_t blk = s.table[page];
-      const int64_t slot = j - page * p.block_size;
-      sOff[(st * kBlockN + tid) * 2] = (blk * p.k_block_stride + slot * p.k_row_stride) * int64_t(sizeof(T));
-      sOff[(st * kBlockN + tid) * 2 + 1] = (blk * p.v_block_stride + slot * p.v_row_stride) * int64_t(sizeof(T));
+      const KvOffsets o = paged_kv_offsets(p, s.table, a.page, j);
+      sOff[(st * kBlockN + tid) * 2] = o.k * int64_t(sizeof(T));
+      sOff[(st * kBlockN + tid) * 2 + 1] = o.v * int64_t(sizeof(T));
     }
   };
   // Tile n of K (kv = 0) or V (kv = 1) into buffer st.

@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flash_prefill_sm90_kernel(co
           }
           __syncwarp();
           if (lane < live) {
-            const int j = j0 + lane * box, page = a.page.div(j);
-            const int blk = s.table[page], slot = j - page * p.block_size;
+            const PagedRow<int> at = paged_row(s.table, a.page, p.block_size, j0 + lane * box);
+            const int blk = int(at.block), slot = at.slot;
             for (int c = 0; c < kCols; ++c)
               simt::tma_load(dk + c * kBlockN * 128 + lane * box * 128, &args.k, &k_full[st], c * 64, kvh, slot, blk);
             for (int c = 0; c < kCols; ++c)

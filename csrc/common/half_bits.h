@@ -1,9 +1,9 @@
 // fp16 / bf16 <-> fp32 conversions on bit patterns, portable C++ (no intrinsics): the one
 // implementation behind the CPU kernels' element access (vec_cpu.h, which uses F16C instructions
 // where the build has them: same results) and the SIMT emulator's __half / __nv_bfloat16
-// (simt_half.h). fp32 -> fp16 / bf16 rounds to nearest even (subnormals, overflow to inf); the
+// (simt/simt_half.h). fp32 -> fp16 / bf16 rounds to nearest even (subnormals, overflow to inf); the
 // other direction is exact. NaN becomes the quiet NaN with the input's sign (CUDA returns its own
-// canonical NaN: simt_half.h substitutes it).
+// canonical NaN: simt/simt_half.h substitutes it).
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -9,7 +9,7 @@
 #include "common/device_memory.h"
 #include "common/dispatch.h"
 #include "common/errors.h"
-#include "common/simt_selftest.h"
+#include "simt/simt_selftest.h"
 #include "common/thread_pool.h"
 
 namespace py = pybind11;

@@ -1,7 +1,7 @@
 // The SIMT portability layer: kernel sources include this and nothing CUDA-specific beyond it.
 // Under nvcc it is the native CUDA toolkit plus a few layer functions in inline PTX (no overhead);
 // under the host compiler (llmkern._simt) it is the fiber-based emulation of the CUDA execution
-// model in simt_emu.h. The API contract (names and meaning) is the same on both sides:
+// model in simt/simt_emu.h. The API contract (names and meaning) is the same on both sides:
 //   LLMK_LAUNCH(kernel, grid, block, smem_bytes, stream)(args...)
 //   LLMK_DYNAMIC_SMEM(T, name);                 T* name -> the launch's dynamic shared memory
 //   llmk::simt::lane_id(), warp_id()
@@ -110,5 +110,5 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float* d, const uint32_t* a, co
 }  // namespace llmk
 
 #else
-#include "common/simt_emu.h"
+#include "simt/simt_emu.h"
 #endif

@@ -3,7 +3,7 @@
 // include this next to common/simt.h. Under nvcc the functions are the PTX instructions (the
 // bodies exist only when compiling for sm_90a; other architectures get a trap, and their
 // kernels must not call them); under the host compiler they are the emulation in
-// simt_hopper_emu.h, which runs the same protocol across the emulated warpgroup:
+// simt/simt_hopper_emu.h, which runs the same protocol across the emulated warpgroup:
 //   mbar_init(bar, count), mbar_arrive(bar), mbar_arrive_expect_tx(bar, bytes),
 //   mbar_try_wait(bar, parity) -> bool, mbar_wait(bar, parity)        bar: uint64_t in shared memory
 //   fence_barrier_init(), fence_proxy_async()
@@ -159,7 +159,7 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t d
 }  // namespace llmk
 
 #else
-#include "common/simt_hopper_emu.h"
+#include "simt/simt_hopper_emu.h"
 #endif
 
 namespace llmk {

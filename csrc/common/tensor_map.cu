@@ -1,6 +1,6 @@
 // Host side of the TMA layer under nvcc: tiled tensor maps encoded by the driver, whose entry
 // point comes from the CUDA runtime (the extension links no libcuda). The emulated maps are in
-// simt_hopper.cpp.
+// simt/simt_hopper.cpp.
 #include "common/simt_hopper.h"
 #include "common/sm90.h"
 

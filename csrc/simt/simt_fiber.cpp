@@ -1,4 +1,4 @@
-#include "common/simt_fiber.h"
+#include "simt/simt_fiber.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "common/simt_emu.h"
-#include "common/simt_fiber.h"
-#include "common/simt_runtime.h"
-#include "common/simt_sched.h"
+#include "simt/simt_emu.h"
+#include "simt/simt_fiber.h"
+#include "simt/simt_runtime.h"
+#include "simt/simt_sched.h"
 
 uint3 threadIdx;
 uint3 blockIdx;

@@ -1,4 +1,4 @@
-// The Hopper layer (simt_hopper.h) under the SIMT emulator (simt_hopper.cpp):
+// The Hopper layer (common/simt_hopper.h) under the SIMT emulator (simt_hopper.cpp):
 // - shared-memory addresses are offsets into the launch's dynamic shared memory (mbarriers,
 //   TMA destinations and wgmma operands must live there; the buffer is 1024-byte aligned, so
 //   the swizzle patterns, which the hardware takes from address bits, are the same);

@@ -1,6 +1,6 @@
 // Self-test kernels of the SIMT layer: each exercises one feature and writes raw results that
 // tests/test_simt_layer.py checks against expectations derived from the CUDA / PTX documentation.
-#include "common/simt_selftest.h"
+#include "simt/simt_selftest.h"
 
 #include "common/device_memory.h"
 #include "common/simt.h"

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "common/simt_emu.h"
-#include "common/simt_hopper_emu.h"
-#include "common/simt_sched.h"
+#include "simt/simt_emu.h"
+#include "simt/simt_hopper_emu.h"
+#include "simt/simt_sched.h"
 
 namespace llmk {
 namespace simt {

@@ -2,7 +2,7 @@
 // llmkern._simt always, in llmkern._C when it was compiled for sm_90a (else they raise).
 #include "common/bindings.h"
 #include "common/checks.h"
-#include "common/simt_selftest_hopper.h"
+#include "simt/simt_selftest_hopper.h"
 #include "common/sm90.h"
 
 namespace llmk {

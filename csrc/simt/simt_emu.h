@@ -74,7 +74,7 @@ extern dim3 blockDim;
 extern dim3 gridDim;
 constexpr int warpSize = 32;
 
-#include "common/simt_half.h"
+#include "simt/simt_half.h"
 
 // ---- runtime entry points (simt_runtime.cpp) -------------------------------------------------------
 namespace llmk {
@@ -258,7 +258,7 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 
-// ---- layer functions (llmk::simt; PTX under nvcc, see simt.h) ------------------------------------
+// ---- layer functions (llmk::simt; PTX under nvcc, see common/simt.h) ------------------------------------
 #define LLMK_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::llmk::simt::emu::dynamic_smem())
 
 namespace llmk {

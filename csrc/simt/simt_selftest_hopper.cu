@@ -1,8 +1,8 @@
-// Self-test kernels of the Hopper layer (simt_hopper.h): wgmma through TMA-loaded shared-memory
+// Self-test kernels of the Hopper layer (common/simt_hopper.h): wgmma through TMA-loaded shared-memory
 // operands in every swizzle mode, TMA boxes with out-of-bounds fill, mbarrier phases and
 // transaction counts, and (emulator only) deliberately broken protocols.
 // tests/test_simt_hopper.py checks them against plain matmuls and the documented semantics.
-#include "common/simt_selftest_hopper.h"
+#include "simt/simt_selftest_hopper.h"
 
 #include "common/device_memory.h"
 #include "common/errors.h"

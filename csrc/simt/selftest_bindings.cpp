@@ -2,11 +2,11 @@
 // (emulated, host tensors) and, when CUDA is compiled, in llmkern._C (GPU tensors).
 #include "common/bindings.h"
 #include "common/checks.h"
-#include "common/simt_selftest.h"
-#include "common/simt_selftest_hopper.h"
+#include "simt/simt_selftest.h"
+#include "simt/simt_selftest_hopper.h"
 
 #if defined(LLMK_SIMT)
-#include "common/simt_runtime.h"
+#include "simt/simt_runtime.h"
 #endif
 
 namespace llmk {
