@@ -98,7 +98,7 @@ def test_hostile_names_stay_inside_the_page(tmp_path):
                          serve_command="llmkern serve " + evil)
     html = build_page(path)
     assert evil not in html
-    assert html.count("</script>") == 4  # the page's own four script elements, none closed early
+    assert html.count("</script>") == 5  # the page's own five script elements, none closed early
     d = embedded(html)
     assert d["runs"][0]["workload"] == evil and d["runs"][0]["knobs"] == {"knob": evil}
 

@@ -1,7 +1,8 @@
 // Internal interface between the CPU attention scheduler (flash_attn_cpu.cpp) and its two tile
-// kernels (flash_attn_tiles_cpu.cpp): a task is a block of query rows of one sequence that share
-// one kv head, attending to one key range (a split). The kernel leaves the un-normalised fp32
-// output and the softmax state of every row in the thread's scratch; the scheduler writes them.
+// kernels (flash_attn_gemm_cpu.cpp, flash_attn_tiles_cpu.cpp): a task is a block of query rows of
+// one sequence that share one kv head, attending to one key range (a split). The kernel leaves the
+// un-normalised fp32 output and the softmax state of every row in the thread's scratch; the
+// scheduler writes them.
 #pragma once
 #include <stdint.h>
 #include <stdlib.h>

@@ -4,6 +4,8 @@
 // some are still waiting, the block is deadlocked (divergent barrier, partial collective) and the
 // launch fails with a RuntimeError that says who waits where. Errors unwind every fiber's stack
 // (a FiberAbort exception thrown at its wait point) before the launch reports them.
+// The deadlock report (simt_runtime_deadlock.cpp) and the warp collectives' completion
+// (simt_runtime_warp.cpp) live beside it, sharing simt_runtime_internal.h.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -17,6 +19,7 @@
 #include "simt/simt_emu.h"
 #include "simt/simt_fiber.h"
 #include "simt/simt_runtime.h"
+#include "simt/simt_runtime_internal.h"
 #include "simt/simt_sched.h"
 
 uint3 threadIdx;
@@ -28,148 +31,23 @@ namespace llmk {
 namespace simt {
 namespace emu {
 
-namespace {
-
-struct FiberAbort {};  // unwinds a fiber after the launch failed; caught in fiber_main only
-
-struct CpCopy {
-  void* dst;
-  long group;
-  unsigned char data[16];
-};
-
-enum State : uint8_t { kReady, kAtBarrier, kInWarpOp, kWaitCond, kDone };
-
-struct Fiber {
-  Context ctx;
-  FiberStack stack;
-  uint3 tid;
-  int linear = 0, lane = 0, warp = 0;
-  State state = kReady;
-  bool started = false;
-  // What it waits at (for diagnostics) and the operands of its warp collective.
-  int op = 0, group = -1, arg = 0;
-  unsigned mask = 0;
-  const char* file = nullptr;
-  int line = 0;
-  uint64_t in = 0, out = 0;
-  const void* pin = nullptr;
-  void* pout = nullptr;
-  // kWaitCond: runnable again once cond(cond_arg) holds (mbarriers, named barriers, warpgroups)
-  bool (*cond)(void*) = nullptr;
-  void* cond_arg = nullptr;
-  const char* wait_what = nullptr;
-  std::vector<CpCopy> cp;  // issued cp.async copies, in issue (= group) order
-  long cp_group = 0;       // index of the group still open for new copies
-};
-
-struct WarpGroup {  // one pending collective of one warp: lanes of `mask` meet here
-  bool used = false;
-  int op = 0;
-  unsigned mask = 0, arrived = 0;
-  const char* file = nullptr;
-  int line = 0;
-};
-
-struct Emulator {
-  std::mutex mu;
-  const LaunchSpec* spec = nullptr;
-  void (*body)(void*) = nullptr;
-  void* body_ctx = nullptr;
-  std::vector<std::unique_ptr<Fiber>> pool;
-  int n = 0, nwarps = 0;
-  std::vector<unsigned> warp_lanes;  // lanes that exist in each warp (last warp may be partial)
-  std::vector<unsigned> warp_exited;  // lanes that have exited, per warp
-  std::vector<WarpGroup> groups;     // nwarps * 32
-  Fiber* cur = nullptr;
-  Context main;
-  int live = 0;
-  bool aborting = false;
-  std::string error;
-  // __syncthreads state
-  int bar_arrived = 0, bar_op = 0, bar_count = 0, bar_and = 1, bar_or = 0;
-  const char* bar_file = nullptr;
-  int bar_line = 0;
-  // dynamic shared memory
-  unsigned char* smem = nullptr;
-  size_t smem_cap = 0, smem_size = 0;
-  std::unordered_map<const void*, int> max_smem;
-  Stats stats;
-  size_t stack_bytes = 0;
-};
+namespace detail {
 
 Emulator& emu() {
   static Emulator* e = new Emulator();  // never destroyed: fibers may outlive static teardown
   return *e;
 }
 
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
+
 thread_local bool tls_in_launch = false;
-
-const char* short_path(const char* file) {
-  if (!file) return "?";
-  const char* best = nullptr;
-  for (const char* p = file; (p = std::strstr(p, "csrc/")) != nullptr; ++p) best = p + 5;
-  if (best) return best;
-  const char* slash = std::strrchr(file, '/');
-  return slash ? slash + 1 : file;
-}
-
-std::string site(const char* file, int line) { return str_cat(short_path(file), ":", line); }
 
 bool same_site(const char* f1, int l1, const char* f2, int l2) {
   return l1 == l2 && (f1 == f2 || (f1 && f2 && std::strcmp(f1, f2) == 0));
-}
-
-const char* op_name(int op) {
-  switch (op) {
-    case kShflIdx: return "__shfl_sync";
-    case kShflUp: return "__shfl_up_sync";
-    case kShflDown: return "__shfl_down_sync";
-    case kShflXor: return "__shfl_xor_sync";
-    case kBallot: return "__ballot_sync";
-    case kAny: return "__any_sync";
-    case kAll: return "__all_sync";
-    case kSyncWarp: return "__syncwarp";
-    case kLdmatrix: return "ldmatrix";
-    case kMma: return "mma_m16n8k16";
-    default: return "warp collective";
-  }
-}
-
-const char* bar_name(int op) {
-  switch (op) {
-    case kBarCount: return "__syncthreads_count";
-    case kBarAnd: return "__syncthreads_and";
-    case kBarOr: return "__syncthreads_or";
-    default: return "__syncthreads";
-  }
-}
-
-// "0-15, 17, 20-31"
-std::string ranges(const std::vector<int>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size();) {
-    size_t j = i;
-    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
-    if (!s.empty()) s += ", ";
-    s += j == i ? str_cat(ids[i]) : str_cat(ids[i], "-", ids[j]);
-    i = j + 1;
-  }
-  return s;
-}
-
-std::string lanes_str(unsigned mask) {
-  std::vector<int> ids;
-  for (int l = 0; l < 32; ++l)
-    if (mask >> l & 1u) ids.push_back(l);
-  return ranges(ids);
-}
-
-std::string hex(unsigned v) {
-  static const char* digits = "0123456789abcdef";
-  std::string s = "0x";
-  for (int i = 7; i >= 0; --i) s += digits[(v >> (4 * i)) & 15u];
-  return s;
 }
 
 // ---- switching --------------------------------------------------------------------------------------
@@ -223,7 +101,6 @@ void flush_cp(Fiber* f, long below_group) {
   f->cp.erase(f->cp.begin(), f->cp.begin() + static_cast<std::ptrdiff_t>(k));
 }
 
-void complete_after_exit(Fiber* me);
 
 void fiber_main(void* p) {
   Fiber* me = static_cast<Fiber*>(p);
@@ -269,220 +146,6 @@ Fiber* current(const char* what) {
   Fiber* f = emu().cur;
   if (!f) throw RuntimeError(str_cat(what, ": called outside a kernel launched with LLMK_LAUNCH"));
   return f;
-}
-
-// ---- deadlock report --------------------------------------------------------------------------------
-
-std::string describe_wait(const Fiber* f) {
-  if (f->state == kDone) return "exited";
-  if (f->state == kAtBarrier) return str_cat("wait at ", bar_name(emu().bar_op), "() ", site(f->file, f->line));
-  if (f->state == kInWarpOp)
-    return str_cat("wait in ", op_name(f->op), "(mask=", hex(f->mask), ") ", site(f->file, f->line));
-  if (f->state == kWaitCond) return str_cat("wait at ", f->wait_what, " ", site(f->file, f->line));
-  return "ready";
-}
-
-std::string describe_deadlock() {
-  Emulator& g = emu();
-  std::vector<std::string> parts;
-  if (g.bar_arrived > 0) {
-    std::vector<int> at;
-    std::vector<std::pair<std::string, std::vector<int>>> others;
-    for (int i = 0; i < g.n; ++i) {
-      const Fiber* f = g.pool[i].get();
-      if (f->state == kAtBarrier) { at.push_back(i); continue; }
-      const std::string w = describe_wait(f);
-      auto it = std::find_if(others.begin(), others.end(), [&](const auto& o) { return o.first == w; });
-      if (it == others.end()) others.push_back({w, {i}});
-      else it->second.push_back(i);
-    }
-    std::string s = str_cat(bar_name(g.bar_op), "() at ", site(g.bar_file, g.bar_line), " reached by ",
-                            at.size(), " of ", g.n, " threads (", ranges(at), ")");
-    for (const auto& o : others) s += str_cat("; threads ", ranges(o.second), " ", o.first);
-    parts.push_back(s);
-  }
-  for (int w = 0; w < g.nwarps; ++w) {
-    for (int k = 0; k < 32; ++k) {
-      const WarpGroup& grp = g.groups[static_cast<size_t>(w) * 32 + k];
-      if (!grp.used) continue;
-      std::string s = str_cat(op_name(grp.op), "(mask=", hex(grp.mask), ") at ", site(grp.file, grp.line),
-                              " in warp ", w, " reached by lanes ", lanes_str(grp.arrived));
-      const unsigned missing = grp.mask & ~grp.arrived & ~g.warp_exited[static_cast<size_t>(w)];
-      std::vector<std::pair<std::string, unsigned>> why;
-      for (int l = 0; l < 32; ++l) {
-        if (!(missing >> l & 1u)) continue;
-        const std::string d = describe_wait(g.pool[static_cast<size_t>(w) * 32 + l].get());
-        auto it = std::find_if(why.begin(), why.end(), [&](const auto& o) { return o.first == d; });
-        if (it == why.end()) why.push_back({d, 1u << l});
-        else it->second |= 1u << l;
-      }
-      for (const auto& o : why) s += str_cat("; lanes ", lanes_str(o.second), " ", o.first);
-      parts.push_back(s);
-    }
-  }
-  if (g.bar_arrived == 0) {
-    std::vector<std::pair<std::string, std::vector<int>>> conds;
-    for (int i = 0; i < g.n; ++i) {
-      const Fiber* f = g.pool[i].get();
-      if (f->state != kWaitCond) continue;
-      const std::string w = describe_wait(f);
-      auto it = std::find_if(conds.begin(), conds.end(), [&](const auto& o) { return o.first == w; });
-      if (it == conds.end()) conds.push_back({w, {i}});
-      else it->second.push_back(i);
-    }
-    for (const auto& o : conds) parts.push_back(str_cat("threads ", ranges(o.second), " ", o.first));
-  }
-  std::string msg = "deadlock: ";
-  for (size_t i = 0; i < parts.size(); ++i) msg += (i ? " | " : "") + parts[i];
-  if (parts.empty()) msg += "no thread can make progress";
-  return msg + " (a barrier must be reached by every thread of the block, a collective by every lane of its mask)";
-}
-
-// ---- warp collectives ---------------------------------------------------------------------------------
-
-uint32_t shfl_source(int op, int lane, int arg) {
-  const int b = arg & 31, width = arg >> 8;
-  // PTX shfl.sync with c = ((32 - width) << 8) | (up ? 0 : 31)
-  const int segmask = 32 - width, cval = op == kShflUp ? 0 : 31;
-  const int max_lane = (lane & segmask) | (cval & ~segmask), min_lane = lane & segmask;
-  int j = lane;
-  bool ok = false;
-  switch (op) {
-    case kShflUp: j = lane - b; ok = j >= max_lane; break;
-    case kShflDown: j = lane + b; ok = j <= max_lane; break;
-    case kShflXor: j = lane ^ b; ok = j <= max_lane; break;
-    default: j = min_lane | (b & ~segmask); ok = j <= max_lane; break;
-  }
-  return static_cast<uint32_t>(ok ? j : lane);
-}
-
-float mma_input(uint32_t reg, int half, bool fp16) {
-  const uint16_t bits = static_cast<uint16_t>(reg >> (16 * half));
-  return fp16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
-}
-
-void complete_ldmatrix(Fiber* const* lanes, int arg) {
-  const int num = arg & 7;
-  const bool trans = arg & 8;
-  uint16_t m[4][8][8];
-  for (int j = 0; j < num; ++j) {
-    for (int r = 0; r < 8; ++r) {
-      const Fiber* f = lanes[8 * j + r];
-      if (reinterpret_cast<uintptr_t>(f->pin) & 15u)
-        fail(str_cat("ldmatrix at ", site(f->file, f->line), ": lane ", 8 * j + r,
-                     " row address is not 16-byte aligned").c_str());
-      std::memcpy(m[j][r], f->pin, 16);
-    }
-  }
-  for (int l = 0; l < 32; ++l) {
-    uint32_t* regs = static_cast<uint32_t*>(lanes[l]->pout);
-    const int g = l >> 2, t = l & 3;
-    for (int j = 0; j < num; ++j) {
-      const uint16_t e0 = trans ? m[j][2 * t][g] : m[j][g][2 * t];
-      const uint16_t e1 = trans ? m[j][2 * t + 1][g] : m[j][g][2 * t + 1];
-      regs[j] = static_cast<uint32_t>(e0) | (static_cast<uint32_t>(e1) << 16);
-    }
-  }
-}
-
-void complete_mma(Fiber* const* lanes, bool fp16) {
-  float a[16][16], b[16][8], c[16][8];
-  for (int l = 0; l < 32; ++l) {
-    const MmaOperands* o = static_cast<const MmaOperands*>(lanes[l]->pin);
-    const int g = l >> 2, t = l & 3;
-    for (int i = 0; i < 8; ++i)
-      a[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] = mma_input(o->a[i >> 1], i & 1, fp16);
-    for (int i = 0; i < 4; ++i) b[2 * t + (i & 1) + 8 * (i >> 1)][g] = mma_input(o->b[i >> 1], i & 1, fp16);
-    for (int i = 0; i < 4; ++i) c[g + 8 * (i >> 1)][2 * t + (i & 1)] = o->c[i];
-  }
-  // Products of 16-bit inputs are exact; the sum is accumulated in double and rounded once.
-  float d[16][8];
-  for (int r = 0; r < 16; ++r)
-    for (int n = 0; n < 8; ++n) {
-      double s = c[r][n];
-      for (int k = 0; k < 16; ++k) s += static_cast<double>(a[r][k]) * b[k][n];
-      d[r][n] = static_cast<float>(s);
-    }
-  for (int l = 0; l < 32; ++l) {
-    float* out = static_cast<float*>(lanes[l]->pout);
-    const int g = l >> 2, t = l & 3;
-    for (int i = 0; i < 4; ++i) out[i] = d[g + 8 * (i >> 1)][2 * t + (i & 1)];
-  }
-}
-
-// Exited lanes named in a mask are not waited for (CUDA: "all non-exited threads named in mask
-// must execute the same intrinsic"), but reading a value from one is undefined, hence an error.
-void complete(int w, const WarpGroup& grp) {
-  Emulator& g = emu();
-  const unsigned exited = g.warp_exited[static_cast<size_t>(w)] & grp.mask;
-  Fiber* lanes[32] = {};
-  for (int l = 0; l < 32; ++l)
-    if ((grp.mask & ~exited) >> l & 1u) lanes[l] = g.pool[static_cast<size_t>(w) * 32 + l].get();
-  if ((grp.op == kLdmatrix || grp.op == kMma) && exited)
-    fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": needs all 32 lanes of warp ", w,
-                 ", but lanes ", lanes_str(exited), " have exited")
-             .c_str());
-  switch (grp.op) {
-    case kShflIdx: case kShflUp: case kShflDown: case kShflXor: {
-      for (int l = 0; l < 32; ++l) {
-        if (!lanes[l]) continue;
-        const int width = lanes[l]->arg >> 8;
-        if (width < 1 || width > 32 || (width & (width - 1)))
-          fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": width ", width,
-                       " is not a power of two in [1, 32]").c_str());
-      }
-      uint64_t res[32];
-      for (int l = 0; l < 32; ++l) {
-        if (!lanes[l]) continue;
-        const uint32_t j = shfl_source(grp.op, l, lanes[l]->arg);
-        if (exited >> j & 1u)
-          fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": lane ", l, " of warp ", w,
-                       " reads lane ", j, ", which has exited (undefined value)")
-                   .c_str());
-        // Reading a lane outside the mask is undefined on the GPU; here it returns the own value.
-        res[l] = lanes[j] ? lanes[j]->in : lanes[l]->in;
-      }
-      for (int l = 0; l < 32; ++l)
-        if (lanes[l]) lanes[l]->out = res[l];
-      break;
-    }
-    case kBallot: case kAny: case kAll: {
-      unsigned bits = 0;
-      for (int l = 0; l < 32; ++l)
-        if (lanes[l] && lanes[l]->in) bits |= 1u << l;
-      const uint64_t r = grp.op == kBallot ? bits : grp.op == kAny ? (bits != 0) : (bits == (grp.mask & ~exited));
-      for (int l = 0; l < 32; ++l)
-        if (lanes[l]) lanes[l]->out = r;
-      break;
-    }
-    case kLdmatrix: case kMma: {
-      for (int l = 0; l < 32; ++l)
-        if (lanes[l]->arg != lanes[0]->arg)
-          fail(str_cat(op_name(grp.op), " at ", site(grp.file, grp.line), ": lanes ran different variants (",
-                       site(lanes[0]->file, lanes[0]->line), " vs ", site(lanes[l]->file, lanes[l]->line), ")")
-                   .c_str());
-      if (grp.op == kLdmatrix) complete_ldmatrix(lanes, lanes[0]->arg);
-      else complete_mma(lanes, lanes[0]->arg == 1);
-      break;
-    }
-    default: break;  // __syncwarp: meeting is all it does
-  }
-  for (int l = 0; l < 32; ++l)
-    if (lanes[l] && lanes[l]->state == kInWarpOp) lanes[l]->state = kReady;
-}
-
-void complete_after_exit(Fiber* me) {
-  Emulator& g = emu();
-  const unsigned exited = g.warp_exited[static_cast<size_t>(me->warp)];
-  WarpGroup* groups = &g.groups[static_cast<size_t>(me->warp) * 32];
-  for (int k = 0; k < 32; ++k) {
-    WarpGroup& grp = groups[k];
-    if (grp.used && (grp.mask >> me->lane & 1u) && grp.arrived == (grp.mask & ~exited)) {
-      const WarpGroup done = grp;
-      grp.used = false;
-      complete(me->warp, done);
-    }
-  }
 }
 
 void run_block() {

@@ -137,6 +137,7 @@ def render(data: dict) -> str:
 </main>
 </div>
 <script type="application/json" id="explore-data">{payload}</script>
+<script>{_js_safe(_static("explorer_util.js"))}</script>
 <script>{_js_safe(_static("explorer.js"))}</script>
 </body>
 </html>

@@ -10,16 +10,11 @@
   var KNOBS = D.knobs || [];
   var MACHINES = D.machines || {};
   var SWEEPS = D.sweeps || [];
-  var STATS = [['p50', 'median'], ['mean', 'mean'], ['p95', 'p95'], ['p99', 'p99']];
-  var FAMILIES = [['ttft', 'TTFT'], ['itl', 'ITL'], ['e2e', 'E2E latency']];
-  var ESTIMATES = [['throughput', 'Throughput (tok/s)'], ['itl_p50', 'ITL p50 (ms)'], ['ttft_p50', 'TTFT p50 (ms)'],
-                   ['e2e_p50', 'E2E latency p50 (ms)']];
-  var DIMS = [['model', 'Model'], ['machine', 'Machine'], ['workload', 'Workload'], ['slo', 'Sweep constraints (SLO)']];
-  var PLOT_CONFIG = {displaylogo: false, responsive: true};
-
-  // Each Pareto group (model / machine / workload) has its own colour; points take it too by default.
-  var PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f',
-                 '#bcbd22', '#17becf'];
+  var U = ExplorerUtil;  // explorer_util.js: the pure helpers and fixed tables
+  var STATS = U.STATS, FAMILIES = U.FAMILIES, ESTIMATES = U.ESTIMATES, DIMS = U.DIMS,
+      PLOT_CONFIG = U.PLOT_CONFIG, PALETTE = U.PALETTE, PLOTS = U.PLOTS, valueKey = U.valueKey, finite = U.finite,
+      metric = U.metric, estimate = U.estimate, groupKey = U.groupKey, paretoFront = U.paretoFront, el = U.el,
+      emptyLayout = U.emptyLayout, familyLabel = U.familyLabel, fmt = U.fmt, copyButton = U.copyButton;
   var GROUP = 'group';
   var state = {sel: {}, stat: 'p50', color: GROUP, compare: [], cdf: 'ttft'};
   var byId = {};
@@ -31,10 +26,6 @@
   });
 
   // ---- values and filters -------------------------------------------------------------------
-  function valueKey(v) {
-    if (v === null || v === undefined || v === '') return 'none';
-    return typeof v === 'object' ? JSON.stringify(v) : String(v);  // a list-valued knob shows as JSON
-  }
   function fieldOf(r, key) {
     if (key === GROUP) return groupLabel(r);
     return key.indexOf('knob.') === 0 ? (r.knobs || {})[key.slice(5)] : r[key];
@@ -70,34 +61,11 @@
     }
     return true;
   }
-  function finite(x) { return typeof x === 'number' && isFinite(x); }
-  function metric(r, name) { var m = r.metrics || {}; return finite(m[name]) ? m[name] : null; }
-  function estimate(r, name) { var e = r.estimate || {}; return finite(e[name]) ? e[name] : null; }
-  function groupKey(r) { return [r.model, r.machine, r.workload].map(valueKey).join(' | '); }
   function groupLabel(r) {
     return [r.workload, r.model, labelOf('machine', valueKey(r.machine))].map(valueKey).join(' / ');
   }
 
-  // ---- Pareto front: most throughput for least latency ------------------------------------
-  // A point is on the front when no other point has at least its throughput and at most its
-  // latency while being better in one of them. Identical points are all kept.
-  function paretoFront(points) {
-    var sorted = points.slice().sort(function (a, b) { return a.lat - b.lat || b.tput - a.tput; });
-    var front = [], best = -Infinity, bestLat = null;
-    sorted.forEach(function (p) {
-      if (p.tput > best) { front.push(p); best = p.tput; bestLat = p.lat; }
-      else if (p.tput === best && p.lat === bestLat) front.push(p);
-    });
-    return front;
-  }
-
   // ---- sidebar ------------------------------------------------------------------------------
-  function el(tag, attrs, text) {
-    var e = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
   function buildFilters() {
     var box = document.getElementById('filters');
     box.textContent = '';
@@ -182,18 +150,6 @@
     var lines = [groupLabel(r)];
     KNOBS.forEach(function (k) { lines.push(k + ' = ' + valueKey((r.knobs || {})[k])); });
     return lines.join('<br>');
-  }
-  function emptyLayout(title, xt, yt, n, why) {
-    var lay = {title: {text: title, font: {size: 14}, x: 0.01, xanchor: 'left'},
-               xaxis: {title: {text: xt}}, yaxis: {title: {text: yt}}, modebar: {orientation: 'v'},
-               margin: {l: 60, r: 30, t: 36, b: 40}, hovermode: 'closest', height: 460,
-               legend: {font: {size: 10}, orientation: 'h', x: 0, y: -0.1, yanchor: 'top'}};
-    if (!n) lay.annotations = [{text: why, showarrow: false, xref: 'paper',
-                                yref: 'paper', x: 0.5, y: 0.5, font: {size: 14}}];
-    return lay;
-  }
-  function familyLabel(family) {
-    return FAMILIES.filter(function (f) { return f[0] === family; })[0][1];
   }
   function paretoTraces(runs, family) {
     var name = family + '_' + state.stat;
@@ -302,11 +258,6 @@
                                : 'Choose configurations to compare their latency distributions'};
   }
 
-  var PLOTS = [];
-  FAMILIES.forEach(function (f) { PLOTS.push({id: 'pareto-' + f[0], kind: 'pareto', family: f[0]}); });
-  PLOTS.push({id: 'cdf', kind: 'cdf'});
-  ESTIMATES.forEach(function (e) { PLOTS.push({id: 'estimate-' + e[0], kind: 'estimate', key: e[0], label: e[1]}); });
-
   function drawPlot(p, runs) {
     var gd = document.getElementById(p.id);
     var t, xt, yt;
@@ -341,11 +292,6 @@
   }
 
   // ---- tables -------------------------------------------------------------------------------
-  function fmt(v) {
-    if (v === null || v === undefined) return '-';
-    if (typeof v === 'number') return Math.abs(v) >= 100 ? v.toFixed(0) : Number(v.toPrecision(3)).toString();
-    return String(v);
-  }
   function toggleCompare(id) {
     var i = state.compare.indexOf(id);
     if (i >= 0) state.compare.splice(i, 1); else state.compare.push(id);
@@ -390,16 +336,6 @@
         table.appendChild(tr);
       });
     box.appendChild(table);
-  }
-  function copyButton(text) {
-    var b = el('button', {type: 'button', 'class': 'copy'}, 'copy');
-    b.addEventListener('click', function () {
-      var done = function () { b.textContent = 'copied'; };
-      try {
-        navigator.clipboard.writeText(text).then(done, function () { b.textContent = 'select and copy'; });
-      } catch (e) { b.textContent = 'select and copy'; }
-    });
-    return b;
   }
   function compareTable() {
     var box = document.getElementById('compare');

@@ -1,0 +1,248 @@
+// CPU sampling rows, the level below the Row (row_engine_cpu.h): the block size and vector width,
+// a row's team, its working set (Span, the team's Shared buffers) and the vectorised loops over one
+// 2048-element block (pivot statistics, max/argmax, exp, conversion). Every reduction is per block
+// in a fixed lane order, the same bits on every SIMD build. Included only through row_engine_cpu.h,
+// by *_cpu.cpp files (one copy per SIMD level).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "common/exp_cpu.h"
+#include "common/vec_cpu.h"
+#include "common/parallel.h"
+#include "common/tensor.h"
+#include "sampling/sampling.h"
+#include "sampling/row_algo.h"
+#include "sampling/sampling_math.h"
+
+LLMK_NS_BEGIN
+namespace rowcpu {
+
+constexpr int64_t kBlock = 2048;  // elements per block: 8 KB of fp32, stays in L1 between two loops
+constexpr int kL = 16;            // lanes of the vectorised loops (one AVX-512 register of fp32)
+constexpr int kMaxPiv = 4;
+constexpr int64_t kSplitRowMinVocab = 1 << 18;  // rows this long are shared by all threads
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+struct Team {
+  int tid = 0, nt = 1;
+  void sync() const {
+    if (nt > 1) team_barrier();
+  }
+};
+
+// ---- element access: common/vec_cpu.h's convention (Elem<DT>, to_f32<DT>, dispatch_elem) -------
+
+using vec::dispatch_elem;
+using vec::elem_t;
+
+// ---- the working set of a row ---------------------------------------------------------------------
+
+// Weights of the row (or of a compacted subset): w[0..n), idx[j] = vocabulary id (null: identity).
+struct Span {
+  const float* w = nullptr;
+  const int32_t* idx = nullptr;
+  int64_t n = 0;
+  int64_t nblocks() const { return (n + kBlock - 1) / kBlock; }
+  int64_t token(int64_t j) const { return idx ? idx[j] : j; }
+};
+
+// Buffers shared by the threads of a team (one set per concurrently processed row).
+struct Shared {
+  std::vector<float> w;                     // weights of the current row
+  std::vector<float> cw[2];                 // compacted weights (ping-pong)
+  std::vector<int32_t> ci[2];               // their vocabulary ids
+  std::vector<float> bmass, bmin, bmax;     // per-pivot per-block partials [kMaxPiv][nblocks]
+  std::vector<int32_t> bcnt, barg;
+  int64_t fast_token = -1;                  // the leader's one-pass top-k result (-1: none)
+  int64_t cap = -1;
+
+  void ensure(int64_t V) {
+    if (V <= cap) return;
+    cap = V;
+    const int64_t nb = (V + kBlock - 1) / kBlock;
+    w.resize(V);
+    for (int i = 0; i < 2; ++i) {
+      cw[i].resize(V);
+      ci[i].resize(V);
+    }
+    bmass.resize(kMaxPiv * nb);
+    bmin.resize(kMaxPiv * nb);
+    bmax.resize(nb);
+    bcnt.resize(kMaxPiv * nb);
+    barg.resize(nb);
+  }
+};
+
+inline Shared& thread_shared(int64_t V) {
+  static thread_local Shared s;
+  s.ensure(V);
+  return s;
+}
+
+// ---- block loops (the vectorised inner work) -----------------------------------------------------
+
+// These helpers pass 64-byte vectors by value; they are inline and private to one SIMD build, so
+// the ABI note GCC emits for the non-AVX-512 builds does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// 16-lane vectors (GCC vector extensions: one zmm on AVX-512, two ymm on AVX2, four xmm on the
+// scalar build). Lane-wise semantics are the same on every ISA, so every SIMD build gives the same
+// bits.
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+
+inline vf vload(const float* p) {
+  vf v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <DType DT>
+inline vf vload_conv(const elem_t<DT>* p) {
+  if constexpr (DT == DType::F32) {
+    return vload(p);
+  } else {
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = vec::to_f32<DT>(p[l]);
+    return vload(tmp);
+  }
+}
+inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+inline vi vseli(vi m, vi a, vi b) { return (m & a) | (~m & b); }
+inline vf vsplat(float x) { return vf{} + x; }
+
+// Fixed-order lane reductions (the same tree on every build).
+inline float hsum(vf v) {
+  float a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  for (int h = kL / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) a[l] += a[l + h];
+  return a[0];
+}
+inline int32_t hsum_i(vi v) {
+  int32_t a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  int32_t s = 0;
+  for (int l = 0; l < kL; ++l) s += a[l];
+  return s;
+}
+inline float hmin(vf v) {
+  float a[kL];
+  __builtin_memcpy(a, &v, sizeof(a));
+  float m = a[0];
+  for (int l = 1; l < kL; ++l) m = a[l] < m ? a[l] : m;
+  return m;
+}
+
+// Per pivot: sum, count and minimum of the elements strictly above it, over w[lo, hi).
+template <int P, bool WantMin = true>
+inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv, float* mass,
+                        int32_t* cnt, float* mn) {
+  vf m[P], mi[P], pv[P];
+  vi c[P];
+  for (int p = 0; p < P; ++p) {
+    m[p] = vf{};
+    mi[p] = vsplat(kInf);
+    c[p] = vi{};
+    pv[p] = vsplat(piv[p]);
+  }
+  int64_t j = lo;
+  for (; j + kL <= hi; j += kL) {
+    const vf x = vload(w + j);
+    for (int p = 0; p < P; ++p) {
+      const vi g = x > pv[p];
+      m[p] += (vf)(g & (vi)x);
+      c[p] -= g;
+      if constexpr (WantMin) mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
+    }
+  }
+  if (j < hi) {  // tail: pad with -inf (never above a pivot)
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = j + l < hi ? w[j + l] : -kInf;
+    const vf x = vload(tmp);
+    for (int p = 0; p < P; ++p) {
+      const vi g = x > pv[p];
+      m[p] += (vf)(g & (vi)x);
+      c[p] -= g;
+      mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    mass[p] = hsum(m[p]);
+    cnt[p] = hsum_i(c[p]);
+    mn[p] = hmin(mi[p]);
+  }
+}
+
+// Load-pass partials of block b: mass, count and minimum of the weights of w[lo, hi) above dom_lo
+// (positive weights: dom_lo = 0), stored as pivot 0 of the shared per-block buffers.
+inline void store_stats_above(Shared& s, const float* w, int64_t lo, int64_t hi, int64_t b, float dom_lo) {
+  float mass, mn;
+  int32_t cnt;
+  block_stats<1>(w, lo, hi, &dom_lo, &mass, &cnt, &mn);
+  s.bmass[b] = mass;
+  s.bcnt[b] = cnt;
+  s.bmin[b] = mn;
+}
+inline void store_positive_stats(Shared& s, const float* w, int64_t lo, int64_t hi, int64_t b) {
+  store_stats_above(s, w, lo, hi, b, 0.0f);
+}
+// Maximum (NaN ignored) and the first index reaching it, over x[lo, hi) converted to fp32.
+template <DType DT>
+inline void block_max_arg(const elem_t<DT>* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {
+  vf lm = vsplat(-kInf);
+  vi li = vi{} - 1;
+  vi iota;
+  for (int l = 0; l < kL; ++l) iota[l] = l;
+  int64_t j = lo;
+  for (; j + kL <= hi; j += kL) {
+    const vf v = vload_conv<DT>(x + j);
+    const vi gt = v > lm;  // strict: the first index of a lane's maximum is kept
+    lm = vsel(gt, v, lm);
+    li = vseli(gt, iota + static_cast<int32_t>(j), li);
+  }
+  float best = -kInf;
+  int64_t a = -1;
+  for (int l = 0; l < kL; ++l)
+    if (li[l] >= 0 && (lm[l] > best || (lm[l] == best && li[l] < a))) {
+      best = lm[l];
+      a = li[l];
+    }
+  for (; j < hi; ++j) {
+    const float v = vec::to_f32<DT>(x[j]);
+    if (v > best || (a < 0 && v == best)) {
+      best = v;
+      a = j;
+    }
+  }
+  mx = a < 0 ? -kInf : best;
+  arg = static_cast<int32_t>(a < 0 ? lo : a);
+}
+
+// w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi).
+template <DType DT>
+inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
+  for (int64_t j = lo; j < hi; ++j) {
+    const float v = vec::to_f32<DT>(x[j]);
+    const float e = exp_nonpos((v - m) * inv_t);
+    w[j] = v == v ? e : 0.0f;
+  }
+}
+
+template <DType DT>
+inline void block_convert(const elem_t<DT>* x, int64_t lo, int64_t hi, float* w) {
+  for (int64_t j = lo; j < hi; ++j) w[j] = vec::to_f32<DT>(x[j]);
+}
+
+// Sum of w > low over a 16-element chunk.
+inline float chunk_mass(const float* w, float low) {
+  const vf x = vload(w);
+  return hsum((vf)((x > vsplat(low)) & (vi)x));
+}
+
+}  // namespace rowcpu
+LLMK_NS_END
