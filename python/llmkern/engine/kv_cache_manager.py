@@ -42,13 +42,10 @@ class KVCacheManager:
     def __init__(self, caches: Caches, block_size: int, enable_prefix_caching: bool,
                  offload_caches: Optional[Caches] = None, swap_caches: Optional[Caches] = None):
         self.tiers = KVTiers(caches, offload_caches if enable_prefix_caching else None, swap_caches)
-        self.caches = caches
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(caches[0][0].shape[0] if caches else 0)
-        self.offload_caches = offload_caches if enable_prefix_caching else None
-        self.offload = HostPool(offload_caches[0][0].shape[0]) if self.offload_caches else None
-        self.swap_caches = swap_caches
+        self.offload = HostPool(self.offload_caches[0][0].shape[0]) if self.offload_caches else None
         self.swap_pool = HostPool(swap_caches[0][0].shape[0]) if swap_caches else None
         self.stats = CacheStats()
         self.copy_log: Optional[list] = None  # set by a model-parallel engine: block copies to replay
@@ -56,6 +53,11 @@ class KVCacheManager:
     @classmethod
     def on_tiers(cls, tiers: KVTiers, block_size: int, enable_prefix_caching: bool) -> "KVCacheManager":
         return cls(tiers.caches, block_size, enable_prefix_caching, tiers.offload_caches, tiers.swap_caches)
+
+    # the tensors of each tier (the model runner reads `caches`)
+    caches = property(lambda self: self.tiers.caches)
+    offload_caches = property(lambda self: self.tiers.offload_caches)
+    swap_caches = property(lambda self: self.tiers.swap_caches)
 
     @property
     def num_blocks(self) -> int:
