@@ -348,7 +348,8 @@ class Engine:
             if any(s.is_finished for s in sample_seqs):  # aborted while in flight: blocks freed already
                 keep = [i for i, s in enumerate(sample_seqs) if not s.is_finished]
                 logits, sample_seqs = logits[keep], [sample_seqs[i] for i in keep]
-        self._phase = "sample"
+        if sample_seqs:   # (a prefill chunk that completes no prompt does not sample)
+            self._phase = "sample"
         if self.faults is not None:
             self.faults.check("sample", sample_seqs)
         verified = {}

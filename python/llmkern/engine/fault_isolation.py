@@ -8,7 +8,7 @@ batches where it happens. The requests whose probe raises are failed (finish_rea
 their KV freed); the others were not advanced by the failed step and are simply scheduled again
 (their KV writes are recomputed). The error ends the engine instead (it is re-raised) when it
 is not attributable to requests: marked fatal, a device (CUDA) error, no probe reproduces it, or
-every probe of a batch of several requests fails as well."""
+the probe of every request that reached the failed phase fails too (several of them)."""
 from __future__ import annotations
 
 import logging
@@ -21,6 +21,7 @@ from .scheduler import ScheduledBatch
 from .sequence import Request
 
 log = logging.getLogger("llmkern.engine")
+PHASES = ("prepare", "forward", "sample")   # of a step's work, in order (what probe() re-runs)
 
 _DEVICE_ERRORS = ("CUDA error", "CUDA driver error", "device-side assert", "illegal memory access", "cuBLAS",
                   "NCCL error", "out of memory")
@@ -81,6 +82,7 @@ class FaultIsolation:
             raise error
         subs = split_by_request(batch)
         culprits: List[Tuple[Request, str]] = []
+        innocent = 0        # requests whose work ran through the failed phase without error
         attributed = True   # every probe error names its request (an injected fault)
         for req, sub in subs.items():
             try:
@@ -90,10 +92,12 @@ class FaultIsolation:
                     raise
                 culprits.append((req, describe(self.phase(), e)))
                 attributed &= isinstance(e, InjectedFault) and e.request_id == req.request_id
+            else:   # a prefill chunk that samples nothing says nothing about a fault in sampling
+                innocent += PHASES.index(self.phase()) >= PHASES.index(phase)
         if not culprits:
             log.error("llmkern engine: a step failed in its %s phase and no request reproduces it alone", phase)
             raise error
-        if len(culprits) == len(subs) > 1 and not attributed:
+        if len(culprits) > 1 and not innocent and not attributed:
             log.error("llmkern engine: a step failed in its %s phase and every request of it fails alone too", phase)
             raise error
         log.warning("llmkern engine: step failed in its %s phase (%s: %s); failing %d of %d request(s): %s",
