@@ -79,10 +79,11 @@ async def final_outputs(run: Run) -> List[object]:
 
 
 async def first_item(run: Run):
-    """The first output (to answer with a proper HTTP error if the request fails before any)."""
+    """The first output of a stream. An error before it is raised, to answer with an HTTP error,
+    except a request the engine failed (request_error): a stream reports that as an error event."""
     i, item = await run.next()
     err = _as_error(item)
-    if err is not None:
+    if err is not None and err.code != "request_error":
         raise err
     return i, item
 
