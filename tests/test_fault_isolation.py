@@ -78,6 +78,7 @@ def check_isolated(eng, outs, reference, poison=(POISON,), why=None):
         else:
             assert o.error is None and o.finish_reason == "length", (i, o.error)
             assert o.token_ids == reference[i], i
+    assert eng.isolation.num_failed_requests == len(poison)
     assert_clean(eng)
     # ... and it serves on: a new request gets the reference tokens.
     again = run(eng, [PROMPTS[0]], GREEDY)[0]

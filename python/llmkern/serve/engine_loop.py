@@ -157,7 +157,10 @@ class EngineLoop:
         with self._lock:
             self.num_active -= len(handles)
         if self.on_death is not None:
-            self.on_death(e)
+            try:
+                self.on_death(e)
+            except Exception:  # noqa: BLE001 - the loop is gone either way
+                log.exception("llmkern: on_death failed")
 
     def _apply_intake(self) -> bool:
         eng = self.engine
