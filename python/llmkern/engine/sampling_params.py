@@ -33,7 +33,7 @@ class SamplingParams:
     stop_list: List[str] = field(init=False, repr=False)
 
     def __post_init__(self):
-        self._validate()
+        self.validate()
 
     @property
     def greedy(self) -> bool:
@@ -44,7 +44,7 @@ class SamplingParams:
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
                 or self.presence_penalty != 0.0)
 
-    def _validate(self) -> None:
+    def validate(self) -> None:
         """Every field checked (and normalised: 4.0 -> 4) at the type the engine stores it as."""
         c = param_checks
         self.n = c.as_int("n", self.n, 1, c.INT64_MAX, "an integer >= 1")
