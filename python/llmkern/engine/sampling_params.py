@@ -50,8 +50,9 @@ class SamplingParams:
         self.n = c.as_int("n", self.n, 1, c.INT64_MAX, "an integer >= 1")
         self.temperature = c.as_f32("temperature", self.temperature, 0.0, math.inf,
                                     "a finite number >= 0 (0 = greedy)")
-        self.top_k = c.as_int("top_k", self.top_k, -1, c.INT32_MAX,
-                              f"an integer in [1, {c.INT32_MAX}], or 0 / -1 for no top-k")
+        # int64: the sampler clamps it to the vocabulary before the kernels' int32 (as vLLM does)
+        self.top_k = c.as_int("top_k", self.top_k, -1, c.INT64_MAX, "an integer >= 1 (a 64-bit integer), "
+                                                                     "or 0 / -1 for no top-k")
         self.top_p = c.as_f32("top_p", self.top_p, 0.0, 1.0, "a number in (0, 1]", lo_open=True)
         self.min_p = c.as_f32("min_p", self.min_p, 0.0, 1.0, "a number in [0, 1]")
         self.repetition_penalty = c.as_f32("repetition_penalty", self.repetition_penalty, 0.0, math.inf,

@@ -4,7 +4,7 @@ schema-driven client or fuzzer sees what the server accepts. Fields not listed a
 as null (an OpenAI client may send any of its fields explicitly unset)."""
 from __future__ import annotations
 
-from ..engine.param_checks import INT32_MAX, INT64_MAX, INT64_MIN
+from ..engine.param_checks import INT64_MAX, INT64_MIN
 from ..engine.sampling_params import MAX_LOGPROBS
 
 FLT_MAX = 3.4028234663852886e38          # largest finite fp32
@@ -32,7 +32,7 @@ def _sampling(max_tokens: int, max_n: int, vocab: int) -> dict:
         "model": _opt({"type": "string"}), "user": _opt({"type": "string"}),
         "max_tokens": _int(1, max_tokens), "min_tokens": _int(0, max_tokens),
         "temperature": _num(0.0, FLT_MAX), "top_p": _num(FLT_TRUE_MIN, 1.0), "min_p": _num(0.0, 1.0),
-        "top_k": _int(-1, INT32_MAX), "repetition_penalty": _num(FLT_TRUE_MIN, FLT_MAX),
+        "top_k": _int(-1, INT64_MAX), "repetition_penalty": _num(FLT_TRUE_MIN, FLT_MAX),
         "presence_penalty": _num(-2.0, 2.0), "frequency_penalty": _num(-2.0, 2.0), "n": _int(1, max_n),
         "stop": _opt({"anyOf": [nonempty, {"type": "array", "items": nonempty}]}),
         "stop_token_ids": _opt({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": vocab - 1}}),
