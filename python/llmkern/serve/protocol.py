@@ -70,8 +70,12 @@ def _sampling(body: dict, kind: str, max_n: int, max_tokens_limit: int, engine) 
     renamed = {}   # SamplingParams field -> the body field it came from, for the error's param
     if kind == "chat" and body.get("max_completion_tokens") is not None:
         d["max_tokens"], renamed["max_tokens"] = body["max_completion_tokens"], "max_completion_tokens"
-    if kind == "chat":
-        d.setdefault("max_tokens", None)        # chat: up to the context unless limited
+    if "max_tokens" not in d:   # chat: up to the context; completions: 16 (OpenAI's); within the server's limit
+        context = getattr(engine, "max_model_len", None)
+        if kind == "chat":
+            d["max_tokens"] = max_tokens_limit if context is None or max_tokens_limit < context else None
+        else:
+            d["max_tokens"] = min(SamplingParams.max_tokens, max_tokens_limit)
     lp, top = body.get("logprobs"), body.get("top_logprobs")
     if kind == "chat":   # logprobs: bool, top_logprobs: how many alternatives
         if lp is not None and not isinstance(lp, bool):
