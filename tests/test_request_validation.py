@@ -30,7 +30,8 @@ BAD = [
     ("max_tokens", 0), ("max_tokens", -3), ("max_tokens", 2.5),
     ("min_tokens", -1), ("n", 0), ("n", 4.5), ("n", True),
     ("stop", 123), ("stop", [""]), ("stop", ["a", 5]), ("stop", "\ud800"), ("stop", ["ok", "x\udfff"]),
-    ("stop_token_ids", 5), ("stop_token_ids", [-1]), ("stop_token_ids", [2 ** 40]), ("stop_token_ids", [1.5]),
+    ("stop_token_ids", 5), ("stop_token_ids", {}), ("stop_token_ids", ""), ("stop_token_ids", [-1]),
+    ("stop_token_ids", [2 ** 40]), ("stop_token_ids", [1.5]),
     ("ignore_eos", "x"), ("ignore_eos", 1), ("include_stop_str_in_output", "yes"), ("skip_special_tokens", 0),
     ("logprobs", -1), ("logprobs", 21), ("logprobs", True),
 ]

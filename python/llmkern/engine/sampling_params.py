@@ -65,7 +65,7 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise c.ParamError("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         self.stop_list = c.stop_strings(self.stop)
-        self.stop_token_ids = c.token_ids("stop_token_ids", self.stop_token_ids or [])
+        self.stop_token_ids = c.token_ids("stop_token_ids", [] if self.stop_token_ids is None else self.stop_token_ids)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             c.as_bool(name, getattr(self, name))
         if self.seed is not None:

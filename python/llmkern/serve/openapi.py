@@ -86,12 +86,16 @@ COMPLETION = {"type": "object", "required": ["id", "object", "created", "model",
                                        "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}}}
 
 
+# one Server-Sent Event: `data:` a chunk as JSON, an error object, or [DONE]
+_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
+
 def route_extra(request_schema: dict) -> dict:
     """FastAPI's openapi_extra of a generation route: its request body and its responses."""
     err = {"content": {"application/json": {"schema": ERROR}}}
     responses = {"200": {"description": "the completion (JSON), or its Server-Sent Events with stream: true",
                          "content": {"application/json": {"schema": COMPLETION},
-                                     "text/event-stream": {"schema": {"type": "string"}}}}}
+                                     "text/event-stream": {"schema": _EVENT}}}}
     for code, why in (("400", "invalid request"), ("401", "missing or invalid API key"), ("404", "unknown model"),
                       ("413", "body or prompt too long"), ("429", "too many requests queued"),
                       ("500", "the request failed in the engine"), ("503", "shutting down, engine not running or "
