@@ -30,14 +30,8 @@ def nesting_depth(raw: bytes, limit: int) -> int:
     return deepest
 
 
-async def read_json(request, limit: int, max_depth: int = MAX_DEPTH) -> dict:
-    buf = bytearray()
-    async for part in request.stream():
-        buf += part
-        if len(buf) > limit:
-            raise APIError(413, f"body: larger than the limit of {limit} bytes", param="body",
-                           code="body_too_large")
-    raw = bytes(buf)
+def parse_object(raw: bytes, max_depth: int = MAX_DEPTH) -> dict:
+    """A whole body's bytes -> the JSON object it holds, or a 400 naming the body."""
     if nesting_depth(raw, max_depth) > max_depth:
         raise APIError(400, f"body: JSON nested deeper than {max_depth} levels", param="body")
     try:
@@ -47,3 +41,14 @@ async def read_json(request, limit: int, max_depth: int = MAX_DEPTH) -> dict:
     if not isinstance(body, dict):
         raise APIError(400, "body: expected a JSON object", param="body")
     return body
+
+
+async def read_json(request, limit: int, max_depth: int = MAX_DEPTH) -> dict:
+    """A request's body as a JSON object, read up to `limit` bytes (413 past it)."""
+    buf = bytearray()
+    async for part in request.stream():
+        buf += part
+        if len(buf) > limit:
+            raise APIError(413, f"body: larger than the limit of {limit} bytes", param="body",
+                           code="body_too_large")
+    return parse_object(bytes(buf), max_depth)
