@@ -1,7 +1,8 @@
 """build_app(loop, config): the FastAPI app. Routes: POST /v1/completions, POST
-/v1/chat/completions, GET /v1/models, GET /health, GET /metrics, GET /openapi.json, and for routers GET /kv/snapshot
-and GET /kv/events (SSE) with the prefix cache's block events and the replica's load. A plain ASGI guard in front
-checks the API key and the declared body size before any route runs."""
+/v1/chat/completions, GET /v1/models, GET /health, GET /metrics, GET /openapi.json (the bodies,
+from openapi.py), and for routers GET /kv/snapshot and GET /kv/events (SSE) with the prefix cache's
+block events and the replica's load. A plain ASGI guard in front checks the API key and the
+declared body size before any route runs."""
 from __future__ import annotations
 
 import asyncio
