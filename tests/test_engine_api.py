@@ -120,10 +120,11 @@ def test_scheduler_invariants_and_abort():
     assert_clean(eng)
 
 
-def test_static_policy_and_max_tokens_zero():
+def test_static_policy_and_max_tokens_one():
     llm = tiny_llm(scheduler="static", max_num_seqs=2)
-    outs = llm.generate([[5, 6], [7, 8, 9], [10]], [GREEDY, SamplingParams(max_tokens=0), GREEDY], use_tqdm=False)
-    assert [len(o.token_ids) for o in outs] == [6, 0, 6] and outs[1].finish_reason == "length"
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)   # 0 is refused, as in vLLM
+    outs = llm.generate([[5, 6], [7, 8, 9], [10]], [GREEDY, one, GREEDY], use_tqdm=False)
+    assert [len(o.token_ids) for o in outs] == [6, 1, 6] and outs[1].finish_reason == "length"
     ref = tiny_llm().generate([[5, 6], [10]], GREEDY, use_tqdm=False)
     assert [o.token_ids for o in ref] == [outs[0].token_ids, outs[2].token_ids]
     assert_clean(llm.engine)

@@ -66,4 +66,10 @@ CASES = [
     ("pack-rank", lambda: llmkern.pack_moe_weights(w13[0], w2), ValueError, "w13"),
     ("pack-w2", lambda: llmkern.pack_moe_weights(w13, w2[:2]), ValueError, "w2"),
     ("pack-int", lambda: llmkern.pack_moe_weights(w13.int(), w2.int()), TypeError, "w13"),
+    # int64 ids past int32 are refused, never narrowed (2**32 + 1 would become expert 1)
+    ("align-ids-int64-wrap", lambda: llmkern.moe_align_block_size(ids.long() + 2**32, E, 4), ValueError, "topk_ids"),
+    ("moe-ids-int64-wrap", lambda: f(x, w13, w2, w, ids.long() + 2**32), ValueError, "topk_ids"),
+    ("moe-packed-ids-int64-wrap", lambda: f(x, P, None, w, ids.long() - 2**32), ValueError, "topk_ids"),
+    ("moe-map-int64-wrap", lambda: f(x, w13, w2, w, ids, expert_map=emap(0, 1, 2).long() + 2**32), ValueError,
+     "expert_map"),
 ]

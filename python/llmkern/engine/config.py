@@ -85,10 +85,11 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(name, "an integer >= 1")
-        for name in ("max_model_len", "num_gpu_blocks", "num_cpu_offload_blocks", "num_swap_blocks"):
+        for name, lo in (("max_model_len", 1), ("num_gpu_blocks", 1), ("num_cpu_offload_blocks", 0),
+                         ("num_swap_blocks", 0)):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < (1 if name == "max_model_len" else 0)):
-                bad(name, "a non-negative integer or None")
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+                bad(name, f"an integer >= {lo}, or unset")
         for name in ("cpu_offload_gb", "swap_space_gb"):
             v = getattr(self, name)
             if not _is_num(v) or v < 0:

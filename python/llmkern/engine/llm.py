@@ -15,7 +15,24 @@ from .engine import Engine
 from .processor import PromptType
 from .outputs import (EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringOutput,
                       ScoringRequestOutput)
+from .param_checks import ParamError
 from .sampling_params import SamplingParams
+
+
+def _as_params(sp, name: str) -> SamplingParams:
+    """A SamplingParams from None (the defaults), a SamplingParams or a dict of its fields; errors
+    name the field under `name` (e.g. "sampling_params[1].temperature: expected ...")."""
+    if sp is None:
+        return SamplingParams()
+    if not isinstance(sp, (SamplingParams, dict)):
+        raise TypeError(f"{name}: expected a SamplingParams or a dict, got {type(sp).__name__}")
+    try:
+        if isinstance(sp, dict):
+            return SamplingParams.from_dict(sp)
+        sp.validate()        # again: its fields may have been changed since it was made
+        return sp
+    except ValueError as e:
+        raise ParamError(f"{name}.{getattr(e, 'param', '')}".rstrip("."), str(e).partition(": ")[2]) from None
 
 
 class LLM:
@@ -43,17 +60,20 @@ class LLM:
             return [list(prompts)]      # one chat
         return list(prompts)
 
-    def generate(self, prompts, sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
+    def generate(self, prompts, sampling_params: Union[None, SamplingParams, dict,
+                                                      Sequence[Union[SamplingParams, dict]]] = None,
                  use_tqdm: bool = True) -> List[RequestOutput]:
         """Run all prompts to completion; one RequestOutput per prompt, in order. A bad prompt
-        gets an output with `.error` set (and no completions); the others run normally."""
+        gets an output with `.error` set (and no completions); the others run normally.
+        sampling_params: one for all prompts or one per prompt, each a SamplingParams or a dict of
+        its fields; all are checked before any prompt is admitted (a bad one raises, naming its index)."""
         plist = self._as_list(prompts)
         if isinstance(sampling_params, (list, tuple)):
             if len(sampling_params) != len(plist):
                 raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(plist)} prompts")
-            sps = list(sampling_params)
+            sps = [_as_params(sp, f"sampling_params[{i}]") for i, sp in enumerate(sampling_params)]
         else:
-            sps = [sampling_params or SamplingParams()] * len(plist)
+            sps = [_as_params(sampling_params, "sampling_params")] * len(plist)
         eng = self.engine
         results: List[Optional[RequestOutput]] = [None] * len(plist)
         index = {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple, Union
 
+from .param_checks import check_text
+
 PromptType = Union[str, List[int], dict, List[dict]]
 
 _EXPECTED = {"prompt": "a string", "prompt_token_ids": "a list of token ids",
@@ -25,12 +27,14 @@ def tokenize(prompt: PromptType, tokenizer, vocab_size: int) -> Tuple[Optional[s
             raise TypeError(f"{key}: expected {_EXPECTED[key]}, got {type(prompt).__name__}")
     if isinstance(prompt, str):
         _need_tokenizer(tokenizer)
-        return prompt, tokenizer.encode(prompt)
+        return prompt, tokenizer.encode(check_text("prompt", prompt))
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         _need_tokenizer(tokenizer)
         for i, m in enumerate(prompt):
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise ValueError(f"messages[{i}]: expected {{'role': str, 'content': str}}, got {m!r}")
+            check_text(f"messages[{i}].role", m["role"])
+            check_text(f"messages[{i}].content", m["content"])
         text = tokenizer.apply_chat_template(list(prompt))
         return text, tokenizer.encode_chat(list(prompt))
     if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -1,10 +1,14 @@
-"""SamplingParams: how one request is decoded. Validated on construction; every error names the
-field, what was expected and what came."""
+"""SamplingParams: how one request is decoded. Validated on construction (param_checks: at the
+type the kernels store); every error is a ValueError naming the field, what was expected and what came."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
 from typing import List, Optional, Sequence, Union
+
+from . import param_checks
+
+MAX_LOGPROBS = 20     # alternatives per token, as OpenAI
 
 
 @dataclass
@@ -29,9 +33,7 @@ class SamplingParams:
     stop_list: List[str] = field(init=False, repr=False)
 
     def __post_init__(self):
-        self.stop_list = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        self._validate()
+        self.validate()
 
     @property
     def greedy(self) -> bool:
@@ -42,46 +44,35 @@ class SamplingParams:
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
                 or self.presence_penalty != 0.0)
 
-    def _validate(self) -> None:
-        def is_int(x):
-            return isinstance(x, int) and not isinstance(x, bool)
-
-        def is_num(x):
-            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-        def bad(name, expected):
-            raise ValueError(f"{name}: expected {expected}, got {getattr(self, name)!r}")
-
-        if not is_int(self.n) or self.n < 1:
-            bad("n", "an integer >= 1")
-        if not is_num(self.temperature) or self.temperature < 0:
-            bad("temperature", "a finite number >= 0 (0 = greedy)")
-        if not is_int(self.top_k) or self.top_k < -1:
-            bad("top_k", "an integer >= 1, or 0 / -1 for no top-k")
-        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
-            bad("top_p", "a number in (0, 1]")
-        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
-            bad("min_p", "a number in [0, 1]")
-        if not is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
-            bad("repetition_penalty", "a number > 0 (1 = off)")
+    def validate(self) -> None:
+        """Every field checked (and normalised: 4.0 -> 4) at the type the engine stores it as."""
+        c = param_checks
+        self.n = c.as_int("n", self.n, 1, c.INT64_MAX, "an integer >= 1")
+        self.temperature = c.as_f32("temperature", self.temperature, 0.0, math.inf,
+                                    "a finite number >= 0 (0 = greedy)")
+        # int64: the sampler clamps it to the vocabulary before the kernels' int32 (as vLLM does)
+        self.top_k = c.as_int("top_k", self.top_k, -1, c.INT64_MAX, "an integer >= 1 (a 64-bit integer), "
+                                                                     "or 0 / -1 for no top-k")
+        self.top_p = c.as_f32("top_p", self.top_p, 0.0, 1.0, "a number in (0, 1]", lo_open=True)
+        self.min_p = c.as_f32("min_p", self.min_p, 0.0, 1.0, "a number in [0, 1]")
+        self.repetition_penalty = c.as_f32("repetition_penalty", self.repetition_penalty, 0.0, math.inf,
+                                           "a finite number > 0 (1 = off)", lo_open=True)
         for name in ("frequency_penalty", "presence_penalty"):
-            v = getattr(self, name)
-            if not is_num(v) or not -2 <= v <= 2:
-                bad(name, "a number in [-2, 2]")
-        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 0):
-            bad("max_tokens", "an integer >= 0 or None")
-        if not is_int(self.min_tokens) or self.min_tokens < 0:
-            bad("min_tokens", "an integer >= 0")
+            setattr(self, name, c.as_f32(name, getattr(self, name), -2.0, 2.0, "a number in [-2, 2]"))
+        if self.max_tokens is not None:
+            self.max_tokens = c.as_int("max_tokens", self.max_tokens, 1, c.INT64_MAX, "an integer >= 1 or None")
+        self.min_tokens = c.as_int("min_tokens", self.min_tokens, 0, c.INT64_MAX, "an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens: must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        if not all(isinstance(s, str) and s for s in self.stop_list):
-            bad("stop", "a non-empty string or a list of non-empty strings")
-        if not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
-            bad("stop_token_ids", "a list of non-negative token ids")
-        if self.seed is not None and not is_int(self.seed):
-            bad("seed", "an integer or None")
-        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
-            bad("logprobs", "an integer in [0, 20] or None")
+            raise c.ParamError("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        self.stop_list = c.stop_strings(self.stop)
+        self.stop_token_ids = c.token_ids("stop_token_ids", [] if self.stop_token_ids is None else self.stop_token_ids)
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
+            c.as_bool(name, getattr(self, name))
+        if self.seed is not None:
+            self.seed = c.as_int("seed", self.seed, c.INT64_MIN, c.INT64_MAX, "a 64-bit integer or None")
+        if self.logprobs is not None:
+            self.logprobs = c.as_int("logprobs", self.logprobs, 0, MAX_LOGPROBS,
+                                     f"an integer in [0, {MAX_LOGPROBS}] or None")
 
     @classmethod
     def from_dict(cls, d: dict) -> "SamplingParams":
@@ -89,5 +80,6 @@ class SamplingParams:
         names = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(d) - names)
         if unknown:
-            raise ValueError(f"sampling: unknown parameter(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+            also = f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+            raise param_checks.ParamError(unknown[0], f"unknown parameter{also}; known: {', '.join(sorted(names))}")
         return cls(**d)

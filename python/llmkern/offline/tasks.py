@@ -28,7 +28,9 @@ def to_prompt(obj, chat: bool, has_template: bool):
                          f"got {type(obj).__name__}")
     keys = [k for k in PROMPT_KEYS if k in obj]
     if len(keys) != 1:
-        raise ValueError("needs exactly one of 'prompt', 'messages', 'prompt_token_ids'")
+        found = (f"it has {' and '.join(repr(k) for k in keys)}" if keys else
+                 f"it has none (fields: {', '.join(repr(k) for k in obj) or 'none'})")
+        raise ValueError(f"prompt: a line needs exactly one of 'prompt', 'messages', 'prompt_token_ids'; {found}")
     k = keys[0]
     v = obj[k]
     if k == "prompt":
@@ -80,8 +82,9 @@ class GenerateTask:
                 emit(it, error_record(it, it.error))
                 continue
             try:
+                prompt = to_prompt(it.obj, self.chat, has_template)   # first: a line without one says so
                 sp = SamplingParams.from_dict({**self.sampling, **sampling_overrides(it.obj)})
-                pending[eng.add_request(to_prompt(it.obj, self.chat, has_template), sp)] = it
+                pending[eng.add_request(prompt, sp)] = it
             except Exception as e:  # a bad line is that line's problem alone
                 emit(it, error_record(it, str(e) or type(e).__name__))
         try:

@@ -34,6 +34,7 @@ import torch
 
 from .._args import float_arg, int_arg
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
+from ._index_args import as_int32_index
 from ._splitkv import split_workspace
 from .sm90_check import ensure_decided as ensure_sm90_decided, set_default_attend
 
@@ -44,15 +45,7 @@ def _i32(t: Optional[torch.Tensor], name: str, optional: bool = False) -> Option
     """Index tensors cross as int32 (as flash-attn); int64 is converted, other dtypes rejected."""
     if t is None and optional:
         return None
-    require_tensor(t, name)
-    if t.dtype == torch.int64:
-        if not torch.compiler.is_compiling():  # values >= 2**31 would wrap: reject them
-            t = t.contiguous()
-            lib_for(t).check_fits_int32(dl(t, name), name)
-        return t.to(torch.int32)
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name}: expected an int32 or int64 tensor, got {t.dtype}")
-    return t
+    return as_int32_index(t, name)
 
 
 def _scale(softmax_scale, q: torch.Tensor) -> float:

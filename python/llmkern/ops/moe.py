@@ -21,6 +21,7 @@ import torch
 
 from .._args import int_arg, optional_tensor
 from .._backend import _C, dl, kernel_op, lib_for, require_tensor, stream_of
+from ._index_args import as_int32_index
 
 __all__ = ["topk_softmax", "moe_align_block_size", "fused_moe", "pack_moe_weights", "MoEWeights"]
 # Not torch.library ops themselves: fused_moe picks one of the registered ops fused_moe_out /
@@ -33,12 +34,9 @@ ACTIVATIONS = ("silu",)
 
 
 def _int32(t, name: str) -> torch.Tensor:
-    """An id tensor as the contiguous int32 the kernels read (int64 ids are narrowed; entries are
-    range-checked by the kernels' front end)."""
-    require_tensor(t, name)
-    if t.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name}: expected an int32 or int64 tensor, got {t.dtype}")
-    return t.to(torch.int32).contiguous()
+    """An id tensor as the contiguous int32 the kernels read (int64 ids narrowed once they are known
+    to fit; the kernels' front end then checks the experts' range)."""
+    return as_int32_index(t, name).contiguous()
 
 
 def _float32(t, name: str) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """build_app(loop, config): the FastAPI app. Routes: POST /v1/completions, POST
-/v1/chat/completions, GET /v1/models, GET /health, GET /metrics, and for routers GET /kv/snapshot
-and GET /kv/events (SSE) with the prefix cache's block events and the replica's load. A plain ASGI guard in front
-checks the API key and the declared body size before any route runs."""
+/v1/chat/completions, GET /v1/models, GET /health, GET /metrics, GET /openapi.json (the bodies,
+from openapi.py), and for routers GET /kv/snapshot and GET /kv/events (SSE) with the prefix cache's
+block events and the replica's load. A plain ASGI guard in front checks the API key and the
+declared body size before any route runs."""
 from __future__ import annotations
 
 import asyncio
@@ -15,11 +16,14 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..engine.param_checks import INT32_MAX, shown
+from . import openapi
 from .admission import Admission
 from .config import ServeConfig
 from .errors import APIError, install_error_handlers, json_response
+from .json_body import read_json
 from .kv_events import KVEventPublisher
-from .metrics import ServeMetrics
+from .metrics import CountingAborts, ServeMetrics
 from .pd import RoleHooks, engine_role
 from .protocol import completion_response, parse_chat, parse_completion
 from .streaming import Run, final_outputs, first_item, stream_events
@@ -63,6 +67,7 @@ class ServerState:
         while self.loop.num_active and time.monotonic() < deadline and self.loop.alive:
             await asyncio.sleep(0.05)
         if self.loop.num_active:
+            self.metrics.on_abort(self.loop.num_active)
             self.loop.abort_all(APIError(503, "the server is shutting down", code="shutting_down"))
             end = time.monotonic() + 5
             while self.loop.num_active and time.monotonic() < end and self.loop.alive:
@@ -103,22 +108,6 @@ class _Guard:
         await send({"type": "http.response.body", "body": body})
 
 
-async def _read_json(request: Request, limit: int) -> dict:
-    buf = bytearray()
-    async for part in request.stream():
-        buf += part
-        if len(buf) > limit:
-            raise APIError(413, f"body: larger than the limit of {limit} bytes", param="body",
-                           code="body_too_large")
-    try:
-        body = json.loads(bytes(buf) or b"null")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(400, f"body: not valid JSON ({e})", param="body")
-    if not isinstance(body, dict):
-        raise APIError(400, "body: expected a JSON object", param="body")
-    return body
-
-
 async def _until_disconnect(request: Request) -> None:
     while True:
         msg = await request.receive()
@@ -132,7 +121,7 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
     cfg = cfg or ServeConfig()
     name = model_name or cfg.served_model_name or "llmkern"
     state = ServerState(loop, cfg, name)
-    app = FastAPI(title="llmkern", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="llmkern", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.llmkern = state
 
     install_error_handlers(app, log, "llmkern")
@@ -168,8 +157,10 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
     async def generate(request: Request, kind: str):
         if state.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
-        body = await _read_json(request, cfg.max_body_bytes)
+        body = await read_json(request, cfg.max_body_bytes)
         model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise APIError(400, f"model: expected a string, got {shown(model)}", param="model")
         if model is not None and model != name:
             raise APIError(404, f"model: '{model}' does not exist (this server serves '{name}')", param="model",
                            code="model_not_found")
@@ -181,7 +172,7 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
         deadline = now + cfg.queue_timeout_s if cfg.queue_timeout_s else None
         handles = [loop.submit(ids, req.params, stream=req.stream, priority=req.priority, queue_deadline=deadline,
                                arrival_time=now, **extra) for _, ids in req.prompts]
-        run = Run(loop, handles)
+        run = Run(CountingAborts(loop, state.metrics), handles)
         watch = asyncio.ensure_future(_until_disconnect(request))
         streaming = False
         try:
@@ -203,11 +194,14 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
             if not streaming:
                 run.close()
 
-    @app.post("/v1/completions")
+    vocab = getattr(getattr(loop.engine, "model_config", None), "vocab_size", INT32_MAX + 1)
+    limits = (state.max_tokens_limit, cfg.max_n, vocab)
+
+    @app.post("/v1/completions", openapi_extra=openapi.route_extra(openapi.completion_request(*limits)))
     async def completions(request: Request):
         return await generate(request, "completion")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi.route_extra(openapi.chat_request(*limits)))
     async def chat_completions(request: Request):
         return await generate(request, "chat")
 

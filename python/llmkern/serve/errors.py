@@ -21,7 +21,9 @@ class APIError(Exception):
         self.type = type or _TYPES.get(status, "invalid_request_error")
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        # a message may quote the request's text: lone surrogates are escaped so it encodes as UTF-8
+        message = self.message.encode("utf-8", "backslashreplace").decode("utf-8")
+        return {"error": {"message": message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 def request_error(message: str) -> APIError:
@@ -33,11 +35,14 @@ _PARAM = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 
 
 def from_value_error(e: Exception, status: int = 400) -> APIError:
-    """A ValueError/TypeError from the engine or SamplingParams: their messages start with the
-    argument's name ("top_p: expected ..."), which becomes the error's param."""
+    """A ValueError/TypeError from the engine or SamplingParams: a ParamError carries its field's
+    name; other messages start with the argument's name ("prompt: ..."), which becomes the param."""
     msg = str(e)
-    m = _PARAM.match(msg)
-    return APIError(status, msg, param=m.group(1) if m else None)
+    param = getattr(e, "param", None)
+    if param is None:
+        m = _PARAM.match(msg)
+        param = m.group(1) if m else None
+    return APIError(status, msg, param=param)
 
 
 def json_response(err: APIError):
@@ -59,7 +64,9 @@ def install_error_handlers(app, log, what: str) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):
         msg = "not found" if exc.status_code == 404 else str(exc.detail)
-        return json_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {msg}"))
+        # a 405 names the methods the path takes (Allow), as HTTP requires
+        return json_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {msg}",
+                                      headers=getattr(exc, "headers", None)))
 
     @app.exception_handler(Exception)
     async def _internal(request, exc):

@@ -107,8 +107,29 @@ class ServeMetrics:
         for c in out.outputs:
             self.success.labels(lab, c.finish_reason or "unknown").inc()
 
+    def on_abort(self, n: int = 1) -> None:
+        """Requests ended before finishing (client gone, server draining): vLLM's
+        request_success_total{finished_reason="abort"}."""
+        if n:
+            self.success.labels(self.model, "abort").inc(n)
+
     def on_reject(self, reason: str) -> None:
         self.rejected.labels(self.model, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CountingAborts:
+    """The engine loop as a Run sees it, with every abort it asks for counted (the loop hands an
+    aborted request's final output to nobody, so on_finish never sees it)."""
+
+    def __init__(self, loop, metrics: ServeMetrics):
+        self._loop, self._metrics = loop, metrics
+
+    def abort(self, request_id: str, error=None) -> None:
+        self._metrics.on_abort()
+        self._loop.abort(request_id, error)
+
+    def __getattr__(self, name):
+        return getattr(self._loop, name)

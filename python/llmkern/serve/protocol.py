@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from ..engine.param_checks import INT64_MAX, INT64_MIN, ParamError, as_int, check_text, shown, token_ids
 from ..engine.sampling_params import SamplingParams
 from .errors import APIError, from_value_error
 
@@ -44,65 +45,90 @@ class GenerationRequest:
         return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + self.id
 
 
+def _is_off(v, offs) -> bool:
+    return any(v is o or (type(v) is type(o) and v == o) for o in offs)   # 0 is not False, 1.0 is not 1
+
+
 def _check_known(body: dict, kind: str) -> None:
     known = set(_SAMPLING + _COMMON + (_CHAT_ONLY if kind == "chat" else _COMPLETION_ONLY))
     for k, v in body.items():
         if k in known:
             continue
         if k in _OFF_VALUES:
-            if v not in _OFF_VALUES[k]:
-                raise APIError(400, f"{k}: not supported by this server (got {v!r})", param=k)
+            if not _is_off(v, _OFF_VALUES[k]):
+                raise APIError(400, f"{k}: not supported by this server (got {shown(v)})", param=k)
             continue
         if v is not None:
             raise APIError(400, f"{k}: unknown parameter", param=k)
+    for k in ("model", "user"):
+        if body.get(k) is not None and not isinstance(body[k], str):
+            raise APIError(400, f"{k}: expected a string, got {shown(body[k])}", param=k)
 
 
-def _sampling(body: dict, kind: str, max_n: int, max_tokens_limit: int) -> SamplingParams:
+def _sampling(body: dict, kind: str, max_n: int, max_tokens_limit: int, engine) -> SamplingParams:
     d = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
+    renamed = {}   # SamplingParams field -> the body field it came from, for the error's param
     if kind == "chat" and body.get("max_completion_tokens") is not None:
-        d["max_tokens"] = body["max_completion_tokens"]
-    if kind == "chat":
-        d.setdefault("max_tokens", None)        # chat: up to the context unless limited
-    d.pop("logprobs", None)
+        d["max_tokens"], renamed["max_tokens"] = body["max_completion_tokens"], "max_completion_tokens"
+    if "max_tokens" not in d:   # chat: up to the context; completions: 16 (OpenAI's); within the server's limit
+        context = getattr(engine, "max_model_len", None)
+        if kind == "chat":
+            d["max_tokens"] = max_tokens_limit if context is None or max_tokens_limit < context else None
+        else:
+            d["max_tokens"] = min(SamplingParams.max_tokens, max_tokens_limit)
     lp, top = body.get("logprobs"), body.get("top_logprobs")
     if kind == "chat":   # logprobs: bool, top_logprobs: how many alternatives
-        if lp not in (None, True, False):
-            raise APIError(400, f"logprobs: expected a boolean, got {lp!r}", param="logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise APIError(400, f"logprobs: expected true or false, got {shown(lp)}", param="logprobs")
         if top is not None and not lp:
             raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
         if lp:
-            if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
-                raise APIError(400, f"top_logprobs: expected an integer in [0, 20], got {top!r}",
-                               param="top_logprobs")
-            d["logprobs"] = top or 0
+            d["logprobs"], renamed["logprobs"] = (top if top is not None else 0), "top_logprobs"
     elif lp is not None:  # completions: logprobs = how many alternatives
         d["logprobs"] = lp
-    mt = d.get("max_tokens")
-    if mt is not None and isinstance(mt, int) and not isinstance(mt, bool) and mt > max_tokens_limit:
-        raise APIError(400, f"max_tokens: at most {max_tokens_limit}, got {mt}", param="max_tokens")
-    n = d.get("n", 1)
-    if isinstance(n, int) and not isinstance(n, bool) and n > max_n:
-        raise APIError(400, f"n: at most {max_n}, got {n}", param="n")
+    vocab = getattr(getattr(engine, "model_config", None), "vocab_size", None)
     try:
-        return SamplingParams(**d)
-    except (ValueError, TypeError) as e:
-        raise from_value_error(e)
+        params = SamplingParams(**d)
+        if vocab is not None:
+            token_ids("stop_token_ids", params.stop_token_ids, vocab)
+    except ValueError as e:
+        err = from_value_error(e)
+        if err.param in renamed:
+            old, err.param = err.param, renamed[err.param]
+            err.message = err.message.replace(f"{old}:", f"{err.param}:", 1)
+        raise err
+    if params.max_tokens is not None and params.max_tokens > max_tokens_limit:
+        p = renamed.get("max_tokens", "max_tokens")
+        raise APIError(400, f"{p}: at most {max_tokens_limit}, got {params.max_tokens}", param=p)
+    if params.n > max_n:
+        raise APIError(400, f"n: at most {max_n}, got {params.n}", param="n")
+    return params
 
 
 def _stream_flags(body: dict) -> Tuple[bool, bool, int]:
-    stream = body.get("stream") or False
+    stream = body.get("stream")
+    stream = False if stream is None else stream
     if not isinstance(stream, bool):
-        raise APIError(400, f"stream: expected a boolean, got {stream!r}", param="stream")
-    opts = body.get("stream_options") or {}
-    if not isinstance(opts, dict):
-        raise APIError(400, "stream_options: expected an object", param="stream_options")
-    include_usage = opts.get("include_usage") or False
+        raise APIError(400, f"stream: expected true or false, got {shown(stream)}", param="stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise APIError(400, f"stream_options: expected an object, got {shown(opts)}", param="stream_options")
+    opts = {k: v for k, v in (opts or {}).items() if v is not None}
+    if set(opts) - {"include_usage"}:
+        raise APIError(400, f"stream_options: unknown option {sorted(set(opts) - {'include_usage'})[0]!r} "
+                            "(known: include_usage)", param="stream_options")
+    include_usage = opts.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise APIError(400, f"stream_options.include_usage: expected true or false, got {shown(include_usage)}",
+                       param="stream_options")
     if opts and not stream:
         raise APIError(400, "stream_options: only allowed with stream: true", param="stream_options")
     priority = body.get("priority") if body.get("priority") is not None else 0
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise APIError(400, f"priority: expected an integer, got {priority!r}", param="priority")
-    return stream, bool(include_usage), priority
+    try:
+        priority = as_int("priority", priority, INT64_MIN, INT64_MAX, "a 64-bit integer")
+    except ValueError as e:
+        raise from_value_error(e)
+    return stream, include_usage, priority
 
 
 def _is_ids(x) -> bool:
@@ -119,7 +145,7 @@ def parse_completion(body: dict, engine, max_n: int, max_tokens_limit: int) -> G
     else:
         raise APIError(400, "prompt: expected a non-empty string, list of strings, list of token ids or "
                             "list of token-id lists", param="prompt")
-    params = _sampling(body, "completion", max_n, max_tokens_limit)
+    params = _sampling(body, "completion", max_n, max_tokens_limit, engine)
     stream, include_usage, priority = _stream_flags(body)
     prompts = [_tokenize(engine, p) for p in raw]
     return GenerationRequest("completion", prompts, params, stream, include_usage, priority, body.get("model"))
@@ -147,8 +173,13 @@ def parse_chat(body: dict, engine, max_n: int, max_tokens_limit: int) -> Generat
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content: expected a string or a list of text parts",
                            param="messages")
+        for what, text in (("role", m["role"]), ("content", content)):
+            try:
+                check_text(f"messages[{i}].{what}", text)
+            except ParamError as e:
+                raise APIError(400, str(e), param="messages")
         flat.append({"role": m["role"], "content": content})
-    params = _sampling(body, "chat", max_n, max_tokens_limit)
+    params = _sampling(body, "chat", max_n, max_tokens_limit, engine)
     stream, include_usage, priority = _stream_flags(body)
     return GenerationRequest("chat", [_tokenize(engine, flat)], params, stream, include_usage, priority,
                              body.get("model"))
