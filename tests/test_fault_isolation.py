@@ -133,9 +133,12 @@ def test_fault_mid_run_keeps_the_tokens_so_far(base, reference, phase):
 
 def test_real_poison_zero_repetition_penalty(base, reference):
     params = [SamplingParams(**GREEDY) for _ in PROMPTS]
-    params[POISON].repetition_penalty = 0.0   # past validation: what an fp32 underflow produces
     eng = engine_like(base)
-    outs = run(eng, PROMPTS, params)
+
+    def poison(eng, ids):   # after admission, past every validation: what an fp32 underflow produces
+        eng.requests[ids[POISON]].params.repetition_penalty = 0.0
+
+    outs = run(eng, PROMPTS, params, setup=poison)
     check_isolated(eng, outs, reference, why="sample phase: ValueError")
 
 

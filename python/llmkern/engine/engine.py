@@ -175,13 +175,14 @@ class Engine:
             raise ValueError("logprobs: not available with speculative decoding")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        params.validate()   # again: a caller may have changed the fields since construction
         text, ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("prompt: is empty (0 tokens)")
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt: {len(ids)} tokens, but the model allows at most {self.max_model_len - 1} "
                              f"(max_model_len {self.max_model_len}, leaving room for one output token)")
-        total = len(ids) + (1 if params.max_tokens is None else max(params.max_tokens, 1))
+        total = len(ids) + (1 if params.max_tokens is None else params.max_tokens)
         need = -(-min(total, self.max_model_len) // self.config.block_size)
         if need > self.kv.num_blocks:
             raise ValueError(f"prompt: needs {need} KV blocks for {len(ids)} prompt + max_tokens tokens, but the KV "
@@ -205,10 +206,6 @@ class Engine:
         self.requests[request_id] = req
         self._stream[request_id] = stream
         self.metrics.on_arrival()
-        if params.max_tokens == 0:  # nothing to generate: finished on arrival
-            for seq in req.seqs:
-                self._finish(seq, "length", time.perf_counter())
-            return request_id
         for seq in req.seqs:
             if kvp is not None:
                 pd.add_loading(seq, kvp)   # waits for its KV, then runs

@@ -46,8 +46,6 @@ class KVHandover:
         """A prefill engine samples the first token only."""
         if params.n != 1:
             raise ValueError(f"n: a prefill engine takes n=1 requests only, got {params.n}")
-        if params.max_tokens == 0:
-            return params
         return dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
 
     def on_prefill_finished(self, seq: Sequence) -> dict:

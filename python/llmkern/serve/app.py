@@ -23,7 +23,7 @@ from .config import ServeConfig
 from .errors import APIError, install_error_handlers, json_response
 from .json_body import read_json
 from .kv_events import KVEventPublisher
-from .metrics import CountingAborts, ServeMetrics
+from .metrics import ServeMetrics
 from .pd import RoleHooks, engine_role
 from .protocol import completion_response, parse_chat, parse_completion
 from .streaming import Run, final_outputs, first_item, stream_events
@@ -67,7 +67,6 @@ class ServerState:
         while self.loop.num_active and time.monotonic() < deadline and self.loop.alive:
             await asyncio.sleep(0.05)
         if self.loop.num_active:
-            self.metrics.on_abort(self.loop.num_active)
             self.loop.abort_all(APIError(503, "the server is shutting down", code="shutting_down"))
             end = time.monotonic() + 5
             while self.loop.num_active and time.monotonic() < end and self.loop.alive:
@@ -172,7 +171,7 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
         deadline = now + cfg.queue_timeout_s if cfg.queue_timeout_s else None
         handles = [loop.submit(ids, req.params, stream=req.stream, priority=req.priority, queue_deadline=deadline,
                                arrival_time=now, **extra) for _, ids in req.prompts]
-        run = Run(CountingAborts(loop, state.metrics), handles)
+        run = Run(loop, handles)
         watch = asyncio.ensure_future(_until_disconnect(request))
         streaming = False
         try:

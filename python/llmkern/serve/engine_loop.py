@@ -54,6 +54,7 @@ class EngineLoop:
     def __init__(self, engine, on_finish: Optional[Callable] = None):
         self.engine = engine
         self.on_finish = on_finish                  # called (engine thread) with each final output
+        self.on_abort: Optional[Callable[[], None]] = None   # called (engine thread) per request aborted
         self.on_death: Optional[Callable[[BaseException], None]] = None   # (engine thread) when the loop dies
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -191,6 +192,8 @@ class EngineLoop:
                 continue
             eng.abort(rid)
             self._done()
+            if self.on_abort is not None:   # only requests still unfinished here count as aborted
+                self.on_abort()
             if err is not None:
                 h.put(err)
         stats = eng.stats()

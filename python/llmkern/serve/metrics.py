@@ -118,18 +118,3 @@ class ServeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class CountingAborts:
-    """The engine loop as a Run sees it, with every abort it asks for counted (the loop hands an
-    aborted request's final output to nobody, so on_finish never sees it)."""
-
-    def __init__(self, loop, metrics: ServeMetrics):
-        self._loop, self._metrics = loop, metrics
-
-    def abort(self, request_id: str, error=None) -> None:
-        self._metrics.on_abort()
-        self._loop.abort(request_id, error)
-
-    def __getattr__(self, name):
-        return getattr(self._loop, name)

@@ -70,6 +70,7 @@ def run_server(engine, cfg: ServeConfig, model_name: str, log_level: str = "warn
     app = build_app(loop, cfg, model_name)
     state = app.state.llmkern
     loop.on_finish = state.metrics.on_finish
+    loop.on_abort = state.metrics.on_abort
     loop.start()
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING))
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, access_log=False,
