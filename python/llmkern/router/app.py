@@ -32,8 +32,9 @@ class RouterDrain:
     """The requests this router has in flight, and the drain on SIGTERM (what serve's draining
     uvicorn server calls: drain(grace_s) with cfg.shutdown_grace_s)."""
 
-    def __init__(self, grace_s: float):
+    def __init__(self, grace_s: float, supervisor=None):
         self.cfg = SimpleNamespace(shutdown_grace_s=grace_s)
+        self.supervisor = supervisor
         self.draining = False
         self.inflight = 0
 
@@ -44,6 +45,8 @@ class RouterDrain:
 
     async def drain(self, grace_s: float) -> None:
         self.draining = True
+        if self.supervisor is not None:      # replicas that exit now stay down: they are being stopped
+            self.supervisor.stopping = True
         log.warning("llmkern router: draining (%d request(s) in flight)", self.inflight)
         deadline = time.monotonic() + grace_s
         while self.inflight and time.monotonic() < deadline:
@@ -75,7 +78,7 @@ def build_router_app(router: Router, admin_key: Optional[str] = None, supervisor
 
     app = FastAPI(title="llmkern router", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.router = router
-    drain = app.state.drain = RouterDrain(grace_s)
+    drain = app.state.drain = RouterDrain(grace_s, supervisor)
 
     install_error_handlers(app, log, "llmkern router")
 

@@ -104,7 +104,7 @@ class ReplicaSupervisor:
 
     # -- the watch loop ---------------------------------------------------------------------------
     async def _run(self) -> None:
-        while not self.stopping:
+        while True:             # until stop_watching cancels it; while stopping, exits are noted, not restarted
             now = time.monotonic()
             for r in self.replicas.values():
                 self._tick(r, now)
@@ -125,7 +125,12 @@ class ReplicaSupervisor:
             r.restart_at = None
             r.restarts += 1
             log.warning("llmkern: restarting replica %s (restart %d)", r.url, r.restarts)
-            r.proc = r.spawn()
+            try:
+                r.proc = r.spawn()
+            except OSError as e:      # e.g. out of processes: tried again after the next back-off
+                log.warning("llmkern: replica %s did not start (%s)", r.url, e)
+                r.restart_at = now + r.backoff_s
+                r.backoff_s = min(self.max_backoff_s, 2 * r.backoff_s)
 
     def _exited(self, r: Replica, w, now: float) -> None:
         code = r.proc.returncode
@@ -138,8 +143,9 @@ class ReplicaSupervisor:
             r.backoff_s = self.initial_backoff_s
         r.healthy_since = None
         r.restart_at = now + r.backoff_s
-        log.warning("llmkern: replica %s exited with %s (%s); restarting in %.0f s", r.url, code,
-                    "killed from outside" if cause == KILLED else "crashed", r.backoff_s)
+        log.warning("llmkern: replica %s exited with %s (%s)%s", r.url, code,
+                    "killed from outside" if cause == KILLED else "crashed",
+                    "" if self.stopping else f"; restarting in {r.backoff_s:.0f} s")
         r.backoff_s = min(self.max_backoff_s, 2 * r.backoff_s)
 
     def info(self, url: str) -> dict:
