@@ -174,6 +174,9 @@ def main(a) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rep, f, indent=1)
+    if rep["poison_failed_clean"] < rep["poison_sent"]:
+        print(f"chaos: note: {rep['poison_sent'] - rep['poison_failed_clean']} poison request(s) did not fail: is "
+              "LLMKERN_FAULT_INJECT active in the replicas' engine?", file=sys.stderr)
     problems = []
     if rep["lost"]:
         problems.append(f"{rep['lost']} request(s) lost")
