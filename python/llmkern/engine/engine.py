@@ -17,23 +17,33 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager, build_kv_cache
 from .metrics import EngineStats, RunMetrics
 from .cuda_graphs import DecodeGraphs
+from .fault_isolation import FaultIsolation, copy_batch, is_fatal
+from .faults import FaultInjector
 from .model_runner import ModelRunner
-from .parallel_runner import ParallelRunner, start_executor
-from .output_processor import make_output, record_logprobs, request_metrics
+from .parallel_runner import ParallelRunner, check_parallel, start_executor
+from .output_processor import logprob_entries, make_output, request_metrics
 from .outputs import RequestOutput
 from .processor import PromptType, tokenize
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .stops import stop_reason
 from .sequence import Request, Sequence
 
 
 class _Launched(NamedTuple):
     """A step whose model run has started (with pipeline parallelism, possibly not finished)."""
     batch: object
-    inputs: object
-    handle: object   # the runner's handle for finish()
+    handle: object   # the runner's handle for finish(); None: the run happens when it completes
     t0: float
+
+
+class _Computed(NamedTuple):
+    """A step's results before any sequence advances."""
+    sample_seqs: list
+    tokens: list
+    verified: dict
+    logprobs: list   # (sequence, logprob entry) for those that asked
 
 
 class Engine:
@@ -43,7 +53,7 @@ class Engine:
         device = config.torch_device
         self.executor = None
         if config.world_size > 1:  # the model split over T x P ranks; this process is rank 0
-            self._check_parallel(config, model_obj)
+            check_parallel(config, model_obj)
             self.executor = start_executor(model, config, load_format)
             kv = self.executor.kv_spec  # KV block counts resolved for every rank
             self.config = config = dataclasses.replace(config, num_gpu_blocks=kv.num_gpu_blocks,
@@ -104,6 +114,9 @@ class Engine:
         self._stream: Dict[str, bool] = {}
         self.metrics = RunMetrics()
         self.handover = self._make_handover(config) if config.kv_connector is not None else None
+        self.faults = FaultInjector.from_env(self.tokenizer)   # None unless LLMKERN_FAULT_INJECT is set
+        self._phase = "prepare"   # of the step's work in progress, for fault reports
+        self.isolation = FaultIsolation(self._compute, lambda: self._phase, self._fail_request)
 
     def _make_handover(self, config: EngineConfig):
         """Prefill-decode hand-over (pd/): the connector, bound to this engine's cache."""
@@ -118,16 +131,6 @@ class Engine:
 
             conn = build_connector(conn)
         return KVHandover(config.kv_role, conn, self.kv, config.kv_transfer_timeout_s, config.kv_transfer_fallback)
-
-    @staticmethod
-    def _check_parallel(config: EngineConfig, model_obj) -> None:
-        if model_obj is not None:
-            raise ValueError("model_obj: a prebuilt model cannot be split over ranks; pass the model path "
-                             "with tensor_parallel_size/pipeline_parallel_size")
-        spec = config.speculative
-        if spec is not None and spec.method != "ngram":
-            raise NotImplementedError(f"speculative: method {spec.method!r} with tensor/pipeline parallelism is not "
-                                      f"supported (ngram is)")
 
     def shutdown(self) -> None:
         """Release the worker processes of a model-parallel engine (no-op otherwise); idempotent."""
@@ -253,18 +256,7 @@ class Engine:
             prefix_hit_tokens=kv.stats.prefix_hit_tokens,
             prompt_tokens_computed=self.metrics.prompt_tokens_computed,
             generation_tokens=self.metrics.generated_tokens, prefill_tok_s=self.metrics.prefill_tok_s,
-            **self._transfer_stats())
-
-    def _transfer_stats(self) -> dict:
-        pd = self.handover
-        if pd is None:
-            return {}
-        t = pd.stats
-        return dict(kv_bytes_sent=t.bytes_sent, kv_bytes_received=t.bytes_received,
-                    kv_transfer_seconds_sent=t.seconds_sent, kv_transfer_seconds_received=t.seconds_received,
-                    kv_transfers_done=t.sends_done + t.recvs_done,
-                    kv_transfers_failed=t.sends_failed + t.recvs_failed,
-                    kv_blocks_pinned=pd.num_pinned_blocks(), num_waiting_for_kv=len(pd.loading))
+            **(self.handover.stats_fields() if self.handover is not None else {}))
 
     # -- the step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -283,8 +275,6 @@ class Engine:
             spec.before_schedule(self.scheduler.running)
         cap = self._micro_batch_seqs()
         batch = self.scheduler.schedule() if cap is None else self.scheduler.schedule(max_seqs=cap)
-        if spec is not None:
-            spec.before_forward(batch)
         if batch.empty:
             if self._inflight:  # everything runnable is in the pipeline: wait for the oldest step
                 return self._collect(handed + self._complete(self._inflight.popleft()))
@@ -292,13 +282,16 @@ class Engine:
                     and not (self.handover is not None and self.handover.has_work)):  # those free blocks later
                 raise RuntimeError("engine: no request can be scheduled (KV pool too small for the queue head)")
             return self._collect(handed)
+        if self.faults is not None:
+            self.faults.delay()
         t0 = time.perf_counter()
-        inputs = self.runner.prepare(batch)
-        if spec is not None:
-            spec.mirror(inputs)
         if self.pipeline_depth == 1:
-            return self._collect(handed + self._complete(_Launched(batch, inputs, None, t0)))
-        self._inflight.append(_Launched(batch, inputs, self.runner.launch(inputs), t0))
+            return self._collect(handed + self._complete(_Launched(batch, None, t0)))
+        try:
+            handle = self.runner.launch(self._prepare(batch))
+        except Exception as e:  # noqa: BLE001 - fault isolation decides what it ends
+            return self._collect(handed + self._recover(batch, e))
+        self._inflight.append(_Launched(batch, handle, t0))
         self.scheduler.busy.update(s.seq_id for s in batch.decodes + batch.prefills)
         self.max_inflight = max(self.max_inflight, len(self._inflight))
         if len(self._inflight) < self.pipeline_depth:
@@ -317,25 +310,66 @@ class Engine:
     def _complete(self, step: _Launched) -> List[Sequence]:
         """Finish a launched step: sample, advance the sequences, check stops. Returns the
         sequences that got tokens."""
-        spec, batch = self.spec, step.batch
-        if step.handle is None:
-            logits, sample_seqs = self.runner.execute(step.inputs)
-        else:
-            logits, sample_seqs = self.runner.finish(step.handle)
+        batch = step.batch
+        if step.handle is not None:
             self.scheduler.busy.difference_update(s.seq_id for s in batch.decodes + batch.prefills)
+        whole = copy_batch(batch) if self.spec is not None else batch   # verify() edits batch
+        try:
+            out = self._compute(batch, step.handle)
+        except Exception as e:  # noqa: BLE001 - fault isolation decides what it ends
+            return self._recover(whole, e)
+        return self._advance(batch, out, step.t0)
+
+    def _prepare(self, batch):
+        """The model inputs of a batch (speculation: drafts proposed, the draft model mirrored)."""
+        spec, faults = self.spec, self.faults
+        self._phase = "prepare"
+        if faults is not None:
+            faults.check("prepare", batch.decodes + batch.prefills)
+        if spec is not None:
+            spec.before_forward(batch)
+        inputs = self.runner.prepare(batch)
+        self._phase = "forward"
+        if spec is not None:
+            spec.mirror(inputs)
+        if faults is not None:
+            faults.check("forward", batch.decodes + batch.prefills)
+        return inputs
+
+    def _compute(self, batch, handle=None) -> _Computed:
+        """The model run of a batch (or the end of a launched one), verification and sampling.
+        No sequence advances, so fault isolation can re-run it for part of the batch."""
+        spec = self.spec
+        if handle is None:
+            logits, sample_seqs = self.runner.execute(self._prepare(batch))
+        else:
+            self._phase = "forward"
+            logits, sample_seqs = self.runner.finish(handle)
             if any(s.is_finished for s in sample_seqs):  # aborted while in flight: blocks freed already
                 keep = [i for i, s in enumerate(sample_seqs) if not s.is_finished]
                 logits, sample_seqs = logits[keep], [sample_seqs[i] for i in keep]
+        if sample_seqs:   # (a prefill chunk that completes no prompt does not sample)
+            self._phase = "sample"
+        if self.faults is not None:
+            self.faults.check("sample", sample_seqs)
         verified = {}
-        if spec is not None:  # verified chunks leave the batch; their tokens are committed below
+        if spec is not None:  # verified chunks leave the batch; their tokens are committed later
             logits, sample_seqs, verified = spec.verify(batch, logits, sample_seqs)
         lp_rows = [i for i, s in enumerate(sample_seqs) if s.logprobs is not None]
         # Log-probabilities of the model's distribution (before penalties and temperature, as
         # vLLM and OpenAI report them); taken before the sampler edits the logits in place.
         logp = torch.log_softmax(logits[lp_rows].float(), dim=-1) if lp_rows else None
         tokens = self.sampler(logits, sample_seqs) if sample_seqs else []
+        lps = []
         if lp_rows:
-            record_logprobs(logp, [sample_seqs[i] for i in lp_rows], [tokens[i] for i in lp_rows])
+            lp_seqs = [sample_seqs[i] for i in lp_rows]
+            lps = list(zip(lp_seqs, logprob_entries(logp, lp_seqs, [tokens[i] for i in lp_rows])))
+        return _Computed(sample_seqs, tokens, verified, lps)
+
+    def _advance(self, batch, out: _Computed, t0: float) -> List[Sequence]:
+        spec = self.spec
+        for seq, entry in out.logprobs:
+            seq.logprobs.append(entry)
         now = time.perf_counter()
         for seq in batch.decodes:
             if not seq.is_finished:
@@ -346,18 +380,44 @@ class Engine:
                 seq.num_computed_tokens += n
                 self.kv.cache_blocks(seq)
         touched = []
-        for seq, tok in zip(sample_seqs, tokens):
+        for seq, tok in zip(out.sample_seqs, out.tokens):
+            if seq.is_finished:  # its request failed at a sibling's stop check (n > 1)
+                continue
             seq.append_token(tok, now)
             self._check_stop(seq, tok, now)
             touched.append(seq)
-        if verified:
-            for seq in spec.commit(verified, now, self._check_stop):
+        if out.verified:
+            for seq in spec.commit(out.verified, now, self._check_stop):
                 touched.append(seq)
                 if not seq.is_finished:  # finished ones are freed already
                     self.kv.truncate(seq, seq.num_computed_tokens)  # the rejected drafts' slots
                     self.kv.cache_blocks(seq)
-        self.metrics.on_step(batch, len(sample_seqs), now - step.t0)
+        self.metrics.on_step(batch, len(out.sample_seqs), now - t0)
         return touched
+
+    def _recover(self, batch, error: Exception) -> List[Sequence]:
+        """A step raised before advancing anything: fail the requests responsible (fault_isolation),
+        or re-raise when the engine is broken. The rest of the batch runs again next step. Returns
+        the sequences that steps still in the pipeline advanced (they complete first, so that the
+        isolation's re-runs have the ranks to themselves)."""
+        phase = self._phase
+        if is_fatal(error) or (self.executor is not None and self.executor.closed):
+            raise error
+        touched = []
+        while self._inflight:
+            touched += self._complete(self._inflight.popleft())
+        self.isolation.recover(batch, error, phase)
+        for s in batch.decodes + batch.prefills:
+            s.spec_token_ids = []   # scheduled again, with fresh drafts
+        return touched
+
+    def _fail_request(self, req: Request, message: str) -> None:
+        """Finish a request with finish_reason "error" (its KV freed)."""
+        req.error = message
+        now = time.perf_counter()
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self._finish(seq, "error", now)
 
     def _handover_step(self) -> List[Sequence]:
         """Decode side: admit the requests whose KV arrived (they continue from the prefill's
@@ -388,32 +448,13 @@ class Engine:
         return out
 
     def _check_stop(self, seq: Sequence, tok: int, now: float) -> None:
-        p = seq.params
-        n_out = seq.num_output_tokens
-        if seq.detok is not None:
-            delta = seq.detok.step(seq.output_token_ids)
-            seq.output_text += delta
-            if p.stop_list and n_out >= p.min_tokens and delta:
-                # Only the new text (plus a look-back for stops spanning tokens) can hold a match.
-                look = max(len(s) for s in p.stop_list) + len(delta)
-                start = max(0, len(seq.output_text) - look)
-                hits = [(seq.output_text.find(s, start), s) for s in p.stop_list]
-                hits = [(i, s) for i, s in hits if i >= 0]
-                if hits:
-                    i, s = min(hits)
-                    seq.output_text = seq.output_text[:i + (len(s) if p.include_stop_str_in_output else 0)]
-                    seq.stop_reason = s
-                    return self._finish(seq, "stop", now)
-        if n_out >= p.min_tokens:
-            if not p.ignore_eos and tok in self.eos_token_ids:
-                return self._finish(seq, "stop", now)
-            if tok in p.stop_token_ids:
-                seq.stop_reason = tok
-                return self._finish(seq, "stop", now)
-        if p.max_tokens is not None and n_out >= p.max_tokens:
-            return self._finish(seq, "length", now)
-        if seq.num_tokens >= self.max_model_len:
-            return self._finish(seq, "length", now)
+        """Detokenise and check the stops; a fault there fails the sequence's request only."""
+        try:
+            reason = stop_reason(seq, tok, self.eos_token_ids, self.max_model_len)
+            if reason is not None:
+                self._finish(seq, reason, now)
+        except Exception as e:  # noqa: BLE001 - fault isolation decides what it ends
+            self.isolation.blame(seq.request, e, "stop check")
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.finish_reason = reason
@@ -426,7 +467,7 @@ class Engine:
                 pd.forget(seq)  # a request still waiting for its KV: stop the load first
         self.scheduler.finish(seq)
         if seq.stop_reason is None or not isinstance(seq.stop_reason, str):
-            if self.tokenizer is not None:
+            if self.tokenizer is not None and reason != "error":  # an error may come from decoding
                 seq.output_text = self.tokenizer.decode(seq.output_token_ids, seq.params.skip_special_tokens)
         if seq.request.finished:
             self.metrics.on_finish(request_metrics(seq.request))

@@ -177,6 +177,14 @@ class KVHandover:
     def has_work(self) -> bool:
         return bool(self.pinned or self.loading or self.connector.has_pending())
 
+    def stats_fields(self) -> dict:
+        """The hand-over's EngineStats fields."""
+        t = self.stats
+        return dict(kv_bytes_sent=t.bytes_sent, kv_bytes_received=t.bytes_received,
+                    kv_transfer_seconds_sent=t.seconds_sent, kv_transfer_seconds_received=t.seconds_received,
+                    kv_transfers_done=t.sends_done + t.recvs_done, kv_transfers_failed=t.sends_failed + t.recvs_failed,
+                    kv_blocks_pinned=self.num_pinned_blocks(), num_waiting_for_kv=len(self.loading))
+
     def num_pinned_blocks(self) -> int:
         return sum(len(p.block_ids) for p in self.pinned.values())
 

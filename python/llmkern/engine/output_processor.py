@@ -12,15 +12,16 @@ from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .sequence import Request, Sequence
 
 
-def record_logprobs(logp: torch.Tensor, seqs: List[Sequence], toks: List[int]) -> None:
-    """Append (chosen token's logprob, top-k [(id, logprob)]) to each sequence's logprobs."""
+def logprob_entries(logp: torch.Tensor, seqs: List[Sequence], toks: List[int]) -> list:
+    """Per sequence, the entry its logprobs get: (chosen token's logprob, top-k [(id, logprob)])."""
     kmax = max(s.params.logprobs for s in seqs)
     top_v, top_i = logp.topk(kmax, dim=-1) if kmax else (None, None)
     chosen = logp[torch.arange(len(toks)), torch.tensor(toks)].tolist()
+    out = []
     for r, (s, lp) in enumerate(zip(seqs, chosen)):
         k = s.params.logprobs
-        top = list(zip(top_i[r, :k].tolist(), top_v[r, :k].tolist())) if k else []
-        s.logprobs.append((lp, top))
+        out.append((lp, list(zip(top_i[r, :k].tolist(), top_v[r, :k].tolist())) if k else []))
+    return out
 
 
 def request_metrics(req: Request) -> RequestMetrics:

@@ -20,6 +20,17 @@ def start_executor(model, config: EngineConfig, load_format: str):
     return ParallelExecutor(model, config.parallel_spec(), config.kv_spec(), load_format)
 
 
+def check_parallel(config: EngineConfig, model_obj) -> None:
+    """What an engine split over ranks cannot take."""
+    if model_obj is not None:
+        raise ValueError("model_obj: a prebuilt model cannot be split over ranks; pass the model path "
+                         "with tensor_parallel_size/pipeline_parallel_size")
+    spec = config.speculative
+    if spec is not None and spec.method != "ngram":
+        raise NotImplementedError(f"speculative: method {spec.method!r} with tensor/pipeline parallelism is not "
+                                  f"supported (ngram is)")
+
+
 class ParallelRunner:
     def __init__(self, executor, block_size: int):
         self.executor = executor

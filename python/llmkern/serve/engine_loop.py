@@ -4,7 +4,12 @@ request's outputs from its own queue.
 The event loop never runs engine work: tokens reach a handler through call_soon_threadsafe, and
 the kernels release the GIL while they run, so HTTP keeps being served during a step. Intake and
 aborts are handed over under a lock and applied between steps, so a disconnect frees its KV blocks
-within one step. Reused by anything that fronts an Engine (server, router replica, benchmarks)."""
+within one step. Reused by anything that fronts an Engine (server, router replica, benchmarks).
+
+A request the engine fails on its own (fault isolation) ends with finish_reason "error" like any
+other output; an error that escapes Engine.step ends the loop: every request in flight or queued
+gets a 500 `engine_error`, later ones a 503 `engine_dead`, and `on_death` is called (the server
+exits then, so that a supervisor restarts it)."""
 from __future__ import annotations
 
 import asyncio
@@ -49,6 +54,7 @@ class EngineLoop:
     def __init__(self, engine, on_finish: Optional[Callable] = None):
         self.engine = engine
         self.on_finish = on_finish                  # called (engine thread) with each final output
+        self.on_death: Optional[Callable[[BaseException], None]] = None   # (engine thread) when the loop dies
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._intake: List[_Submit] = []
@@ -96,6 +102,8 @@ class EngineLoop:
         kw = dict(stream=stream, priority=priority, queue_deadline=queue_deadline,
                   arrival_time=arrival_time if arrival_time is not None else time.perf_counter(), **engine_kwargs)
         with self._lock:
+            if self.error is not None:   # died since the check above: nobody would take it
+                raise APIError(503, "the engine is not running", code="engine_dead")
             self._intake.append(_Submit(h, prompt_ids, params, kw, len(prompt_ids)))
             self._pending[0] += 1
             self._pending[1] += len(prompt_ids)
@@ -132,14 +140,24 @@ class EngineLoop:
                     self._apply_intake()
                 self._publish(eng.step())
         except BaseException as e:  # noqa: B902 - whatever killed the loop is reported to every client
+            self._die(e)
+
+    def _die(self, e: BaseException) -> None:
+        with self._lock:   # after this no submit() queues anything
             self.error = e
-            log.exception("llmkern: the engine loop died")
-            err = APIError(500, f"the engine failed: {type(e).__name__}", code="engine_error")
-            with self._lock:
-                intake, self._intake = self._intake, []
-            for h in list(self._handles.values()) + [s.handle for s in intake]:
-                h.put(err)
-            self._handles.clear()
+            intake, self._intake = self._intake, []
+        handles = list(self._handles.values()) + [s.handle for s in intake]
+        log.error("llmkern: the engine died (%s: %s); answering %d request(s) in flight with engine_error",
+                  type(e).__name__, str(e).strip().splitlines()[0][:300] if str(e).strip() else "", len(handles),
+                  exc_info=e)
+        err = APIError(500, f"the engine failed: {type(e).__name__}", code="engine_error")
+        for h in handles:
+            h.put(err)
+        self._handles.clear()
+        with self._lock:
+            self.num_active -= len(handles)
+        if self.on_death is not None:
+            self.on_death(e)
 
     def _apply_intake(self) -> bool:
         eng = self.engine

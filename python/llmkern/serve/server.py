@@ -1,6 +1,10 @@
 """run_server: serve an Engine over HTTP with uvicorn until SIGTERM/SIGINT, then drain: stop
 accepting (503), let in-flight requests finish for up to shutdown_grace_s, abort the rest with a
-final error event, exit 0. A second signal exits at once."""
+final error event, exit 0. A second signal exits at once.
+
+If the engine dies (an error fault isolation could not pin on requests), its requests are
+answered with a 500 engine_error, and the server exits with code 1 once they are sent (at most
+DEATH_EXIT_S later), so that a supervisor can start a fresh one."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +17,9 @@ from .app import build_app
 from .config import ServeConfig
 from .engine_loop import EngineLoop
 
+log = logging.getLogger("llmkern.serve")
+DEATH_EXIT_S = 10.0   # after the engine died: how long the answers to its requests may take to send
+
 
 class _DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state):
@@ -20,6 +27,7 @@ class _DrainingServer(uvicorn.Server):
         self.state = state
         self._draining = False
         self._aio = None
+        self.exit_code = 0
 
     async def serve(self, sockets=None):
         self._aio = asyncio.get_running_loop()
@@ -40,6 +48,22 @@ class _DrainingServer(uvicorn.Server):
         finally:
             self.should_exit = True
 
+    def engine_died(self, e: BaseException) -> None:
+        """EngineLoop.on_death (engine thread): exit non-zero once the answers are out."""
+        self.exit_code = 1
+        print(f"llmkern serve: the engine died ({type(e).__name__}); exiting with code 1", file=sys.stderr,
+              flush=True)
+        if self._aio is None:   # not serving yet
+            self.should_exit = True
+            return
+        self._aio.call_soon_threadsafe(lambda: asyncio.ensure_future(self._exit_after_death()))
+
+    async def _exit_after_death(self) -> None:
+        self.state.draining = True   # ends the routers' /kv/events streams, which would hold the exit
+        self.should_exit = True      # uvicorn stops accepting and lets the responses in progress finish
+        await asyncio.sleep(DEATH_EXIT_S)
+        self.force_exit = True
+
 
 def run_server(engine, cfg: ServeConfig, model_name: str, log_level: str = "warning") -> int:
     loop = EngineLoop(engine)
@@ -51,9 +75,12 @@ def run_server(engine, cfg: ServeConfig, model_name: str, log_level: str = "warn
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, access_log=False,
                             timeout_keep_alive=5, lifespan="off")
     server = _DrainingServer(config, state)
+    loop.on_death = server.engine_died
     print(f"llmkern serve: '{model_name}' on http://{cfg.host}:{cfg.port}/v1 "
           f"(scheduler {engine.config.scheduler}, policy {engine.config.policy}"
           f"{', API key required' if cfg.api_key else ''})", file=sys.stderr, flush=True)
+    if not loop.alive:   # died while the server was being set up
+        server.engine_died(loop.error)
     try:
         server.run()
     finally:
@@ -62,5 +89,5 @@ def run_server(engine, cfg: ServeConfig, model_name: str, log_level: str = "warn
             if not loop.alive and hasattr(engine, "shutdown"):   # never under a step still running
                 engine.shutdown()
         except Exception:  # noqa: BLE001 - exiting anyway; say why the clean-up was cut short
-            logging.getLogger("llmkern.serve").exception("llmkern: engine shutdown failed")
-    return 0
+            log.exception("llmkern: engine shutdown failed")
+    return server.exit_code

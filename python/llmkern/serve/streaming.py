@@ -18,9 +18,10 @@ def _as_error(item) -> Optional[APIError]:
     if getattr(item, "finished", False) and item.finish_reason == "timeout":
         return APIError(503, "the request waited in the queue past the server's queue timeout without "
                              "starting; retry later", code="queue_timeout", headers={"Retry-After": "1"})
-    if getattr(item, "finished", False) and item.finish_reason == "error":   # e.g. a failed KV hand-over
-        return APIError(503, getattr(item, "error", None) or "the request failed in the engine",
-                        code="kv_transfer_failed")
+    if getattr(item, "finished", False) and (item.error is not None or item.finish_reason == "error"):
+        # failed alone (a fault in its step, a failed KV hand-over): the engine serves on
+        return APIError(500, item.error or "the request failed in the engine", code="request_error",
+                        type="InternalServerError")
     return None
 
 
@@ -78,10 +79,11 @@ async def final_outputs(run: Run) -> List[object]:
 
 
 async def first_item(run: Run):
-    """The first output (to answer with a proper HTTP error if the request fails before any)."""
+    """The first output of a stream. An error before it is raised, to answer with an HTTP error,
+    except a request the engine failed (request_error): a stream reports that as an error event."""
     i, item = await run.next()
     err = _as_error(item)
-    if err is not None:
+    if err is not None and err.code != "request_error":
         raise err
     return i, item
 
