@@ -21,6 +21,7 @@ import httpx
 
 from ..serve.errors import APIError
 from .policies import RouteRequest, make_policy
+from .supervisor import KILLED
 from .worker import Worker
 
 log = logging.getLogger("llmkern.router")
@@ -205,7 +206,7 @@ class Router:
             except (_TRANSPORT_ERRORS + (StopAsyncIteration,)) as e:
                 w.mark_down(f"connection broke: {type(e).__name__}")
                 cause = await self._exit_cause(w)
-                if cause == "killed":      # not this request's doing, and nothing reached the client
+                if cause == KILLED:        # not this request's doing, and nothing reached the client
                     w.retried += 1
                     last = None
                     continue
