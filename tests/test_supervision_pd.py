@@ -1,11 +1,13 @@
 """`llmkern serve --pd 1P1D` (tiny model, loopback) with a poison request (LLMKERN_FAULT_INJECT
 sample:POISON): the prefill replica fails it with a clean 500 `request_error`, which is the client's
 answer; it is never sent on to the decode replica (no co-located fallback, no cascade), both
-replicas stay up and the next request is handed over as usual. Skipped when the engine has no
+replicas stay up and the next request is handed over as usual; SIGTERM then ends the launcher with
+exit code 0. Skipped when the engine has no
 fault injection. The launcher and its replicas are reaped by the context manager, also on failure."""
 from __future__ import annotations
 
 import importlib.util
+import signal
 
 import pytest
 
@@ -48,3 +50,6 @@ def test_pd_poison_request_is_an_error_not_a_cascade(tmp_path):
                         json={"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog", "max_tokens": 8})
         assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] in ("length", "stop")
         assert pd.metrics()[("llmkern_router_pd_requests_total", ())] == 1
+        # SIGTERM: nothing in flight, so the launcher drains at once and exits 0.
+        pd.signal(signal.SIGTERM)
+        assert pd.wait(60) == 0
