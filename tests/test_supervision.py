@@ -57,7 +57,7 @@ def _complete(srv, prompt, **kw):
     return httpx.post(srv.base + "/v1/completions", json=body, timeout=60)
 
 
-async def _one(client, base, i, stream, max_tokens=200):
+async def _one(client, base, i, stream, max_tokens=400):
     return await post_completion(client, base, {"model": "tiny", "prompt": f"request {i}: tell me a story",
                                                 "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
                                                 "stream": stream})
