@@ -78,6 +78,7 @@ def check_isolated(eng, outs, reference, poison=(POISON,), why=None):
         else:
             assert o.error is None and o.finish_reason == "length", (i, o.error)
             assert o.token_ids == reference[i], i
+    assert eng.isolation.num_failed_requests == len(poison)
     assert_clean(eng)
     # ... and it serves on: a new request gets the reference tokens.
     again = run(eng, [PROMPTS[0]], GREEDY)[0]
@@ -162,11 +163,20 @@ def test_stop_check_fault_fails_its_request(base, reference):
     check_isolated(eng, outs, reference, why="stop check phase: UnicodeDecodeError")
 
 
-def test_speculative_decoding(base):
-    spec = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
-    ref = [o.token_ids for o in run(engine_like(base, speculative=spec), PROMPTS, GREEDY)]
-    eng = engine_like(base, speculative=spec)
-    outs = run(eng, PROMPTS, GREEDY, before_fault=5, faults=FaultInjector("sample:^4$", eng.tokenizer))
+SPEC = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
+
+
+@pytest.fixture(scope="module")
+def spec_reference(base):
+    return [o.token_ids for o in run(engine_like(base, speculative=SPEC), PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize("phase", ["prepare", "forward", "sample"])
+def test_speculative_decoding(base, spec_reference, phase):
+    """Switched on mid-run, while the repetitive prompt's drafts are being verified."""
+    eng = engine_like(base, speculative=SPEC)
+    ref = spec_reference
+    outs = run(eng, PROMPTS, GREEDY, before_fault=5, faults=FaultInjector(f"{phase}:^4$", eng.tokenizer))
     assert eng.spec.metrics.num_verified > 0   # drafts were verified around the fault
     check_isolated(eng, outs, ref, poison=(4,))
 

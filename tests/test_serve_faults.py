@@ -101,3 +101,33 @@ def test_dead_engine_ends_the_process(model_dir):
             time.sleep(0.2)
         assert s.proc.poll() not in (None, 0), s.output()
         assert "the engine died (InjectedFault)" in s.output()
+
+
+def test_intake_fault_fails_its_request_only(model_dir):
+    """An error the request checks did not foresee, raised while the engine takes the request in."""
+    from fastapi.testclient import TestClient
+
+    from llmkern.engine import Engine, EngineConfig
+    from llmkern.serve import ServeConfig, build_app
+    from llmkern.serve.engine_loop import EngineLoop
+
+    eng = Engine(model_dir, EngineConfig(kv_cache_memory_gb=0.01))
+    add = eng.add_request
+
+    def add_request(prompt, params=None, **kw):
+        if kw.get("priority") == 7:
+            raise KeyError("an unforeseen input")
+        return add(prompt, params, **kw)
+
+    eng.add_request = add_request
+    loop = EngineLoop(eng).start()
+    try:
+        with TestClient(build_app(loop, ServeConfig(), "tiny")) as c:
+            r = c.post("/v1/completions", json=body("abc", priority=7))
+            assert r.status_code == 500 and r.json()["error"]["code"] == "request_error", r.text
+            assert "KeyError" in r.json()["error"]["message"] and "unforeseen" not in r.text
+            assert c.post("/v1/completions", json=body("abc")).status_code == 200
+            assert c.get("/health").status_code == 200
+        assert loop.alive and not eng.requests and eng.kv.pool.num_used == 0
+    finally:
+        loop.stop()

@@ -324,10 +324,10 @@ class Engine:
         """The model inputs of a batch (speculation: drafts proposed, the draft model mirrored)."""
         spec, faults = self.spec, self.faults
         self._phase = "prepare"
+        if spec is not None:   # first: it settles which drafts the batch carries
+            spec.before_forward(batch)
         if faults is not None:
             faults.check("prepare", batch.decodes + batch.prefills)
-        if spec is not None:
-            spec.before_forward(batch)
         inputs = self.runner.prepare(batch)
         self._phase = "forward"
         if spec is not None:

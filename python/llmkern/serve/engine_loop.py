@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .errors import APIError, from_value_error
+from .errors import APIError, from_value_error, request_error
 
 log = logging.getLogger("llmkern.serve")
 
@@ -157,7 +157,10 @@ class EngineLoop:
         with self._lock:
             self.num_active -= len(handles)
         if self.on_death is not None:
-            self.on_death(e)
+            try:
+                self.on_death(e)
+            except Exception:  # noqa: BLE001 - the loop is gone either way
+                log.exception("llmkern: on_death failed")
 
     def _apply_intake(self) -> bool:
         eng = self.engine
@@ -173,6 +176,12 @@ class EngineLoop:
                 self._handles[s.handle.request_id] = s.handle
             except (ValueError, TypeError) as e:
                 s.handle.put(from_value_error(e))
+                self._done()
+            except Exception as e:  # noqa: BLE001 - an input the checks missed fails its request only
+                log.warning("llmkern: request %s failed on intake (%s: %s)", s.handle.request_id,
+                            type(e).__name__, e, exc_info=e)
+                eng.abort(s.handle.request_id)   # if it got in before the error
+                s.handle.put(request_error(f"the request failed in the engine on intake: {type(e).__name__}"))
                 self._done()
         if abort_all is not None:
             aborts += [(rid, abort_all) for rid in self._handles]

@@ -24,6 +24,11 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def request_error(message: str) -> APIError:
+    """A request the engine failed on its own (it serves on): 500, code request_error."""
+    return APIError(500, message, code="request_error", type="InternalServerError")
+
+
 _PARAM = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 
 

@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import AsyncIterator, List, Optional, Tuple
 
-from .errors import APIError
+from .errors import APIError, request_error
 from .protocol import GenerationRequest, chunk, delta_choice, logprobs_obj, usage
 
 
@@ -20,8 +20,7 @@ def _as_error(item) -> Optional[APIError]:
                              "starting; retry later", code="queue_timeout", headers={"Retry-After": "1"})
     if getattr(item, "finished", False) and (item.error is not None or item.finish_reason == "error"):
         # failed alone (a fault in its step, a failed KV hand-over): the engine serves on
-        return APIError(500, item.error or "the request failed in the engine", code="request_error",
-                        type="InternalServerError")
+        return request_error(item.error or "the request failed in the engine")
     return None
 
 
