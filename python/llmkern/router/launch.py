@@ -72,12 +72,6 @@ def spawn_replica(serve_argv: List[str], index: int, shares, use_gpus: bool = Fa
     return subprocess.Popen(cmd, env=env, preexec_fn=child_setup(cpus)), f"http://127.0.0.1:{port}"
 
 
-def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
-    """[(Popen, url)] of n replicas on free loopback ports."""
-    shares = split_cpus(n)
-    return [spawn_replica(serve_argv, i, shares, use_gpus) for i in range(n)]
-
-
 def supervised(argvs: List[List[str]], use_gpus: bool = False):
     """A ReplicaSupervisor of one replica per serve argv (started now, on free loopback ports); each
     is started again with the same argv, CPUs or GPU and port when it exits."""
