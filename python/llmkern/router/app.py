@@ -125,6 +125,8 @@ def build_router_app(router: Router, admin_key: Optional[str] = None, supervisor
             body = json.loads(raw or b"null")
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"body: not valid JSON ({e})", param="body")
+        except RecursionError:        # nested deeper than the parser goes: a client error, not a 500
+            raise APIError(400, "body: JSON nested too deeply", param="body")
         if not isinstance(body, dict):
             raise APIError(400, "body: expected a JSON object", param="body")
         stream = body.get("stream") is True
