@@ -156,3 +156,30 @@ class ServerProcess:
             for s in fam.samples:
                 out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")))] = s.value
         return out
+
+
+def wait_until(cond, timeout: float = 30.0, what: str = "condition"):
+    """cond()'s first true value, polled every 50 ms; AssertionError after timeout seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def post_completion(client, base: str, body: dict):
+    """POST /v1/completions with an httpx.AsyncClient: ("done", response object), ("http_error",
+    status, error object) or, for a streamed body, ("stream", the data payloads of its events)."""
+    if not body.get("stream"):
+        r = await client.post(base + "/v1/completions", json=body)
+        return ("done", r.json()) if r.status_code == 200 else ("http_error", r.status_code, r.json())
+    events = []
+    async with client.stream("POST", base + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            return ("http_error", r.status_code, json.loads(await r.aread()))
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    return ("stream", events)

@@ -158,6 +158,10 @@ RUNS: Dict[str, Run] = {
         Run("client"),
     "curl -X DELETE 'localhost:8000/admin/workers?url=http://127.0.0.1:8003' -H 'X-Admin-Key: SECRET'": Run("client"),
     "curl localhost:8000/admin/workers -H 'X-Admin-Key: SECRET'": Run("client", check=workers(2)),
+    "llmkern bench chaos --json chaos.json":
+        Run("exit", add=("--model", TINY, "--num-requests", "20", "--kill-at", "6", "--max-tokens", "8"),
+            check=lambda out, cwd: (output_contains("chaos: ok", '"lost": 0')(out, cwd),
+                                    file_exists("chaos.json")(out, cwd)), timeout=300, needs=SERVE),
     "llmkern generate --model DIR -tp 2 -pp 2 --input prompts.jsonl --output results.jsonl":
         Run("exit", add=("--max-tokens", "4", "--kv-cache-memory-gb", "0.02"),
             check=results_complete("results.jsonl", "token_ids")),

@@ -93,8 +93,9 @@ def test_dead_prefill_replica_is_skipped_then_co_located_fallback():
     status, _ = asyncio.run(_call(r, {"prompt": "hi", "max_tokens": 3}))
     assert status == 200 and [u for u, _ in reps.sent] in ([P1, P2, D1], [P2, D1])
     assert r.pd_requests == 1 and r.fallbacks == 0
-    # Now every prefill replica is down: the request goes whole (no params) to the decode replica.
-    r, reps = _router({P1: _down, P2: lambda b: _resp(503, APIError(503, "busy").body()),
+    # Now every prefill replica is down or refuses the request unrun (draining): it goes whole (no
+    # params) to the decode replica.
+    r, reps = _router({P1: _down, P2: lambda b: _resp(503, APIError(503, "busy", code="shutting_down").body()),
                        D1: lambda b: _resp(200, _completion("abc"))}, prefill=(P1, P2))
     status, content = asyncio.run(_call(r, {"prompt": "hi", "max_tokens": 3}))
     assert status == 200 and json.loads(content)["choices"][0]["text"] == "abc"

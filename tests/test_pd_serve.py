@@ -13,7 +13,6 @@ import json
 import math
 import os
 import signal
-import time
 
 import pytest
 
@@ -22,7 +21,7 @@ pytest.importorskip("openai")
 pytest.importorskip("prometheus_client")
 import httpx  # noqa: E402
 
-from serve_helpers import ServerProcess, free_port, tiny_model_dir  # noqa: E402
+from serve_helpers import ServerProcess, free_port, post_completion, tiny_model_dir, wait_until  # noqa: E402
 
 ENGINE_ARGS = ["--served-model-name", "tiny", "--kv-cache-memory-gb", "0.02", "--max-num-seqs", "16",
                "--max-num-batched-tokens", "512", "--block-size", "16"]
@@ -63,13 +62,7 @@ def _replica(router, role):
 
 
 def _wait(cond, timeout=30.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(cond, timeout, what)
 
 
 def _metric(url, name, **labels) -> float:
@@ -189,19 +182,14 @@ def _replica_pid(launcher, role) -> int:
 
 
 async def _one(client, base, i, stream, max_tokens=120):
-    body = {"model": "tiny", "prompt": PROMPTS[i % 3] + f" #{i}", "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": stream}
-    if not stream:
-        r = await client.post(base + "/v1/completions", json=body)
-        return ("done", r.json()["choices"][0]["text"]) if r.status_code == 200 else ("http_error", r.status_code,
-                                                                                     r.json())
-    events = []
-    async with client.stream("POST", base + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            return ("http_error", r.status_code, json.loads(await r.aread()))
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
+    res = await post_completion(client, base, {"model": "tiny", "prompt": PROMPTS[i % 3] + f" #{i}",
+                                               "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                                               "stream": stream})
+    if res[0] == "done":
+        return ("done", res[1]["choices"][0]["text"])
+    if res[0] == "http_error":
+        return res
+    events = res[1]
     assert events[-1] == "[DONE]"
     errors = [json.loads(e) for e in events[:-1] if '"error"' in e]
     if errors:

@@ -2,14 +2,13 @@
 --data-parallel-size 2`), through the real `openai` client and httpx: outputs equal a single
 engine's, requests follow cached prefixes (checked against the replicas' own prefix-hit counters),
 a restarted router resynchronises, and a replica killed mid-run loses no request: each one either
-completes or ends with an error event, and the survivor serves the rest. Every process is reaped by
+completes or ends with an error (event), and the survivor serves the rest. Every process is reaped by
 its context manager, also on failure."""
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
-import time
 
 import pytest
 
@@ -18,7 +17,7 @@ pytest.importorskip("openai")
 pytest.importorskip("prometheus_client")
 import httpx  # noqa: E402
 
-from serve_helpers import ServerProcess, tiny_model_dir  # noqa: E402
+from serve_helpers import ServerProcess, post_completion, tiny_model_dir, wait_until  # noqa: E402
 
 ENGINE_ARGS = ["--kv-cache-memory-gb", "0.02", "--max-num-seqs", "16", "--max-num-batched-tokens", "512"]
 TENANTS = ["You are the billing assistant of ACME. Answer politely, briefly, and cite the invoice. " * 2,
@@ -68,13 +67,7 @@ def _workers(router):
 
 
 def _wait(cond, timeout=20.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(cond, timeout, what)
 
 
 def _wait_synced(router, n):
@@ -170,19 +163,9 @@ def test_admin_add_and_remove_worker(cluster):
 
 
 async def _one(client, base, i, stream):
-    body = {"model": "tiny", "prompt": TENANTS[i % 2] + f"long answer {i}", "max_tokens": 160, "temperature": 0,
-            "ignore_eos": True, "stream": stream}
-    if not stream:
-        r = await client.post(base + "/v1/completions", json=body)
-        return ("done", r.json()) if r.status_code == 200 else ("http_error", r.status_code, r.json())
-    events = []
-    async with client.stream("POST", base + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            return ("http_error", r.status_code, json.loads(await r.aread()))
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-    return ("stream", events)
+    return await post_completion(client, base, {"model": "tiny", "prompt": TENANTS[i % 2] + f"long answer {i}",
+                                                "max_tokens": 160, "temperature": 0, "ignore_eos": True,
+                                                "stream": stream})
 
 
 def test_replica_killed_mid_run(cluster):
@@ -203,18 +186,21 @@ def test_replica_killed_mid_run(cluster):
 
     victim, results = asyncio.run(scenario())
     survivor = reps[1 - reps.index(victim)]
-    failed_streams = 0
+    failed = 0
     for res in results:                      # none lost: each finished or says why not
         if res[0] == "done":
             assert res[1]["choices"][0]["finish_reason"] == "length"
             assert res[1]["usage"]["completion_tokens"] == 160
+        elif res[0] == "http_error":         # in flight on the victim: this router cannot know the request
+            assert res[1] == 502 and res[2]["error"]["code"] == "replica_failed"   # did not kill it: no retry
+            failed += 1
         elif res[0] == "stream":
             ev = res[1]
             assert ev[-1] == "[DONE]"
             objs = [json.loads(e) for e in ev[:-1]]
             if "error" in objs[-1]:
                 assert objs[-1]["error"]["code"] == "replica_failed"
-                failed_streams += 1
+                failed += 1
             else:
                 assert objs[-1]["choices"][0]["finish_reason"] == "length"
         else:
@@ -227,9 +213,9 @@ def test_replica_killed_mid_run(cluster):
     m = router.metrics()
     assert m[("llmkern_router_worker_healthy", (("worker", victim.base),))] == 0
     assert m[("llmkern_router_worker_healthy", (("worker", survivor.base),))] == 1
-    assert m[("llmkern_router_failures_total", (("worker", victim.base),))] == failed_streams
+    assert m[("llmkern_router_failures_total", (("worker", victim.base),))] == failed
     lost_attempts = m[("llmkern_router_retries_total", (("worker", victim.base),))]
-    assert failed_streams + lost_attempts >= 1       # the victim had work in flight
+    assert failed + lost_attempts >= 1       # the victim had work in flight
 
 
 def test_data_parallel_launcher(model_dir, llm):

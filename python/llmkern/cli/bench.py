@@ -1,5 +1,5 @@
-"""`llmkern bench NAME`: the named benchmarks (throughput, serve, router, pd); the kernel/e2e suite
-and its report are bench_suite.py."""
+"""`llmkern bench NAME`: the named benchmarks (throughput, serve, router, pd) and the chaos run;
+the kernel/e2e suite and its report are bench_suite.py."""
 from __future__ import annotations
 
 import argparse
@@ -79,6 +79,20 @@ def _bench_serve(a) -> int:
     return bench_main(a)
 
 
+def _bench_chaos_args(p: argparse.ArgumentParser) -> None:
+    from ..bench.chaos import add_args
+
+    add_args(p)
+
+
+def _bench_chaos(a) -> int:
+    try:
+        from ..bench.chaos import main as chaos_main
+    except ImportError as e:
+        raise SystemExit(f"{SERVE_HINT} ({e})")
+    return chaos_main(a)
+
+
 # name -> (help, add_arguments(parser), run(args) -> exit code); more benchmarks plug in here.
 BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
     "throughput": ("end-to-end offline throughput (offline-32 workload) vs HF transformers",
@@ -89,4 +103,7 @@ BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
                _bench_router_args, _bench_router),
     "pd": ("prefill-decode disaggregation: chat decoding + long-prompt bursts, co-located vs 1P1D (TTFT, ITL, KV "
            "bytes moved)", _bench_pd_args, _bench_pd),
+    "chaos": ("failure handling: steady load on `serve --data-parallel-size 2` with a replica SIGKILLed and poison "
+              "requests; completed / failed cleanly / lost (must be 0), restarts, recovery time", _bench_chaos_args,
+              _bench_chaos),
 }

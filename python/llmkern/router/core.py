@@ -1,11 +1,16 @@
 """Router: the registry of workers, the routing decision (tokenise once, rank with the policy) and
-forwarding with retries.
+forwarding.
 
-A request is forwarded byte for byte (the replica validates it and answers). Until the first bytes
-of a response have reached the client, any failure of the replica (connection refused or reset,
-500/503, 429) sends the request to the next worker in the policy's ranking; a dead replica is also
-taken out at once. Once streaming began, a failure ends the stream with an OpenAI error event and
-[DONE]: the client knows, nothing is silently lost."""
+A request is forwarded byte for byte (the replica validates it and answers). A request is tried on
+a second replica (at most one more, so one request can never take down a cluster) only when the
+first one certainly did not fail because of it: the connection was refused (the replica is down;
+nothing was sent), the replica refused it unrun (429, or 503 `shutting_down`), or the launcher's
+supervisor says the replica was killed from outside and nothing had been streamed. Any other
+answer, a JSON error included (`request_error`, `engine_error`, any 4xx/5xx), is the client's
+answer; a connection that broke while the request was in flight there gives a 502 `replica_failed`
+error object; a stream that breaks ends with that error as an event and [DONE]: the client knows,
+nothing is silently lost and nothing hangs. A replica that is down, dead or draining is taken out at
+once (its health check takes it back)."""
 from __future__ import annotations
 
 import json
@@ -16,15 +21,39 @@ import httpx
 
 from ..serve.errors import APIError
 from .policies import RouteRequest, make_policy
+from .supervisor import KILLED
 from .worker import Worker
 
 log = logging.getLogger("llmkern.router")
 
-RETRY_STATUS = (429, 500, 502, 503, 504)
 _TRANSPORT_ERRORS = (httpx.TransportError,)
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)   # the request never reached the replica
+MAX_ATTEMPTS = 2
+# Error codes of a replica that is gone or going: it is taken out of the ranking at once.
+_DOWN_CODES = ("engine_error", "engine_dead", "shutting_down")
+
+
+def _error_code(body: bytes) -> Optional[str]:
+    try:
+        return (json.loads(body).get("error") or {}).get("code")
+    except (ValueError, AttributeError):
+        return None
+
+
+def refused_unrun(status: int, body: bytes) -> bool:
+    """Whether a replica's error answer says it refused the request without running it (back-pressure
+    or a drain): the one kind of JSON error another replica may be asked to serve."""
+    return status == 429 or (status == 503 and _error_code(body) == "shutting_down")
+
+
+def replica_failed(why: str) -> APIError:
+    return APIError(502, f"the replica serving this request failed ({why}); the request was not retried "
+                         "elsewhere, as it may have caused the failure", code="replica_failed")
 
 
 class Router:
+    supervisor = None      # the launcher's ReplicaSupervisor, when it has one: exit_cause(url)
+
     def __init__(self, workers: List[str], policy: str = "cache_aware", tokenizer=None,
                  request_timeout_s: float = 600.0, health_interval_s: float = 1.0, policy_args: Optional[dict] = None):
         self.policy = make_policy(policy, **(policy_args or {}))
@@ -135,13 +164,15 @@ class Router:
 
     # -- forwarding -------------------------------------------------------------------------------
     async def forward(self, path: str, raw: bytes, headers: Dict[str, str], req: RouteRequest, stream: bool):
-        """(status, headers, body bytes) or (200, headers, async iterator of bytes) for a stream."""
+        """(status, headers, body bytes) or (200, headers, async iterator of bytes) for a stream.
+        APIError 503 when no replica could take the request (none healthy, or every one tried was
+        down, refused it or was killed from outside under it)."""
         ranked = self.rank(req)
         if not ranked:
             self.no_worker_errors += 1
             raise APIError(503, "no healthy worker is available", code="no_workers")
-        last: Optional[Tuple[int, bytes]] = None
-        for i, w in enumerate(ranked):
+        last: Optional[Tuple[int, Dict[str, str], bytes]] = None
+        for w in ranked[:MAX_ATTEMPTS]:
             self.note_sent(w, req)
             handed_over = False
             try:
@@ -150,10 +181,11 @@ class Router:
                 try:
                     if resp.status_code != 200:
                         body = await resp.aread()
-                        if resp.status_code in RETRY_STATUS:
-                            last = (resp.status_code, body)
-                            if resp.status_code >= 500:
-                                w.mark_down(f"answered {resp.status_code}")
+                        code = _error_code(body)
+                        if code in _DOWN_CODES:
+                            w.mark_down(f"answered {resp.status_code} {code}")
+                        if refused_unrun(resp.status_code, body):
+                            last = (resp.status_code, _json_headers(resp), body)
                             w.retried += 1
                             continue
                         return resp.status_code, _json_headers(resp), body
@@ -167,17 +199,31 @@ class Router:
                 finally:
                     if not handed_over:
                         await resp.aclose()
-            except (_TRANSPORT_ERRORS + (StopAsyncIteration,)) as e:
-                w.mark_down(f"{type(e).__name__}")
+            except _NOT_SENT as e:
+                w.mark_down(type(e).__name__)
                 w.retried += 1
-                last = None
                 continue
+            except (_TRANSPORT_ERRORS + (StopAsyncIteration,)) as e:
+                w.mark_down(f"connection broke: {type(e).__name__}")
+                cause = await self._exit_cause(w)
+                if cause == KILLED:        # not this request's doing, and nothing reached the client
+                    w.retried += 1
+                    last = None
+                    continue
+                w.failed += 1
+                err = replica_failed(f"{type(e).__name__}" + (f", the replica {cause}" if cause else ""))
+                return err.status, {"content-type": "application/json"}, json.dumps(err.body()).encode()
             finally:
                 if not handed_over:
                     self.note_done(w, req)
         if last is not None:
-            return last[0], {"content-type": "application/json"}, last[1]
-        raise APIError(503, f"the request failed on every worker tried ({len(ranked)})", code="all_workers_failed")
+            return last
+        raise APIError(503, f"the request could not be served by the worker(s) tried "
+                            f"({min(len(ranked), MAX_ATTEMPTS)})", code="all_workers_failed")
+
+    async def _exit_cause(self, w: Worker) -> Optional[str]:
+        sup = self.supervisor
+        return None if sup is None else await sup.exit_cause(w.url)
 
     async def _relay(self, w: Worker, req: RouteRequest, resp: httpx.Response, first: bytes,
                      chunks) -> AsyncIterator[bytes]:
@@ -214,4 +260,7 @@ def _content(c) -> str:
 
 
 def _json_headers(resp: httpx.Response) -> Dict[str, str]:
-    return {"content-type": resp.headers.get("content-type", "application/json")}
+    out = {"content-type": resp.headers.get("content-type", "application/json")}
+    if "retry-after" in resp.headers:
+        out["retry-after"] = resp.headers["retry-after"]
+    return out

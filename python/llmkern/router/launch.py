@@ -1,7 +1,8 @@
-"""Process entry points: run_router (uvicorn over the router app) and the data-parallel launcher
-behind `llmkern serve --data-parallel-size N`: N `llmkern serve` replicas on loopback ports, each
-pinned to its share of the CPUs (or its own GPU), and the router on the public port. The replicas
-die with the launcher (SIGTERM drains them; PDEATHSIG covers a launcher that was killed)."""
+"""Process entry points: run_router (uvicorn over the router app; SIGTERM drains it) and the
+data-parallel launcher behind `llmkern serve --data-parallel-size N`: N `llmkern serve` replicas on
+loopback ports, each pinned to its share of the CPUs (or its own GPU), supervised (a replica that
+exits is restarted on its port), and the router on the public port. The replicas die with the
+launcher (stopping it drains them; PDEATHSIG covers a launcher that was killed)."""
 from __future__ import annotations
 
 import os
@@ -12,15 +13,22 @@ from typing import List, Optional
 from ..procs import child_setup, free_port, stop
 
 
-def run_router(router, host: str, port: int, admin_key: Optional[str] = None, log_level: str = "warning") -> int:
+def run_router(router, host: str, port: int, admin_key: Optional[str] = None, log_level: str = "warning",
+               grace_s: float = 30.0, supervisor=None) -> int:
+    """Serve until SIGTERM/SIGINT, then drain: the socket stays open and new requests get 503 with
+    Retry-After while those in flight finish (for up to grace_s); exit 0. A second signal ends it
+    at once. supervisor: the launcher's ReplicaSupervisor, started with the app."""
     import uvicorn
 
+    from ..serve.server import _DrainingServer
     from .app import build_router_app
 
-    app = build_router_app(router, admin_key)
+    app = build_router_app(router, admin_key, supervisor=supervisor, grace_s=grace_s)
     print(f"llmkern router: {len(router.workers)} worker(s), policy {router.policy.name}, on http://{host}:{port}/v1",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=5)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=5,
+                            timeout_graceful_shutdown=5)
+    _DrainingServer(config, app.state.drain).run()
     return 0
 
 
@@ -46,12 +54,12 @@ def replica_argv(argv: List[str]) -> List[str]:
     return out
 
 
-def spawn_replica(serve_argv: List[str], index: int, shares, use_gpus: bool = False):
-    """(Popen, url) of one `llmkern serve` replica on a free loopback port: GPU `index`, or the
-    CPUs shares[index] (the replica pins itself to them and sizes its threads)."""
+def spawn_replica(serve_argv: List[str], index: int, shares, use_gpus: bool = False, port: Optional[int] = None):
+    """(Popen, url) of one `llmkern serve` replica on a loopback port (a free one unless given): GPU
+    `index`, or the CPUs shares[index] (the replica pins itself to them and sizes its threads)."""
     from ..cpu_affinity import format_cpus
 
-    port = free_port()
+    port = port or free_port()
     env = dict(os.environ)
     cpus = None
     if use_gpus:
@@ -64,10 +72,23 @@ def spawn_replica(serve_argv: List[str], index: int, shares, use_gpus: bool = Fa
     return subprocess.Popen(cmd, env=env, preexec_fn=child_setup(cpus)), f"http://127.0.0.1:{port}"
 
 
-def start_replicas(serve_argv: List[str], n: int, use_gpus: bool = False):
-    """[(Popen, url)] of n replicas on free loopback ports."""
-    shares = split_cpus(n)
-    return [spawn_replica(serve_argv, i, shares, use_gpus) for i in range(n)]
+def supervised(argvs: List[List[str]], use_gpus: bool = False):
+    """A ReplicaSupervisor of one replica per serve argv (started now, on free loopback ports); each
+    is started again with the same argv, CPUs or GPU and port when it exits."""
+    from .supervisor import Replica, ReplicaSupervisor
+
+    shares = split_cpus(len(argvs))
+    reps = []
+    try:
+        for i, argv in enumerate(argvs):
+            p, url = spawn_replica(argv, i, shares, use_gpus)
+            port = int(url.rsplit(":", 1)[1])
+            reps.append(Replica(url, lambda argv=argv, i=i, port=port: spawn_replica(argv, i, shares, use_gpus,
+                                                                                     port)[0], p))
+    except BaseException:
+        stop([r.proc for r in reps], 5)
+        raise
+    return ReplicaSupervisor(reps)
 
 
 def stop_replicas(procs, grace_s: float = 30.0) -> None:
@@ -87,12 +108,12 @@ def run_data_parallel(a, argv: List[str]) -> int:
         except ImportError:
             pass
     tokenizer = _router_tokenizer(a.model, a.load_format)
-    procs = start_replicas(replica_argv(argv), a.data_parallel_size, use_gpus)
+    sup = supervised([replica_argv(argv)] * a.data_parallel_size, use_gpus)
     try:
-        router = Router([u for _, u in procs], policy=a.router_policy, tokenizer=tokenizer)
-        return run_router(router, a.host, a.port, log_level=a.log_level)
+        router = Router(list(sup.replicas), policy=a.router_policy, tokenizer=tokenizer)
+        return run_router(router, a.host, a.port, log_level=a.log_level, grace_s=a.shutdown_grace_s, supervisor=sup)
     finally:
-        stop_replicas(procs, a.shutdown_grace_s + 5)
+        sup.stop_all(a.shutdown_grace_s + 5)
 
 
 def _router_tokenizer(model: Optional[str], load_format: str = "auto"):

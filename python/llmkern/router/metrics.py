@@ -1,7 +1,8 @@
 """The router's Prometheus text: per worker (label `worker`) requests sent, attempts that failed
 before anything streamed (retried elsewhere), requests that failed mid-stream, health, requests in
 flight, cached blocks known and KV resyncs; overall prompt tokens routed and those found cached in
-the chosen worker at routing time."""
+the chosen worker at routing time. Under a launcher's supervisor, per replica: restarts, and exits
+by cause (killed from outside, crashed)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -46,6 +47,18 @@ class _Collector:
             fam = CounterMetricFamily(name, doc)
             fam.add_metric([], v)
             yield fam
+        sup = getattr(r, "supervisor", None)
+        if sup is not None:
+            fam = CounterMetricFamily("llmkern_router_replica_restarts", "times the launcher started the replica "
+                                      "again after it exited", labels=["worker"])
+            exits = CounterMetricFamily("llmkern_router_replica_exits", "replica process exits, by cause: killed "
+                                        "(from outside) or crashed", labels=["worker", "cause"])
+            for url, rep in sup.replicas.items():
+                fam.add_metric([url], rep.restarts)
+                for cause in ("killed", "crashed"):
+                    exits.add_metric([url, cause], rep.exits.get(cause, 0))
+            yield fam
+            yield exits
         role_of = getattr(r, "role_of", None)
         if role_of is not None:
             fam = GaugeMetricFamily("llmkern_router_worker_role", "1 for the worker's role in --pd mode",

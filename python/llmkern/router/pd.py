@@ -8,9 +8,12 @@ original request, with those params added, to a decode replica (`--role decode`)
 the KV blocks, emits the first token and streams the rest: the client sees that one response.
 
 Each pool is an ordinary Router (health checks, KV events, the policy, retries before anything
-streamed), so prefix-aware placement works on both sides. Failures:
-  - prefill replica down or 5xx: the next prefill replica; with none left, the request is sent
-    whole to a decode replica, which prefills it itself (co-located fallback);
+streamed: see core.py), so prefix-aware placement works on both sides. Failures:
+  - no prefill replica could take it (down, refused it unrun, or killed from outside under it):
+    the request is sent whole to a decode replica, which prefills it itself (co-located fallback);
+  - the prefill replica answered an error (the request's own, or its engine died under it) or
+    crashed with the request in flight: that error is the client's answer; it is never sent on to
+    a decode replica, so one bad request cannot take down both sides;
   - decode replica down before streaming: the next decode replica (the prefill side keeps the
     blocks until its transfer deadline, then frees them); with none left, a 503 error object;
   - decode replica lost mid-stream: an OpenAI error event and [DONE] (the Router's relay).
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from ..serve.errors import APIError
-from .core import Router
+from .core import Router, refused_unrun
 from .policies import RouteRequest
 
 log = logging.getLogger("llmkern.router")
@@ -64,6 +67,14 @@ class PDRouter:
         self.decode_errors = 0       # decode pool unavailable after a successful prefill
 
     # -- registry ---------------------------------------------------------------------------------
+    @property
+    def supervisor(self):
+        return self.prefill.supervisor
+
+    @supervisor.setter
+    def supervisor(self, sup) -> None:
+        self.prefill.supervisor = self.decode.supervisor = sup
+
     @property
     def workers(self) -> Dict[str, object]:
         return {**self.prefill.workers, **self.decode.workers}
@@ -123,11 +134,11 @@ class PDRouter:
         try:
             status, hdrs, content = await self.prefill.forward(path, json.dumps(pbody).encode(), headers,
                                                                req.route, False)
-        except APIError as e:            # no prefill replica is up, or every one failed
+        except APIError as e:            # no prefill replica could take it (none ran it to an answer)
             status, content = e.status, None
         if status != 200:
-            if content is not None and status < 500 and status != 429:
-                return status, hdrs, content     # the request itself is wrong: the client's answer
+            if content is not None and not refused_unrun(status, content):
+                return status, hdrs, content     # the request's own answer (an error): no cascade
             self.fallbacks += 1
             log.warning("llmkern router: prefill pool unavailable (%s): request served co-located", status)
             return await self.decode.forward(path, raw, headers, req.route, stream)

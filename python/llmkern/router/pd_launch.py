@@ -1,7 +1,8 @@
 """`llmkern serve --pd NPMD` (e.g. 1P1D): N prefill and M decode replicas of `llmkern serve` on
 loopback ports, each pinned to its share of the CPUs (llmkern's cpu_share rule, like
---data-parallel-size) or its own GPU, and the router in --pd mode on the public port. The replicas
-die with the launcher (SIGTERM drains them; PDEATHSIG covers a launcher that was killed)."""
+--data-parallel-size) or its own GPU, supervised like them (a replica that exits is restarted on
+its port), and the router in --pd mode on the public port. The replicas die with the launcher
+(stopping it drains them; PDEATHSIG covers a launcher that was killed)."""
 from __future__ import annotations
 
 import re
@@ -9,7 +10,7 @@ from typing import List, Tuple
 
 from ..procs import free_port
 
-from .launch import _router_tokenizer, replica_argv, run_router, spawn_replica, split_cpus, stop_replicas
+from .launch import _router_tokenizer, replica_argv, run_router, supervised
 
 _SPEC = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 # Options the launcher decides for each replica (besides those of data parallelism).
@@ -43,24 +44,6 @@ def pd_replica_argv(argv: List[str], role: str, index: int, extra: List[str]) ->
     return _strip(replica_argv(argv), _LAUNCHER_OPTS) + ["--role", role] + extra
 
 
-def start_pd_replicas(argv: List[str], n_prefill: int, n_decode: int, use_gpus: bool = False,
-                      connector_argv=None):
-    """[(Popen, url, role)] of the prefill replicas then the decode replicas on free loopback ports.
-    connector_argv(role, index) gives each replica's KV-connector options."""
-    shares = split_cpus(n_prefill + n_decode)
-    roles = ["prefill"] * n_prefill + ["decode"] * n_decode
-    procs = []
-    try:
-        for i, role in enumerate(roles):
-            extra = connector_argv(role, i) if connector_argv else []
-            p, url = spawn_replica(pd_replica_argv(argv, role, i, extra), i, shares, use_gpus)
-            procs.append((p, url, role))
-    except BaseException:
-        stop_replicas([(p, u) for p, u, _ in procs], 5)
-        raise
-    return procs
-
-
 def run_pd(a, argv: List[str]) -> int:
     from .pd import PDRouter
 
@@ -74,13 +57,16 @@ def run_pd(a, argv: List[str]) -> int:
         except ImportError:
             pass
     tokenizer = _router_tokenizer(a.model, a.load_format)
-    procs = start_pd_replicas(argv, n_prefill, n_decode, use_gpus, connector_argv=launch_connector_argv(a))
+    connector_argv = launch_connector_argv(a)
+    roles = ["prefill"] * n_prefill + ["decode"] * n_decode
+    sup = supervised([pd_replica_argv(argv, role, i, connector_argv(role, i)) for i, role in enumerate(roles)],
+                     use_gpus)
     try:
-        router = PDRouter([u for _, u, r in procs if r == "prefill"], [u for _, u, r in procs if r == "decode"],
-                          policy=a.router_policy, tokenizer=tokenizer)
-        return run_router(router, a.host, a.port, log_level=a.log_level)
+        urls = list(sup.replicas)
+        router = PDRouter(urls[:n_prefill], urls[n_prefill:], policy=a.router_policy, tokenizer=tokenizer)
+        return run_router(router, a.host, a.port, log_level=a.log_level, grace_s=a.shutdown_grace_s, supervisor=sup)
     finally:
-        stop_replicas([(p, u) for p, u, _ in procs], a.shutdown_grace_s + 5)
+        sup.stop_all(a.shutdown_grace_s + 5)
 
 
 def launch_connector_argv(a):
