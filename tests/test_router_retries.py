@@ -159,3 +159,20 @@ def test_pd_prefill_error_never_reaches_decode():
         r, reps = _pd({A: first, B: ok}, causes)
         got, _, _ = _call(r)
         assert got == 200 and reps.sent == [A, B] and r.fallbacks == 1
+
+
+@pytest.mark.parametrize("raw, why", [(b"[" * 990 + b"]" * 990, "nested deeper"), (b"{bad", "not valid JSON"),
+                                      (b"[1, 2]", "expected a JSON object")])
+def test_router_refuses_bad_bodies_before_routing(raw, why):
+    """A body the router cannot read is the client's 400 naming the body, decided before any replica
+    is chosen (a 990-deep body used to be a 500 from the parser's recursion)."""
+    from fastapi.testclient import TestClient
+
+    from llmkern.router.app import build_router_app
+
+    router = Router([A], policy="round_robin", health_interval_s=3600)
+    with TestClient(build_router_app(router)) as c:
+        r = c.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "body" and why in err["message"]

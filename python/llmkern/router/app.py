@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..serve.errors import APIError, install_error_handlers, json_response
+from ..serve.json_body import parse_object
 from .core import Router
 from .metrics import render_metrics
 
@@ -121,14 +122,7 @@ def build_router_app(router: Router, admin_key: Optional[str] = None, supervisor
         if len(raw) > MAX_BODY:
             raise APIError(413, f"body: larger than the limit of {MAX_BODY} bytes", param="body",
                            code="body_too_large")
-        try:
-            body = json.loads(raw or b"null")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise APIError(400, f"body: not valid JSON ({e})", param="body")
-        except RecursionError:        # nested deeper than the parser goes: a client error, not a 500
-            raise APIError(400, "body: JSON nested too deeply", param="body")
-        if not isinstance(body, dict):
-            raise APIError(400, "body: expected a JSON object", param="body")
+        body = parse_object(raw)   # nesting checked before parsing: a 400, never a RecursionError
         stream = body.get("stream") is True
         req = router.route_request(body, kind)
         status, headers, content = await router.forward(path, raw, _headers(request), req, stream)
