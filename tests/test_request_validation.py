@@ -11,8 +11,10 @@ import math
 import pytest
 import torch
 
-from llmkern import LLM, SamplingParams, cli
-from llmkern.engine.param_checks import ParamError
+pytest.importorskip("numpy", reason="the runtime needs numpy (the GPU check machine has only torch)")
+pytest.importorskip("tokenizers", reason="the runtime needs tokenizers (the GPU check machine has only torch)")
+from llmkern import LLM, SamplingParams, cli  # noqa: E402
+from llmkern.engine.param_checks import ParamError  # noqa: E402
 
 TINY = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
