@@ -215,7 +215,7 @@ def test_alternating_run_with_a_second_llmkern_as_peer(tiny, tmp_path, monkeypat
 def test_real_vllm_peer_one_rate(tmp_path):
     a = _args("--peer", "vllm", "--vllm-exe", VLLM_EXE, "--rates", "2", "--num-prompts", "4", "--dtypes", "float32",
               "--rounds", "1", "--workloads", "random", "--client", "both", "--out", str(tmp_path))
-    rep = serve_compare.run_compare(a)
+    rep = serve_compare.run_compare(a, serving.hf_model_dir)
     got = {(r["system"], r["client"]): r for r in rep["rows"]}
     assert set(got) == {("llmkern", "ours"), ("llmkern", "vllm"), ("vllm", "ours"), ("vllm", "vllm")}, rep["notes"]
     assert all(r["completed"] == 4 and r["ttft_p50"] is not None for r in got.values())

@@ -62,7 +62,7 @@ def _vs_vllm(quick: bool):
     argv = ["--peer", "vllm", "--out", serving.tempfile.mkdtemp(prefix="llmkern-bench-serve-vllm-")]
     if quick:
         argv += ["--rates", "2", "--num-prompts", "8", "--dtypes", "float32", "--rounds", "1", "--workloads", "random"]
-    rep = run_compare(serving.resolve_defaults(ap.parse_args(argv)))
+    rep = run_compare(serving.resolve_defaults(ap.parse_args(argv)), serving.hf_model_dir)
     merged = merge(rep["rows"])
     ours = {(m["dtype"], m["workload"], m["rate"], m["client"]): m for m in merged if m["system"] == "llmkern"}
     recs = []

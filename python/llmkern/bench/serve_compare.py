@@ -108,11 +108,12 @@ def _session(peer, srv, served, a, ctx, dtype, rnd, rows) -> None:
                      f"{row['tpot_p50']} s, {row['out_tok_s']} tok/s, load {row['load_1m']}")
 
 
-def run_compare(a, extra_peers=()) -> dict:
+def run_compare(a, write_model_dir=None, extra_peers=()) -> dict:
     """The whole comparison (a: serving.add_args's options); writes serve.json, serve.md and one
-    serve-DTYPE.png per dtype into a.out; returns the report. extra_peers: more Peer objects."""
+    serve-DTYPE.png per dtype into a.out; returns the report. write_model_dir(folder): writes the
+    embedded model there as a HF directory (serving.hf_model_dir), used without --model.
+    extra_peers: more Peer objects."""
     from ..models.loader import DEFAULT_MODEL_NAME
-    from .serving import hf_model_dir
 
     os.makedirs(a.out, exist_ok=True)
     peers = peers_serving.resolve(a.peer, a.peer_command, a.vllm_exe, a.sglang_python) + list(extra_peers)
@@ -125,7 +126,7 @@ def run_compare(a, extra_peers=()) -> dict:
     tmp = tempfile.mkdtemp(prefix="llmkern-bench-serve-")
     rows: List[dict] = []
     try:
-        model_dir = a.model or hf_model_dir(tmp)
+        model_dir = a.model or write_model_dir(tmp)
         served = DEFAULT_MODEL_NAME if a.model is None else os.path.basename(os.path.normpath(a.model))
         ctx = {"clients": names, "ids": token_ids_range(model_dir), "vllm_exe": vllm_exe, "model_dir": model_dir,
                "notes": []}

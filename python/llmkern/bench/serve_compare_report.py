@@ -97,6 +97,8 @@ def plot(merged: List[dict], dtype: str, path: str) -> Optional[str]:
         return None
     finite = [m["rate"] for m in ms if not math.isinf(m["rate"])]
     inf_x = (max(finite) + 1.0) if finite else 1.0
+    ticks = sorted({inf_x if math.isinf(m["rate"]) else m["rate"] for m in ms})
+    labels = ["inf" if (x == inf_x and any(math.isinf(m["rate"]) for m in ms)) else f"{x:g}" for x in ticks]
     keys = (("ttft_p50", "TTFT p50 (s)"), ("ttft_p99", "TTFT p99 (s)"), ("tpot_p50", "TPOT p50 (s)"),
             ("goodput_rps", "goodput (req/s)"))
     fig, axes = plt.subplots(len(workloads), len(keys), figsize=(5 * len(keys), 3.8 * len(workloads)), squeeze=False)
@@ -110,7 +112,8 @@ def plot(merged: List[dict], dtype: str, path: str) -> Optional[str]:
                 ax.plot(xs, [m[k]["median"] if m[k] else float("nan") for m in pts], marker="o",
                         label=f"{system} ({client} client)")
                 ax.set_title(f"{w}: {title}")
-                ax.set_xlabel("request rate (req/s; inf at the right)")
+                ax.set_xticks(ticks, labels)
+                ax.set_xlabel("request rate (req/s)")
         axes[wi][0].legend(fontsize=8)
     fig.suptitle(f"llmkern bench serve, {dtype}")
     fig.tight_layout()

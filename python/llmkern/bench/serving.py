@@ -224,7 +224,7 @@ def run_bench(a) -> dict:
     if a.peer or a.peer_command:
         from .serve_compare import run_compare
 
-        return run_compare(a)
+        return run_compare(a, hf_model_dir)
 
     os.makedirs(a.out, exist_ok=True)
     rows: List[dict] = []
