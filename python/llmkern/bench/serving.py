@@ -7,7 +7,10 @@ goodput (requests per second that meet the SLO: TTFT <= slo_ttft_s and mean inte
 <= slo_itl_s). Systems: `llmkern serve` with each scheduling policy (continuous, dynamic, static,
 and continuous with the TTFT-SLO admission), and HF transformers' own OpenAI-compatible server
 (`transformers serve --continuous-batching`) on the same weights. Also a burst of 32 requests
-through the server against the same requests through LLM.generate in-process."""
+through the server against the same requests through LLM.generate in-process.
+
+With --peer vllm|sglang: `llmkern serve` beside those servers instead, alternating rounds, the same
+token-id workloads and clients for all (serve_compare.py)."""
 from __future__ import annotations
 
 import argparse
