@@ -136,7 +136,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     p.add_argument("--no-peers", action="store_true", help="skip HF's `transformers serve`")
     p.add_argument("--no-burst", action="store_true", help="skip the burst-of-32 server vs in-process ratio")
-    p.add_argument("--timeout", type=float, default=240.0, help="per (system, rate) run")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per (system, rate) run (default 240; with "
+                   "--peer 600: 48 prompts at once on a slow server)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results", help="folder for serve.json, serve.md, serve.png")
     g = p.add_argument_group("comparison with other servers (--peer; bench/serve_compare.py)")
@@ -167,6 +168,8 @@ def resolve_defaults(a) -> argparse.Namespace:
         a.num_requests = 48 if compare else 24
     if a.slo_ttft_s is None:
         a.slo_ttft_s = 1.0 if compare else 2.0
+    if a.timeout is None:
+        a.timeout = 600.0 if compare else 240.0
     return a
 
 
