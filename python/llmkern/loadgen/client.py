@@ -1,5 +1,6 @@
-"""The open-loop client: each request streamed over /v1/chat/completions at its arrival time, with
-its TTFT, inter-token latencies and end-to-end time recorded."""
+"""The open-loop client: each request streamed over /v1/chat/completions (or /v1/completions, for
+token-id prompts) at its arrival time, with its TTFT, inter-token latencies and end-to-end time
+recorded."""
 from __future__ import annotations
 
 import asyncio
@@ -20,14 +21,26 @@ class Result:
     tokens: int = 0
     status: Optional[int] = None
     times: List[float] = field(default_factory=list)   # perf_counter() of each streamed token
+    usage_tokens: Optional[int] = None   # the server's completion_tokens (completions: include_usage)
+
+    @property
+    def tpot(self) -> Optional[float]:
+        """Time per output token after the first, as `vllm bench serve` computes it: (E2E - TTFT)
+        over the output tokens less one (the server's count when it sent one)."""
+        n = self.usage_tokens if self.usage_tokens is not None else self.tokens
+        return None if not self.ok or n < 2 else (self.e2e - self.ttft) / (n - 1)
 
 
 async def send_one(client, url: str, model: str, r: Req, t0: float, headers: dict, extra: Optional[dict] = None) -> Result:
     res = Result()
     await asyncio.sleep(max(0.0, t0 + r.arrival - time.perf_counter()))
     start = t0 + r.arrival
-    body = {"model": model, "messages": [{"role": "user", "content": r.prompt}], "max_tokens": r.max_tokens,
-            "temperature": 0.0, "stream": True, **r.extra, **(extra or {})}
+    completions = url.endswith("/v1/completions")
+    body = {"model": model, "max_tokens": r.max_tokens, "temperature": 0.0, "stream": True, **r.extra, **(extra or {})}
+    if completions:
+        body.update(prompt=r.prompt, stream_options={"include_usage": True})
+    else:
+        body["messages"] = [{"role": "user", "content": r.prompt}]
     last = None
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
@@ -41,8 +54,11 @@ async def send_one(client, url: str, model: str, r: Req, t0: float, headers: dic
                 obj = json.loads(line[6:])
                 if obj.get("error"):
                     return res
+                if (obj.get("usage") or {}).get("completion_tokens") is not None:
+                    res.usage_tokens = obj["usage"]["completion_tokens"]
                 choices = obj.get("choices") or []
-                if not choices or not (choices[0].get("delta") or {}).get("content"):
+                if not choices or not (choices[0].get("text") if completions
+                                       else (choices[0].get("delta") or {}).get("content")):
                     continue
                 now = time.perf_counter()
                 if last is None:
@@ -60,14 +76,15 @@ async def send_one(client, url: str, model: str, r: Req, t0: float, headers: dic
 
 
 async def drive(base: str, model: str, reqs: List[Req], timeout: float, api_key: Optional[str] = None,
-                max_concurrency: Optional[int] = None, extra: Optional[dict] = None):
+                max_concurrency: Optional[int] = None, extra: Optional[dict] = None, endpoint: str = "/v1/chat/completions"):
     """(results in request order, wall seconds): reqs sent open-loop at their arrival times over
-    streaming chat completions. max_concurrency: at most that many in flight (a request waiting for
-    a slot is timed from when it is sent). extra: more body fields for every request."""
+    streaming chat completions (endpoint "/v1/completions": completions, prompt as given, usage
+    asked for). max_concurrency: at most that many in flight (a request waiting for a slot is timed
+    from when it is sent). extra: more body fields for every request."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    url = base + "/v1/chat/completions"
+    url = base + endpoint
     limits = httpx.Limits(max_connections=len(reqs) + 4, max_keepalive_connections=len(reqs) + 4)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         t0 = time.perf_counter() + 0.05

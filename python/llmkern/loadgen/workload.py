@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Tuple, Union
 
 
 WORDS = ("the a of to and in is it you that he was for on are with as his they be at one have this from or "
@@ -23,7 +23,7 @@ WORDS = ("the a of to and in is it you that he was for on are with as his they b
 @dataclass
 class Req:
     arrival: float
-    prompt: str
+    prompt: Union[str, List[int]]   # text, or token ids (sent over /v1/completions)
     max_tokens: int
     extra: dict = field(default_factory=dict)   # more body fields (e.g. ignore_eos)
 
@@ -48,3 +48,31 @@ def chat_mix(n: int, rate: float, seed: int, long_frac: float = 0.2) -> List[Req
 def words_text(rng: random.Random, n: int) -> str:
     """n words drawn from WORDS: filler text of a known length in words."""
     return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def poisson_arrivals(n: int, rate: float, rng: random.Random) -> List[float]:
+    """n arrival times (s) of a Poisson process at `rate`/s; rate inf: all at 0 (a burst)."""
+    t, out = 0.0, []
+    for _ in range(n):
+        t += 0.0 if rate == float("inf") else rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def random_tokens(n: int, rate: float, seed: int, input_len: int = 256, output_len: int = 64,
+                  ids: Tuple[int, int] = (100, 49152)) -> List[Req]:
+    """n fresh prompts of input_len random token ids in [ids[0], ids[1]), exactly output_len tokens
+    out (ignore_eos): `vllm bench serve --dataset-name random`'s workload."""
+    rng = random.Random(seed)
+    return [Req(t, [rng.randrange(*ids) for _ in range(input_len)], output_len, {"ignore_eos": True})
+            for t in poisson_arrivals(n, rate, rng)]
+
+
+def shared_prefix(n: int, rate: float, seed: int, prefix_len: int = 512, unique_len: int = 64,
+                  output_len: int = 64, ids: Tuple[int, int] = (100, 49152)) -> List[Req]:
+    """n prompts that all start with the same prefix_len random token ids, then unique_len of their
+    own; exactly output_len tokens out (ignore_eos)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(*ids) for _ in range(prefix_len)]
+    return [Req(t, prefix + [rng.randrange(*ids) for _ in range(unique_len)], output_len, {"ignore_eos": True})
+            for t in poisson_arrivals(n, rate, rng)]
