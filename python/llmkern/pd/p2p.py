@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..kvcache.blocks import gather_blocks
-from .pull import NO_KV, PullConnector, _short
+from .pull import NO_KV, Link, PullConnector, _short
 
 _TAG = 7
 _MAX_PAYLOAD = 1 << 36  # refuse absurd headers (a corrupt stream) instead of allocating them
@@ -60,12 +60,12 @@ class P2PConnector(PullConnector):
                                f"{_short(e)}") from None
 
     # -- engine thread side -----------------------------------------------------------------------
-    def _worker(self, kind: str, peer: int) -> "queue.Queue":
+    def _worker(self, kind: str, peer: Link) -> "queue.Queue":
         q = self._queues.get((kind, peer))
         if q is None:
             q = self._queues[(kind, peer)] = queue.Queue()
             target = self._sender if kind == "send" else self._receiver
-            t = threading.Thread(target=target, args=(peer, q), name=f"llmkern-kv-{kind}-{peer}", daemon=True)
+            t = threading.Thread(target=target, args=(peer, q), name=f"llmkern-kv-{kind}-{peer[0]}", daemon=True)
             t.start()
             self._threads.append(t)
         return q
@@ -114,8 +114,9 @@ class P2PConnector(PullConnector):
         if self.device.type == "cuda":  # a new thread starts on device 0
             torch.cuda.set_device(self.device)
 
-    def _sender(self, peer: int, q: "queue.Queue") -> None:
+    def _sender(self, link: Link, q: "queue.Queue") -> None:
         self._thread_device()
+        peer = link[0]
         broken = None
         while True:
             rid, data, hashes, ev, nblocks = q.get()
@@ -140,12 +141,13 @@ class P2PConnector(PullConnector):
                     self._done.put(("send", rid, None))
             except Exception as e:  # noqa: BLE001 - the peer died or hung past the timeout
                 broken = f"send to rank {peer} failed: {_short(e)}"
-                self._done.put(("broken", peer, broken))
+                self._done.put(("broken", link, broken))
                 if rid is not None:
                     self._done.put(("send", rid, broken))
 
-    def _receiver(self, peer: int, q: "queue.Queue") -> None:
+    def _receiver(self, link: Link, q: "queue.Queue") -> None:
         self._thread_device()
+        peer = link[0]
         broken = None
         while True:
             rid = q.get()
@@ -172,5 +174,5 @@ class P2PConnector(PullConnector):
                 self._done.put(("recv", rid, None, hashes, data))
             except Exception as e:  # noqa: BLE001 - the peer died or hung past the timeout
                 broken = f"receive from rank {peer} failed: {_short(e)}"
-                self._done.put(("broken", peer, broken))
+                self._done.put(("broken", link, broken))
                 self._done.put(("recv", rid, broken, None, None))
