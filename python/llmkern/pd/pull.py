@@ -76,6 +76,7 @@ class PullConnector(KVConnector):
         self.inc = 0                                 # this engine's incarnation (bind)
         self._incs: Dict[int, int] = {}              # peer rank -> its latest incarnation (0: none yet)
         self._incs_at = 0.0
+        self._seen: Dict[int, int] = {}              # prefill: decode rank -> incarnation served last
         self._events: List[TransferEvent] = []
         self._closed = False
 
@@ -143,11 +144,15 @@ class PullConnector(KVConnector):
             if peer == self.rank:
                 continue
             link = (peer, self._current(peer))
-            for old in [k for k in self._pull_in if k[0] == peer and k != link]:
-                self._forget_decode(old)
+            seen = self._seen.get(peer, 0)
+            if link[1] != seen:
+                # The incarnations since the last one seen are gone (none before it: their pulls were
+                # addressed to an earlier incarnation of this rank).
+                for inc in range(seen, link[1]) if seen else ():
+                    self._forget_decode((peer, inc))
+                self._seen[peer] = link[1]
             if not link[1] or link in self.broken:
                 continue
-            self._pull_in.setdefault(link, 0)   # known from now on: forgotten when it is gone
             while True:
                 n = self._pull_in.get(link, 0)
                 key = self._key("pull", link, n)
@@ -161,7 +166,7 @@ class PullConnector(KVConnector):
     def _forget_decode(self, link: Link) -> None:
         """A decode incarnation is gone (its rank restarted): the pulls it posted and we have not
         served are dropped, and their requests' blocks released now (no one will read them)."""
-        n = self._pull_in.pop(link)
+        n = self._pull_in.pop(link, 0)
         while self.store.check([self._key("pull", link, n)]):
             key = self._key("pull", link, n)
             rid = json.loads(self.store.get(key)).get("rid")
