@@ -1,7 +1,9 @@
 """A prefill or decode engine that restarts under its old rank rejoins its peers (pd/pull.py's
-incarnations), both engines in this process, connected to a store that outlives them (as `serve
+incarnations), for both connectors (shm; p2p, whose pair groups are formed again with the new
+incarnation), both engines in this process, connected to a store that outlives them (as `serve
 --pd`'s launcher hosts it). The dead incarnation is simulated by an engine that is never stepped
-again: same pid, so only the incarnation number tells it from the new one.
+again (and shut down, as its death closes its sockets): same pid, so only the incarnation
+number tells it from the new one.
 
 What is checked: transfers in flight with the dead incarnation fail at once (the deadlines are
 300 s, and every loop is bounded by WAIT_S), the prefill side releases the blocks of a dead
@@ -24,14 +26,15 @@ __all__ = ["reference"]   # the fixture, used here
 LONG = dict(kv_transfer_timeout_s=300)
 
 
-@pytest.fixture
-def mk(tmp_path):
+@pytest.fixture(params=["shm", "p2p"])
+def mk(request, tmp_path):
     store = new_store()
     made = []
+    where = dict(shm_dir=str(tmp_path)) if request.param == "shm" else {}
 
     def make(role, rank, **kw):
-        made.append(engine(role, dict(kind="shm", rank=rank, world_size=2, store=store, shm_dir=str(tmp_path),
-                                      timeout_s=300), **dict(LONG, **kw)))
+        made.append(engine(role, dict(kind=request.param, rank=rank, world_size=2, store=store, timeout_s=300,
+                                      **where), **dict(LONG, **kw)))
         return made[-1]
     yield make
     for e in made:
@@ -44,13 +47,14 @@ def test_prefill_restart_fails_old_transfers_at_once_then_hands_over(mk, referen
     (b,) = prefill(P1, PROMPTS[1:2], prefix="b")
     D.add_request(PROMPTS[0], GREEDY, request_id="a", kv_transfer_params=a.kv_transfer_params)
     D.step()                           # the pull is posted to incarnation 1
-    P2 = mk("prefill", 0)              # rank 0 again; P1 is never stepped again
+    P1.shutdown()                      # it dies (its sockets close) and is never stepped again
+    P2 = mk("prefill", 0)              # rank 0 again
     assert P2.handover.connector.inc == P1.handover.connector.inc + 1
     d = drain(D)["a"]                  # in flight: fails at once, not at the 300 s deadline
-    assert d.finish_reason == "error" and "restarted" in d.error, d.error
+    assert d.finish_reason == "error" and "rank 0" in d.error and "deadline" not in d.error, d.error
     D.add_request(PROMPTS[1], GREEDY, request_id="b", kv_transfer_params=b.kv_transfer_params)
     d = drain(D)["b"]                  # not posted yet: refused at once too
-    assert d.finish_reason == "error" and "restarted" in d.error, d.error
+    assert d.finish_reason == "error" and "rank 0" in d.error and "deadline" not in d.error, d.error
     (c,) = prefill(P2, PROMPTS[2:3], prefix="c")
     D.add_request(PROMPTS[2], GREEDY, request_id="c", kv_transfer_params=c.kv_transfer_params)
     got = run_decode(P2, D)["c"]
@@ -65,6 +69,7 @@ def test_decode_restart_releases_its_pulls_then_hands_over(mk, reference, tmp_pa
     for o, p in zip(outs, PROMPTS):
         D1.add_request(p, GREEDY, request_id=o.request_id, kv_transfer_params=o.kv_transfer_params)
     D1.step()                          # both pulls posted by incarnation 1, which then dies
+    D1.shutdown()
     assert P.stats().kv_blocks_pinned == sum(kv_blocks(len(p)) for p in PROMPTS[:2])
     D2 = mk("decode", 1)
     time.sleep(2 * LIVENESS_S)         # past the prefill side's cached view of its peers

@@ -138,13 +138,14 @@ def _handed_over(pd) -> None:
     assert _replica_counter(decode, "llmkern:kv_transfers_failed_total") == failed
 
 
-def test_pd_sigkilled_replicas_rejoin_and_hand_over_again(tmp_path):
-    """1P1D (the default connector, shm; the launcher hosts the rendezvous store): SIGKILL the
-    prefill replica, then the decode replica, each under load; each is back within 60 s and the
+@pytest.mark.parametrize("connector", ["shm", "torch"])
+def test_pd_sigkilled_replicas_rejoin_and_hand_over_again(tmp_path, connector):
+    """1P1D (shm, the default connector, and torch; the launcher hosts the rendezvous store): SIGKILL
+    the prefill replica, then the decode replica, each under load; each is back within 60 s and the
     next request is handed over through the connector again."""
     model = tiny_model_dir(str(tmp_path / "tiny"))
-    with ServerProcess(["--model", model, "--pd", "1P1D", "--kv-transfer-timeout-s", "20", *ENGINE_ARGS],
-                       new_session=True) as pd:
+    with ServerProcess(["--model", model, "--pd", "1P1D", "--kv-connector", connector, "--kv-transfer-timeout-s",
+                        "20", *ENGINE_ARGS], new_session=True) as pd:
         wait_until(lambda: all(w["healthy"] for w in _workers(pd).values()), 120, "both replicas healthy")
         _handed_over(pd)
         for role in ("prefill", "decode"):
