@@ -6,8 +6,7 @@ its port), and the router in --pd mode on the public port. The replicas die with
 
 The launcher itself hosts the KV connectors' rendezvous store (it never runs an engine, so the
 store outlives any replica) and every replica connects to it; a restarted replica rejoins under
-its rank as a new incarnation (pd/pull.py). The default connector is shm, which rejoins; the
-torch connector's process group is formed once, so a restarted torch replica cannot rejoin it."""
+its rank as a new incarnation (pd/pull.py), with either connector."""
 from __future__ import annotations
 
 import re
@@ -95,13 +94,6 @@ def host_store(rendezvous: Optional[str]):
                          timeout=timedelta(seconds=STORE_TIMEOUT_S))
 
 
-def default_connector(a) -> str:
-    """shm unless asked otherwise: all replicas share this host, and a restarted shm replica
-    rejoins its peers, while torch's process group cannot take a member back (`--kv-torch-backend
-    nccl` still means torch: GPU to GPU)."""
-    return a.kv_connector or ("torch" if getattr(a, "kv_torch_backend", "gloo") == "nccl" else "shm")
-
-
 def launch_connector_argv(a, store_port: Optional[int] = None):
     """For `serve --pd`: each replica's connector options (ranks in launch order: prefill replicas
     first). store_port: the launcher hosts the store there (replicas connect, rank 0 included);
@@ -112,7 +104,7 @@ def launch_connector_argv(a, store_port: Optional[int] = None):
         rendezvous, external = f"{host}:{store_port}", ["--kv-rendezvous-external"]
     else:
         rendezvous, external = a.kv_rendezvous or f"127.0.0.1:{free_port()}", []
-    connector = default_connector(a)
+    connector = a.kv_connector or "torch"
 
     def argv(role: str, index: int) -> List[str]:
         return ["--kv-connector", connector, "--kv-rendezvous", rendezvous, "--kv-rank", str(index),

@@ -70,7 +70,7 @@ def add_pd_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-connector", default=None, choices=["torch", "shm"],
                    help="how KV blocks move between prefill and decode engines: torch.distributed "
                         "point-to-point (gloo on CPU, NCCL on CUDA; several machines) or shared memory (one "
-                        "machine) (default: torch; with --pd: shm, whose replicas rejoin after a restart)")
+                        "machine) (default with --role/--pd: torch)")
     g.add_argument("--kv-torch-backend", default="gloo", choices=["gloo", "nccl"],
                    help="--kv-connector torch: gloo works everywhere (GPU caches staged through host memory); "
                         "nccl sends GPU to GPU (each engine on its own GPU)")
