@@ -95,22 +95,32 @@ def _check_answer(res) -> str:
 
 
 def _kill_under_load(pd, role: str) -> dict:
-    """SIGKILL the replica of `role` while requests are in flight and more keep coming; every one
-    gets an answer (bounded: none hangs). Returns the victim's /admin/workers entry."""
+    """SIGKILL the replica of `role` while requests are in flight there (long ones streaming, short
+    ones arriving every 0.2 s, also through the restart); every one gets an answer (bounded: none
+    hangs). Returns the victim's /admin/workers entry."""
     victim = _workers(pd)[role]
+
+    def kill_when_busy():
+        try:
+            wait_until(lambda: _workers(pd)[role]["inflight"] >= 1, 20, f"a request on the {role} replica")
+        except AssertionError:
+            pass                           # none caught in flight there: killed all the same
+        os.kill(victim["pid"], signal.SIGKILL)
 
     async def scenario():
         async with httpx.AsyncClient(timeout=120) as client:
-            tasks = [asyncio.ensure_future(_one(client, pd.base, i, i % 2 == 0, 48)) for i in range(6)]
-            await asyncio.sleep(0.5)
-            os.kill(victim["pid"], signal.SIGKILL)
-            for i in range(6, 16):         # through the restart
-                tasks.append(asyncio.ensure_future(_one(client, pd.base, i, i % 2 == 0, 8)))
-                await asyncio.sleep(0.3)
+            tasks = [asyncio.ensure_future(_one(client, pd.base, i, i % 2 == 0, 300)) for i in range(4)]
+            killed = asyncio.get_running_loop().run_in_executor(None, kill_when_busy)
+            while not killed.done() or len(tasks) < 20:
+                tasks.append(asyncio.ensure_future(_one(client, pd.base, len(tasks), len(tasks) % 2 == 0, 8)))
+                await asyncio.sleep(0.2)
+            await killed
             return await asyncio.wait_for(asyncio.gather(*tasks), 150)
 
     answers = [_check_answer(r) for r in asyncio.run(scenario())]
-    assert len(answers) == 16 and answers.count("ok") >= 1, answers
+    assert len(answers) >= 20
+    if role == "prefill":   # served whole by the decode replica meanwhile; a lost hand-over is recomputed there
+        assert set(answers) == {"ok"}, answers
     wait_until(lambda: all(w["healthy"] for w in _workers(pd).values()) and _workers(pd)[role]["pid"] not in
                (None, victim["pid"]), 60, f"the {role} replica back")
     return victim
