@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..kvcache.blocks import gather_blocks
-from .pull import LIVENESS_S, NO_KV, STORE_TIMEOUT_S, Link, PullConnector, _short
+from .pull import LIVENESS_S, NO_KV, STORE_TIMEOUT_S, PullConnector, _short
 
 _TAG = 7
 BIND_WAIT_S = 10.0     # at most this long at bind for the peers already up (a dead one is not waited out)

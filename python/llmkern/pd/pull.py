@@ -173,8 +173,8 @@ class PullConnector(KVConnector):
             self.store.delete_key(key)
             n += 1
             if self.sends.pop(rid, None) is not None:
-                self._events.append(TransferEvent(rid, "send", TransferState.FAILED,
-                                                  error=f"decode engine rank {link[0]} restarted before it took the KV"))
+                why = f"decode engine rank {link[0]} restarted before it took the KV"
+                self._events.append(TransferEvent(rid, "send", TransferState.FAILED, error=why))
         self._decode_gone(link)
 
     def _decode_gone(self, link: Link) -> None:
