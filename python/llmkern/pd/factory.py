@@ -15,7 +15,9 @@ def build_connector(spec: dict) -> KVConnector:
     {"kind": "p2p" (alias "torch") | "shm", "rank": R, "world_size": W, "master_addr": "127.0.0.1",
      "master_port": N, "group": "default", "timeout_s": 60, "backend": "gloo" | "nccl" (p2p),
      "shm_dir": "/dev/shm" (shm)}. Rank 0 hosts the store unless "is_master" says otherwise
-    (master_port 0: any free port, see PullConnector.store_port); the others connect to it; or
+    (master_port 0: any free port, see PullConnector.store_port); the others connect to it
+    (`serve --pd`'s launcher hosts it and gives every replica is_master False, so that the store
+    outlives a replica that restarts and rejoins); or
     "store": an existing torch.distributed Store object; "rendezvous": "HOST:PORT" stands for
     master_addr and master_port; keys set to None take their defaults. master_addr / master_port default to the
     MASTER_ADDR / MASTER_PORT environment variables (env:// style)."""

@@ -4,10 +4,10 @@ store with the file's name, size and block hashes; the decode side maps the file
 copies the blocks into its cache, then removes the file. No thread, no socket of its own: both
 sides act inside poll() on the engine thread, signalling through the torch.distributed store.
 
-Both ends are on one host, so each publishes its process id in the store and checks its peer's:
-a decode engine waiting on a prefill engine that died fails the request at once (not at its
-deadline), and a prefill engine removes the files written for a decode engine that died. A file
-whose reader never came for another reason is removed once the request's deadline has passed."""
+Both ends are on one host, so besides its incarnation (pull.py) each checks its peer's process id:
+a decode engine waiting on a prefill engine that died (or restarted) fails the request at once (not
+at its deadline), and a prefill engine removes the files written for a decode engine that died. A
+file whose reader never came for another reason is removed once the request's deadline has passed."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .pull import NO_KV, PullConnector, _short
+from .pull import NO_KV, Link, PullConnector, _short
 from ..kvcache.blocks import gather_blocks
 from .interface import now
 
@@ -39,37 +39,37 @@ class ShmConnector(PullConnector):
         self.dir = shm_dir or default_shm_dir()
         if not os.path.isdir(self.dir):
             raise ValueError(f"kv_connector: shm_dir {self.dir!r} is not a directory")
-        self._waiting: Dict[Tuple[int, int], str] = {}   # decode: (peer, pull no.) -> request id
-        self._files: Dict[str, Tuple[float, int]] = {}   # prefill: written file -> (remove after, reader)
-        self._pids: Dict[int, int] = {}                  # peer rank -> its process id
+        self._waiting: Dict[Tuple[Link, int], str] = {}  # decode: (peer, pull no.) -> request id
+        self._files: Dict[str, Tuple[float, Link]] = {}  # prefill: written file -> (remove after, reader)
+        self._pids: Dict[Link, int] = {}                 # peer incarnation -> its process id
         self._checked = 0.0
         self._buf: Optional[torch.Tensor] = None         # prefill: staging for gathers
 
     def bind(self, role: str, caches, block_size: int) -> None:
         super().bind(role, caches, block_size)
-        self.store.set(f"pid/{self.rank}", str(os.getpid()))
         remove_stale_files(self.dir)
 
-    def _gone(self, peer: int) -> Optional[str]:
-        """Why the peer cannot answer any more (its process exited), or None."""
+    def _gone(self, peer: Link) -> Optional[str]:
+        """Why that incarnation of the peer cannot answer any more (its process exited, or its rank
+        restarted), or None."""
         pid = self._pids.get(peer)
-        if pid is None:
-            if not self.store.check([f"pid/{peer}"]):
-                return None
-            pid = self._pids[peer] = int(self.store.get(f"pid/{peer}"))
+        key = f"pid/{peer[0]}.{peer[1]}"
+        if pid is None and self.store.check([key]):
+            pid = self._pids[peer] = int(self.store.get(key))
         try:
-            os.kill(pid, 0)
+            if pid is not None:
+                os.kill(pid, 0)
         except ProcessLookupError:
-            return f"the engine of rank {peer} (pid {pid}) exited"
+            return f"the engine of rank {peer[0]} (pid {pid}) exited"
         except PermissionError:
             pass
-        return None
+        return super()._gone(peer)
 
-    def _answer(self, peer: int, seq: int, msg: dict) -> None:
-        self.store.set(f"done/{self.rank}/{peer}/{seq}", json.dumps(msg))
+    def _answer(self, peer: Link, seq: int, msg: dict) -> None:
+        self.store.set(self._key("done", peer, seq), json.dumps(msg))
 
     def _send(self, peer, seq, rid, block_ids, hashes) -> None:
-        path = os.path.join(self.dir, f"{_PREFIX}{os.getpid()}-{self.group}-{self.rank}-{peer}-{seq}")
+        path = os.path.join(self.dir, f"{_PREFIX}{os.getpid()}-{self.group}-{self.rank}-{peer[0]}.{peer[1]}-{seq}")
         nbytes = len(block_ids) * self.block_bytes
         try:
             with open(path, "wb") as f:
@@ -117,12 +117,13 @@ class ShmConnector(PullConnector):
                 _unlink(path)
                 del self._files[path]
         for (peer, seq), rid in list(self._waiting.items()):
-            key = f"done/{peer}/{self.rank}/{seq}"
+            key = self._key("done", peer, seq)
             if not self.store.check([key]):
                 why = (gone.setdefault(peer, self._gone(peer)) or self.broken.get(peer)) if check else None
-                if why:  # the prefill engine died: this answer will never come
+                if why:  # the prefill engine died or restarted: this answer will never come
                     self._peer_failed(peer, why)
                     del self._waiting[(peer, seq)]
+                    self.store.delete_key(self._key("pull", peer, seq))   # if still unserved
                     self._recv_done(rid, why)
                 continue
             msg = json.loads(self.store.get(key))
@@ -140,6 +141,12 @@ class ShmConnector(PullConnector):
             finally:
                 _unlink(path)
             self._recv_done(rid, None, [int(h) for h in msg["hashes"]], data)
+
+    def _decode_gone(self, link: Link) -> None:
+        for path, (_, peer) in list(self._files.items()):
+            if peer == link:
+                _unlink(path)
+                del self._files[path]
 
     def has_pending(self) -> bool:
         return super().has_pending() or bool(self._files)

@@ -77,6 +77,9 @@ def add_pd_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-rendezvous", default=None, metavar="HOST:PORT",
                    help="the connectors' rendezvous address (a torch.distributed TCPStore; with --pd: a free "
                         "loopback port)")
+    g.add_argument("--kv-rendezvous-external", action="store_true",
+                   help="the rendezvous store is hosted by another process (serve --pd's launcher, so that it "
+                        "outlives any replica): rank 0 connects to it instead of hosting it")
     g.add_argument("--kv-rank", type=int, default=None,
                    help="this engine's rank among the connected engines (prefill engines first)")
     g.add_argument("--kv-world-size", type=int, default=None, help="how many engines share the rendezvous")
@@ -122,6 +125,8 @@ def connector_spec(a) -> dict:
     kind = {"torch": "p2p", "shm": "shm"}[a.kv_connector or "torch"]
     spec = {"kind": kind, "rank": a.kv_rank, "world_size": a.kv_world_size, "master_addr": host,
             "master_port": int(port)}
+    if getattr(a, "kv_rendezvous_external", False):
+        spec["is_master"] = False
     if kind == "p2p":
         spec["backend"] = getattr(a, "kv_torch_backend", "gloo")
     return spec
