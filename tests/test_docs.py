@@ -392,7 +392,14 @@ class Block:
         for sp, run in self.servers:
             sp.wait_ready(run.timeout)
             for path in run.probe:
-                r = httpx.get(sp.base + path, timeout=30)
+                # A router is up before its first health pass has found its workers healthy (PD replicas
+                # finish forming their KV links after /health): poll until it serves, within the timeout.
+                end = time.monotonic() + run.timeout
+                while True:
+                    r = httpx.get(sp.base + path, timeout=30)
+                    if r.status_code == 200 or time.monotonic() > end:
+                        break
+                    time.sleep(0.5)
                 assert r.status_code == 200, (path, r.status_code, r.text[:500])
         self.ready = True
 
