@@ -305,8 +305,8 @@ enum class ResidualMode : int { Plain = 0, Dense = 1, OneHot = 2 };
 // p(i, t) / q(i, t) the target / draft probability of token t at position i (q = 1 for one-hot
 // drafts), and residual passes over position m: mass(mode) loads the weights of that mode and
 // returns their positive mass, select(mode, target) draws from them (vocabulary id, -1: none).
-// Draws from the residual at position m (falls back to p when the residual has no mass; token 0
-// when neither has).
+// Draws from the residual at position m (falls back to p when the residual has no mass;
+// sr.empty_token() when neither has).
 template <class SR>
 LLMK_ROW int64_t draw_residual(SR& sr, int64_t m, ResidualMode mode, float u) {
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -318,7 +318,7 @@ LLMK_ROW int64_t draw_residual(SR& sr, int64_t m, ResidualMode mode, float u) {
     }
     if (md == ResidualMode::Plain) break;
   }
-  return 0;
+  return sr.empty_token();
 }
 
 struct SpecResult {

@@ -238,6 +238,16 @@ inline void block_convert(const elem_t<DT>* x, int64_t lo, int64_t hi, float* w)
   for (int64_t j = lo; j < hi; ++j) w[j] = vec::to_f32<DT>(x[j]);
 }
 
+// w = x in fp32, with `fill` at the positions the packed bitmask disallows (lo: a multiple of 32).
+template <DType DT>
+inline void block_masked(const elem_t<DT>* x, int64_t lo, int64_t hi, const int32_t* mask, float fill, float* w) {
+  for (int64_t j0 = lo; j0 < hi; j0 += 32) {
+    const uint32_t bits = static_cast<uint32_t>(mask[j0 >> 5]);
+    const int64_t e = std::min(hi, j0 + 32);
+    for (int64_t j = j0; j < e; ++j) w[j] = (bits >> (j - j0)) & 1u ? vec::to_f32<DT>(x[j]) : fill;
+  }
+}
+
 // Sum of w > low over a 16-element chunk.
 inline float chunk_mass(const float* w, float low) {
   const vf x = vload(w);

@@ -24,7 +24,8 @@ void sample(TensorView x, bool is_logits, std::optional<TensorView> indices,
             std::optional<TensorView> top_p_arr, double top_p_val,
             std::optional<TensorView> min_p_arr, double min_p_val, const std::string& filter_apply_order,
             std::optional<TensorView> seed_arr, int64_t seed_val, std::optional<TensorView> offset_arr,
-            int64_t offset_val, TensorView out, TensorView valid, int64_t stream) {
+            int64_t offset_val, std::optional<TensorView> token_bitmask, TensorView out, TensorView valid,
+            int64_t stream) {
   const char* xn = is_logits ? "logits" : "probs";
   check_rows(x, xn);
   const int64_t rows = x.size(0), vocab = x.size(1);
@@ -51,6 +52,11 @@ void sample(TensorView x, bool is_logits, std::optional<TensorView> indices,
   a.k_first = filter_apply_order == "top_k_first";
   a.seed = seed_param(seed_arr, seed_val, "seed", batch, x);
   a.offset = seed_param(offset_arr, offset_val, "offset", batch, x);
+  if (token_bitmask) {
+    // one mask row per output row (with indices: the output's, not the input row's)
+    check_bitmask(*token_bitmask, "token_bitmask", {batch}, vocab, x, "[batch_size, ceil(vocab_size / 32)]");
+    a.bitmask = &*token_bitmask;
+  }
   check_row_vector(out, "out", batch, x, true);
   check_row_vector(valid, "valid", batch, x, false);
   a.out = out;
@@ -95,7 +101,7 @@ void renorm(TensorView x, TensorView out, const std::string& kind, std::optional
 }
 
 void softmax(TensorView x, TensorView out, std::optional<TensorView> temperature_arr, double temperature_val,
-             int64_t stream) {
+             std::optional<TensorView> token_bitmask, int64_t stream) {
   check_rows(x, "logits");
   check_shape(out, "out", {x.size(0), x.size(1)}, "[batch_size, vocab_size]");
   check_dtype(out, "out", DType::F32);
@@ -106,6 +112,10 @@ void softmax(TensorView x, TensorView out, std::optional<TensorView> temperature
   a.out = out;
   a.temperature = row_param(temperature_arr, temperature_val, "temperature", ParamKind::Temperature, x.size(0),
                             x.size(1), x);
+  if (token_bitmask) {
+    check_bitmask(*token_bitmask, "token_bitmask", {x.size(0)}, x.size(1), x, "[batch_size, ceil(vocab_size / 32)]");
+    a.bitmask = &*token_bitmask;
+  }
   a.stream = stream;
   if (x.size(0) == 0 || x.size(1) == 0) return;
   LLMK_RUN(x, softmax_rows, a);

@@ -23,9 +23,18 @@ struct SampleK {
   int k_first;
   int out64;
   DParam temperature, top_k, top_p, min_p, seed, offset;
+  const int32_t* bitmask;  // [batch, words] or null
+  int64_t bm_stride;
   void* out;
   bool* valid;
 };
+
+// Row i of an optional [rows, words] token bitmask.
+LLMK_DEVICE const int32_t* mask_row(const int32_t* m, int64_t stride, int64_t i) {
+  return m ? m + i * stride : nullptr;
+}
+inline const int32_t* bitmask_ptr(const TensorView* t) { return t ? t->ptr<const int32_t>() : nullptr; }
+inline int64_t bitmask_stride(const TensorView* t) { return t ? t->stride(0) : 0; }
 
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads) sample_rows_kernel(SampleK a) {
@@ -36,14 +45,15 @@ __global__ void __launch_bounds__(kMaxThreads) sample_rows_kernel(SampleK a) {
   const RowFilter f{a.top_k.i64(i), static_cast<float>(a.top_p.f(i)), static_cast<float>(a.min_p.f(i)),
                     a.k_first != 0};
   const RowRng rng = RowRng::make(a.seed.u64(i), a.offset.u64(i), static_cast<uint32_t>(i));
+  const int32_t* mask = mask_row(a.bitmask, a.bm_stride, i);
   RowResult res;
   if (a.is_logits) {
     Loaded L;
-    const LogitsSrc<T> w = load_logits(x, a.V, static_cast<float>(a.temperature.f(i)), L, sm);
+    const LogitsSrc<T> w = load_logits(x, a.V, static_cast<float>(a.temperature.f(i)), L, sm, mask);
     DeviceRow<LogitsSrc<T>> r{w, sm};
     res = sample_loaded(r, L, f, rng);
   } else {
-    const ProbsSrc<T> w(x, a.V);
+    const ProbsSrc<T> w(x, a.V, mask, 0.0f);
     PivotStats st[1];
     const RowMax mx = row_load(w, 0.0f, st, sm);
     const Loaded L{st[0].mass, st[0].cnt, st[0].min_gt, mx.max_w, mx.argmax, degenerate_mass(st[0].mass), false};
@@ -64,6 +74,8 @@ struct SoftmaxK {
   int64_t out_stride;
   int64_t V;
   DParam temperature;
+  const int32_t* bitmask;
+  int64_t bm_stride;
 };
 
 template <typename T>
@@ -73,7 +85,8 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(SoftmaxK a) {
   float* out = a.out + i * a.out_stride;
   Loaded L;
   const LogitsSrc<T> w = load_logits(static_cast<const T*>(a.x) + i * a.x_stride, a.V,
-                                     static_cast<float>(a.temperature.f(i)), L, sm);
+                                     static_cast<float>(a.temperature.f(i)), L, sm,
+                                     mask_row(a.bitmask, a.bm_stride, i));
   constexpr int N = LogitsSrc<T>::N;
   for_each_vec(w, [&](int64_t v, const float (&e)[N]) {
 #pragma unroll
@@ -170,6 +183,8 @@ void sample_rows(const SampleArgs& a) {
   k.min_p = dparam(a.min_p);
   k.seed = dparam(a.seed);
   k.offset = dparam(a.offset);
+  k.bitmask = bitmask_ptr(a.bitmask);
+  k.bm_stride = bitmask_stride(a.bitmask);
   k.out = a.out.data;
   k.valid = a.valid.ptr<bool>();
   const unsigned grid = static_cast<unsigned>(a.batch);
@@ -184,7 +199,8 @@ void sample_rows(const SampleArgs& a) {
 
 void softmax_rows(const SoftmaxArgs& a) {
   const int64_t V = a.x.size(1);
-  SoftmaxK k{a.x.data, a.x.stride(0), a.out.ptr<float>(), a.out.stride(0), V, dparam(a.temperature)};
+  SoftmaxK k{a.x.data, a.x.stride(0), a.out.ptr<float>(), a.out.stride(0), V, dparam(a.temperature),
+             bitmask_ptr(a.bitmask), bitmask_stride(a.bitmask)};
   const unsigned grid = static_cast<unsigned>(a.x.size(0));
   const int threads = row_threads(V, static_cast<int>(a.x.elem_size()));
   switch (a.x.dtype) {

@@ -29,6 +29,7 @@ struct SampleArgs {
   RowParam min_p;                     // 0 = off
   bool k_first = true;                // filter_apply_order == "top_k_first"
   RowParam seed, offset;              // arr: int64 [1] or [batch]
+  const TensorView* bitmask = nullptr;  // [batch, words] int32 allowed tokens of output row i, or null
   TensorView out;                     // [batch] int32/int64
   TensorView valid;                   // [batch] bool
   int64_t stream = 0;                 // CUDA stream (cudaStream_t as an integer)
@@ -50,6 +51,18 @@ struct SoftmaxArgs {
   TensorView x;    // [batch, vocab] fp32/fp16/bf16 logits
   TensorView out;  // [batch, vocab] fp32
   RowParam temperature;
+  const TensorView* bitmask = nullptr;  // [batch, words] int32 allowed tokens, or null
+  int64_t stream = 0;
+};
+
+// apply_token_bitmask_inplace (xgrammar's semantics): logits[r, j] = -inf for j < vocab where bit j
+// of bitmask row r is clear, for r in rows (indices, or every row).
+struct BitmaskArgs {
+  TensorView logits;                    // [rows, V] fp32/fp16/bf16, updated in place
+  TensorView bitmask;                   // [rows_b, words] int32
+  const TensorView* indices = nullptr;  // [n] int32/int64 rows, or null: rows 0..rows-1
+  int64_t nrows = 0;                    // rows visited
+  int64_t vocab = 0;                    // positions masked: [0, vocab)
   int64_t stream = 0;
 };
 
@@ -60,6 +73,7 @@ struct SpecArgs {
   TensorView out;                           // [b, n + 1] int32
   TensorView accepted;                      // [b] int32/int64, incremented
   TensorView emitted;                       // [b] int32/int64, incremented
+  const TensorView* bitmask = nullptr;      // [b, n + 1, words] int32 allowed tokens per position, or null
   RowParam seed, offset;
   int64_t stream = 0;
 };
@@ -82,6 +96,7 @@ LLMK_DECLARE_KERNEL(renorm_rows, (const RenormArgs& a))
 LLMK_DECLARE_KERNEL(softmax_rows, (const SoftmaxArgs& a))
 LLMK_DECLARE_KERNEL(chain_speculative, (const SpecArgs& a))
 LLMK_DECLARE_KERNEL(apply_penalties, (const PenaltyArgs& a))
+LLMK_DECLARE_KERNEL(apply_bitmask, (const BitmaskArgs& a))
 
 namespace llmk {
 
@@ -92,19 +107,23 @@ void sample(TensorView x, bool is_logits, std::optional<TensorView> indices,
             std::optional<TensorView> top_p_arr, double top_p_val,
             std::optional<TensorView> min_p_arr, double min_p_val, const std::string& filter_apply_order,
             std::optional<TensorView> seed_arr, int64_t seed_val, std::optional<TensorView> offset_arr,
-            int64_t offset_val, TensorView out, TensorView valid, int64_t stream);
+            int64_t offset_val, std::optional<TensorView> token_bitmask, TensorView out, TensorView valid,
+            int64_t stream);
 void renorm(TensorView x, TensorView out, const std::string& kind, std::optional<TensorView> arr,
             double val, int64_t stream);
 void softmax(TensorView x, TensorView out, std::optional<TensorView> temperature_arr, double temperature_val,
-             int64_t stream);
+             std::optional<TensorView> token_bitmask, int64_t stream);
 void chain_speculative_sampling(std::optional<TensorView> draft_probs, TensorView draft_token_ids,
                                 TensorView target_probs, TensorView out, TensorView accepted,
                                 TensorView emitted, std::optional<TensorView> seed_arr, int64_t seed_val,
-                                std::optional<TensorView> offset_arr, int64_t offset_val, int64_t stream);
+                                std::optional<TensorView> offset_arr, int64_t offset_val,
+                                std::optional<TensorView> token_bitmask, int64_t stream);
 void apply_penalties(TensorView logits, std::optional<TensorView> output_token_counts,
                      std::optional<TensorView> output_token_ids, std::optional<TensorView> prompt_mask,
                      std::optional<TensorView> prompt_token_ids, std::optional<TensorView> repetition_arr,
                      double repetition_val, std::optional<TensorView> frequency_arr, double frequency_val,
                      std::optional<TensorView> presence_arr, double presence_val, int64_t stream);
+void apply_token_bitmask_inplace(TensorView logits, TensorView bitmask, std::optional<TensorView> indices,
+                                 int64_t vocab_size, int64_t stream);
 
 }  // namespace llmk

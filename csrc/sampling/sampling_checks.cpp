@@ -76,6 +76,23 @@ RowParam seed_param(const std::optional<TensorView>& arr, int64_t val, const cha
   return p;
 }
 
+void check_bitmask(const TensorView& t, const char* name, std::initializer_list<int64_t> lead, int64_t vocab,
+                   const TensorView& like, const char* layout) {
+  check_dtype(t, name, DType::I32);
+  check_ndim(t, name, static_cast<int>(lead.size()) + 1, layout);
+  int d = 0;
+  for (int64_t n : lead) {
+    LLMK_CHECK(t.size(d) == n, ValueError, name, ": expected shape ", layout, ", dim ", d, " is ", t.size(d),
+               " instead of ", n);
+    ++d;
+  }
+  const int64_t words = (vocab + 31) / 32;
+  LLMK_CHECK(t.size(d) >= words, ValueError, name, ": ", t.size(d), " words of 32 tokens do not cover vocab_size ",
+             vocab, " (need at least ", words, "; pad with zero words to disallow the padding tokens)");
+  check_same_device(like, "probs/logits", t, name);
+  check_last_dim_contiguous(t, name);
+}
+
 void check_row_vector(const TensorView& t, const char* name, int64_t batch, const TensorView& like,
                       bool index_dtype) {
   check_shape(t, name, {batch}, "[batch_size]");

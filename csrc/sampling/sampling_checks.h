@@ -18,6 +18,11 @@ RowParam row_param(const std::optional<TensorView>& arr, double val, const char*
 RowParam seed_param(const std::optional<TensorView>& arr, int64_t val, const char* name, int64_t batch,
                     const TensorView& like);
 // A [batch] int32/int64 output (or counter) tensor on x's device.
+// A token bitmask of the fused samplers: int32 [rows..., words] (dims before the last given by
+// `lead`) on x's device, last dim contiguous, words covering the vocabulary (ceil(vocab / 32) or
+// more; bits past the vocabulary are ignored).
+void check_bitmask(const TensorView& t, const char* name, std::initializer_list<int64_t> lead, int64_t vocab,
+                   const TensorView& like, const char* layout);
 void check_row_vector(const TensorView& t, const char* name, int64_t batch, const TensorView& like,
                       bool index_dtype);
 

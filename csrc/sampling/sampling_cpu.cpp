@@ -38,29 +38,21 @@ void combine_load(Row& r, Loaded& L) {
   L.degenerate = degenerate_mass(L.mass);
 }
 
-// fp32 rows are read in place; fp16/bf16 rows are converted into the shared scratch row.
-template <DType DT>
-const float* row_weights(const elem_t<DT>* x, Shared& s) {
-  if constexpr (DT == DType::F32) {
-    return x;
-  } else {
-    return s.w.data();
-  }
-}
-
-// Probabilities (or logits, for the top-k mask): fp32 rows are used in place, fp16/bf16 rows are
-// converted into the scratch row.
+// Probabilities (or logits, for the top-k mask): fp32 rows are used in place, fp16/bf16 rows (and
+// masked rows: disallowed weights read 0) are converted into the scratch row.
 // dom_lo: the statistics are those of {w > dom_lo} (0: the positive weights).
 template <DType DT>
-Loaded load_probs(Row& r, const elem_t<DT>* x, int64_t V, float dom_lo = 0.0f) {
+Loaded load_probs(Row& r, const elem_t<DT>* x, int64_t V, float dom_lo = 0.0f, const int32_t* mask = nullptr) {
   Shared& s = r.shared();
-  const float* w = row_weights<DT>(x, s);
+  const bool copy = DT != DType::F32 || mask;
+  const float* w = copy ? s.w.data() : reinterpret_cast<const float*>(x);
   r.span = Span{w, nullptr, V};
   const int64_t nb = r.span.nblocks();
   r.sync();
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    if constexpr (DT != DType::F32) block_convert<DT>(x, lo, hi, s.w.data());
+    if (mask) block_masked<DT>(x, lo, hi, mask, 0.0f, s.w.data());
+    else if constexpr (DT != DType::F32) block_convert<DT>(x, lo, hi, s.w.data());
     store_stats_above(s, w, lo, hi, b, dom_lo);
     block_max_arg<DType::F32>(w, lo, hi, s.bmax[b], s.barg[b]);
   });
@@ -72,14 +64,21 @@ Loaded load_probs(Row& r, const elem_t<DT>* x, int64_t V, float dom_lo = 0.0f) {
 // Logits: pass 1 finds the maximum, pass 2 writes e = exp((x - max) / T) into the scratch row,
 // pass 3 normalises it to the softmax w = e * (1 / sum e). The draws from logits are therefore the
 // draws from softmax_rows' output (the same floats), whatever pivots the algorithm places.
+// A masked row's pass 1 also writes its logits (-inf where disallowed) into the scratch row, which
+// pass 2 then exponentiates in place.
 template <DType DT>
-Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature) {
+Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature, const int32_t* mask = nullptr) {
   Shared& s = r.shared();
   const int64_t nb = (V + kBlock - 1) / kBlock;
   r.sync();
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    block_max_arg<DT>(x, lo, hi, s.bmax[b], s.barg[b]);
+    if (mask) {
+      block_masked<DT>(x, lo, hi, mask, -kInf, s.w.data());
+      block_max_arg<DType::F32>(s.w.data(), lo, hi, s.bmax[b], s.barg[b]);
+    } else {
+      block_max_arg<DT>(x, lo, hi, s.bmax[b], s.barg[b]);
+    }
   });
   Loaded L;
   float m = -kInf;
@@ -95,7 +94,8 @@ Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature) {
   r.sync();
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    block_exp<DT>(x, lo, hi, m, inv_t, w);
+    if (mask) block_exp<DType::F32>(w, lo, hi, m, inv_t, w);
+    else block_exp<DT>(x, lo, hi, m, inv_t, w);
     store_positive_stats(s, w, lo, hi, b);
   });
   const int64_t arg = L.argmax;
@@ -128,6 +128,10 @@ template <typename T>
 const T* row_ptr(const TensorView& x, int64_t r) {
   return reinterpret_cast<const T*>(x.bytes() + r * x.stride(0) * static_cast<int64_t>(x.elem_size()));
 }
+// Row r of an optional [rows, words] bitmask (null when absent).
+const int32_t* mask_row(const TensorView* m, int64_t r) {
+  return m ? m->ptr<const int32_t>() + r * m->stride(0) : nullptr;
+}
 template <typename T>
 T* row_ptr_mut(const TensorView& x, int64_t r) {
   return reinterpret_cast<T*>(x.bytes() + r * x.stride(0) * static_cast<int64_t>(x.elem_size()));
@@ -157,12 +161,13 @@ void sample_rows(const SampleArgs& a) {
                 static_cast<float>(param_f(a.min_p, i)), a.k_first};
     const RowRng rng = RowRng::make(param_u64(a.seed, i), param_u64(a.offset, i), static_cast<uint32_t>(i));
     const float temp = a.is_logits ? static_cast<float>(param_f(a.temperature, i)) : 1.0f;
+    const int32_t* mask = mask_row(a.bitmask, i);
     if (small_k_eligible(f, V, temp)) {
       // one pass by the team's leader (the result must not depend on the team size)
       Shared& s = r.shared();
       if (r.leader()) {
         int64_t tok = -1;
-        s.fast_token = sample_small_k<DT>(x, V, a.is_logits, temp, f.k, f.top_p, rng, tok) ? tok : -1;
+        s.fast_token = sample_small_k<DT>(x, V, a.is_logits, temp, f.k, f.top_p, rng, tok, mask) ? tok : -1;
       }
       r.sync();
       if (s.fast_token >= 0) {
@@ -173,7 +178,7 @@ void sample_rows(const SampleArgs& a) {
         return;
       }
     }
-    Loaded L = a.is_logits ? load_logits<DT>(r, x, V, temp) : load_probs<DT>(r, x, V);
+    Loaded L = a.is_logits ? load_logits<DT>(r, x, V, temp, mask) : load_probs<DT>(r, x, V, 0.0f, mask);
     const RowResult res = sample_loaded(r, L, f, rng);
     if (r.leader()) {
       write_index(a.out, i, res.token);
@@ -187,7 +192,8 @@ void softmax_rows(const SoftmaxArgs& a) {
   for_each_row(a.x, a.x.size(0), [&](Row& r, int64_t i, auto tag) {
     constexpr DType DT = decltype(tag)::value;
     float* out = row_ptr_mut<float>(a.out, i);
-    const Loaded L = load_logits<DT>(r, row_ptr<elem_t<DT>>(a.x, i), V, static_cast<float>(param_f(a.temperature, i)));
+    const Loaded L = load_logits<DT>(r, row_ptr<elem_t<DT>>(a.x, i), V, static_cast<float>(param_f(a.temperature, i)),
+                                     mask_row(a.bitmask, i));
     const float* w = r.span.w;
     r.sync();
     r.for_blocks((V + kBlock - 1) / kBlock, [&](int64_t b) {

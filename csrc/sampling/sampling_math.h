@@ -180,6 +180,15 @@ LLMK_HD float spec_residual(float p, float q) {
 LLMK_HD uint32_t spec_final_draw(int64_t n) { return static_cast<uint32_t>(n + 1); }
 
 // ---------------------------------------------------------------------------------------------
+// Token bitmasks (xgrammar's layout): token j is allowed when bit j % 32 of word j / 32 is set.
+// A disallowed token is treated as a -inf logit / zero probability.
+// ---------------------------------------------------------------------------------------------
+
+LLMK_HD bool token_allowed(const int32_t* mask, int64_t j) {
+  return ((static_cast<uint32_t>(mask[j >> 5]) >> (j & 31)) & 1u) != 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Penalties (vLLM semantics).
 // ---------------------------------------------------------------------------------------------
 

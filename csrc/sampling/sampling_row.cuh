@@ -38,15 +38,20 @@ LLMK_HD bool finite_f(float x) { return (float_bits(x) & 0x7f800000u) != 0x7f800
 LLMK_DEVICE bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Elements [v * N, v * N + N) of a row as fp32; positions past the end read as -inf (never above a
-// pivot). One 16-byte load when the row start is 16-byte aligned, element loads otherwise.
+// pivot). One 16-byte load when the row start is 16-byte aligned, element loads otherwise. With a
+// token bitmask row, disallowed positions read `fill` (one mask word per vector: N divides 32).
 template <typename T>
 struct RowLoader {
   static constexpr int N = 16 / static_cast<int>(sizeof(T));
   const T* row;
   int64_t V;
   bool vec;
+  const int32_t* mask = nullptr;
+  float fill = 0.0f;
 
   LLMK_DEVICE RowLoader(const T* r, int64_t v) : row(r), V(v), vec(aligned16(r)) {}
+  LLMK_DEVICE RowLoader(const T* r, int64_t v, const int32_t* m, float f)
+      : row(r), V(v), vec(aligned16(r)), mask(m), fill(f) {}
   LLMK_DEVICE int64_t nvec() const { return (V + N - 1) / N; }
   LLMK_DEVICE void load(int64_t v, float (&w)[N]) const {
     const int64_t j0 = v * N;
@@ -59,28 +64,38 @@ struct RowLoader {
 #pragma unroll
       for (int i = 0; i < N; ++i) w[i] = j0 + i < V ? to_f(row[j0 + i]) : -INFINITY;
     }
+    if (mask && j0 < V) {
+      const uint32_t bits = static_cast<uint32_t>(mask[j0 >> 5]) >> (j0 & 31);
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (!((bits >> i) & 1u) && j0 + i < V) w[i] = fill;
+    }
   }
 };
 
-// Weights of a row of probabilities (or of raw logits, for the top-k mask): the values themselves.
+// Weights of a row of probabilities (or of raw logits, for the top-k mask): the values themselves
+// (`fill` where a bitmask disallows the token: 0 for probabilities, -inf for logits).
 template <typename T>
 struct ProbsSrc {
   static constexpr int N = RowLoader<T>::N;
   RowLoader<T> ld;
-  LLMK_DEVICE ProbsSrc(const T* r, int64_t V) : ld(r, V) {}
+  LLMK_DEVICE ProbsSrc(const T* r, int64_t V, const int32_t* mask = nullptr, float fill = 0.0f)
+      : ld(r, V, mask, fill) {}
   LLMK_DEVICE int64_t nvec() const { return ld.nvec(); }
   LLMK_DEVICE void load(int64_t v, float (&w)[N]) const { ld.load(v, w); }
 };
 
 // Weights of a row of logits: exp((x - max) * inv_t) * inv_s, NaN -> 0; flushed to 0 below e^-87
 // like the CPU kernels, so both backends see the same set of positive weights. inv_s = 1 / sum
-// normalises them to the softmax (softmax_rows writes exactly these values).
+// normalises them to the softmax (softmax_rows writes exactly these values). Tokens a bitmask
+// disallows read as -inf logits, weight 0.
 template <typename T>
 struct LogitsSrc {
   static constexpr int N = RowLoader<T>::N;
   RowLoader<T> ld;
   float m, inv_t, inv_s = 1.0f;
-  LLMK_DEVICE LogitsSrc(const T* r, int64_t V, float mx, float it) : ld(r, V), m(mx), inv_t(it) {}
+  LLMK_DEVICE LogitsSrc(const T* r, int64_t V, float mx, float it, const int32_t* mask = nullptr)
+      : ld(r, V, mask, -INFINITY), m(mx), inv_t(it) {}
   LLMK_DEVICE int64_t nvec() const { return ld.nvec(); }
   LLMK_DEVICE void load(int64_t v, float (&w)[N]) const {
     ld.load(v, w);
@@ -405,12 +420,14 @@ LLMK_DEVICE float radix_kth_largest(const Src& src, float dom_lo, int64_t k, Row
 // A row of logits loaded as its softmax: the maximum, then the sum of exp((x - max) / T), then
 // the statistics of the normalised weights (the same floats softmax_rows writes). Returns the
 // weight source; L carries the load results (degenerate / greedy rows need no weights).
+// mask: the row's token bitmask (null: none), applied as the row is read in every pass.
 template <typename T>
-LLMK_DEVICE LogitsSrc<T> load_logits(const T* x, int64_t V, float temp, Loaded& L, RowSmem& sm) {
-  const RowMax mx = row_load(ProbsSrc<T>(x, V), INFINITY, nullptr, sm);
+LLMK_DEVICE LogitsSrc<T> load_logits(const T* x, int64_t V, float temp, Loaded& L, RowSmem& sm,
+                                     const int32_t* mask = nullptr) {
+  const RowMax mx = row_load(ProbsSrc<T>(x, V, mask, -INFINITY), INFINITY, nullptr, sm);
   L.argmax = mx.argmax;
   // 1 / T in double rounds to the correctly rounded fp32 quotient (as on the CPU)
-  LogitsSrc<T> w(x, V, mx.max_w, static_cast<float>(1.0 / static_cast<double>(temp)));
+  LogitsSrc<T> w(x, V, mx.max_w, static_cast<float>(1.0 / static_cast<double>(temp)), mask);
   if (logits_row_decided(mx.max_w, temp, L)) return w;
   PivotStats st[1];
   const float zero = 0.0f;

@@ -88,12 +88,27 @@ inline float shrink_candidates(CandBuf& b, int64_t k, float margin, float lo) {
   return nlo;
 }
 
+// Lanes of x[j, j + 16) as fp32, -inf where the token bitmask (Masked) disallows the token.
+template <DType DT, bool Masked>
+inline vf vload_allowed(const elem_t<DT>* x, int64_t j, const int32_t* mask) {
+  const vf v = vload_conv<DT>(x + j);
+  if constexpr (!Masked) {
+    return v;
+  } else {
+    const int32_t bits = static_cast<int32_t>((static_cast<uint32_t>(mask[j >> 5]) >> (j & 31)) & 0xffffu);
+    vi lane;
+    for (int l = 0; l < kL; ++l) lane[l] = 1 << l;
+    return vsel(((vi{} + bits) & lane) != 0, v, vsplat(-kInf));
+  }
+}
+
 // The pass: collects every element with key > lo into `cand`, raising lo to (k-th largest key
 // minus margin) whenever the list fills. Returns false when the list cannot stay short (a margin
-// so wide that most of the row is within it): the caller then takes the general path.
-template <DType DT>
+// so wide that most of the row is within it): the caller then takes the general path. Masked:
+// tokens the bitmask disallows read -inf (never candidates), in the same pass.
+template <DType DT, bool Masked>
 bool collect_candidates(const elem_t<DT>* x, int64_t V, int64_t k, float margin, float init_lo, CandBuf& b,
-                        float& row_max) {
+                        float& row_max, const int32_t* mask) {
   std::vector<Cand>& c = b.c;
   c.clear();
   int64_t cap = std::max<int64_t>(4 * k, 256);
@@ -114,8 +129,8 @@ bool collect_candidates(const elem_t<DT>* x, int64_t V, int64_t k, float margin,
   constexpr int64_t kStep = 4 * kL;
   int64_t j = 0;
   for (; j + kStep <= V; j += kStep) {
-    const vf v0 = vload_conv<DT>(x + j), v1 = vload_conv<DT>(x + j + kL);
-    const vf v2 = vload_conv<DT>(x + j + 2 * kL), v3 = vload_conv<DT>(x + j + 3 * kL);
+    const vf v0 = vload_allowed<DT, Masked>(x, j, mask), v1 = vload_allowed<DT, Masked>(x, j + kL, mask);
+    const vf v2 = vload_allowed<DT, Masked>(x, j + 2 * kL, mask), v3 = vload_allowed<DT, Masked>(x, j + 3 * kL, mask);
     const vf a = vmax(vmax(v0, v1), vmax(v2, v3));
     m = vmax(m, a);
     if (!gt_mask(a, lo)) continue;
@@ -128,7 +143,7 @@ bool collect_candidates(const elem_t<DT>* x, int64_t V, int64_t k, float margin,
   float mx = -kInf;
   for (int l = 0; l < kL; ++l) mx = m[l] > mx ? m[l] : mx;
   for (; j < V; ++j) {
-    const float v = vec::to_f32<DT>(x[j]);
+    const float v = !Masked || token_allowed(mask, j) ? vec::to_f32<DT>(x[j]) : -kInf;
     mx = v > mx ? v : mx;
     if (v > lo) c.push_back(Cand{v, static_cast<int32_t>(j), 0.0f});
   }
@@ -214,16 +229,19 @@ inline int64_t draw_small_k(CandBuf& b, int64_t k, float top_p, float max_w, con
 }
 
 // One row of top-k (+ top-p, top_k_first) sampling from logits (temperature > 0) or
-// probabilities. Returns false when the row needs the general path (non-finite maximum, a list
-// that cannot stay short, no positive weight, infinite mass).
+// probabilities, under the row's token bitmask when `mask` is set. Returns false when the row
+// needs the general path (non-finite maximum, a list that cannot stay short, no positive weight,
+// infinite mass).
 template <DType DT>
 bool sample_small_k(const elem_t<DT>* x, int64_t V, bool is_logits, float temperature, int64_t k, float top_p,
-                    const RowRng& rng, int64_t& token) {
+                    const RowRng& rng, int64_t& token, const int32_t* mask = nullptr) {
   CandBuf& b = thread_cands();
   float mx;
   const float margin = is_logits ? temperature * (1.0f / 1024.0f) : 0.0f;
   const float init_lo = is_logits ? -kInf : 0.0f;
-  if (!collect_candidates<DT>(x, V, k, margin, init_lo, b, mx)) return false;
+  const bool ok = mask ? collect_candidates<DT, true>(x, V, k, margin, init_lo, b, mx, mask)
+                       : collect_candidates<DT, false>(x, V, k, margin, init_lo, b, mx, nullptr);
+  if (!ok) return false;
   if (!std::isfinite(mx)) return false;
   if (static_cast<int64_t>(b.c.size()) > 2 * k) shrink_candidates(b, k, margin, init_lo);
   const float inv_t = 1.0f / temperature;

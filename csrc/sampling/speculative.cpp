@@ -7,7 +7,8 @@ namespace llmk {
 void chain_speculative_sampling(std::optional<TensorView> draft_probs, TensorView draft_token_ids,
                                 TensorView target_probs, TensorView out, TensorView accepted,
                                 TensorView emitted, std::optional<TensorView> seed_arr, int64_t seed_val,
-                                std::optional<TensorView> offset_arr, int64_t offset_val, int64_t stream) {
+                                std::optional<TensorView> offset_arr, int64_t offset_val,
+                                std::optional<TensorView> token_bitmask, int64_t stream) {
   check_ndim(target_probs, "target_probs", 3, "[batch_size, num_speculate_tokens + 1, vocab_size]");
   check_dtype(target_probs, "target_probs", DType::F32);
   check_last_dim_contiguous(target_probs, "target_probs");
@@ -42,6 +43,11 @@ void chain_speculative_sampling(std::optional<TensorView> draft_probs, TensorVie
   a.emitted = emitted;
   a.seed = seed_param(seed_arr, seed_val, "seed", b, target_probs);
   a.offset = seed_param(offset_arr, offset_val, "offset", b, target_probs);
+  if (token_bitmask) {
+    check_bitmask(*token_bitmask, "token_bitmask", {b, n1}, vocab, target_probs,
+                  "[batch_size, num_speculate_tokens + 1, ceil(vocab_size / 32)]");
+    a.bitmask = &*token_bitmask;
+  }
   a.stream = stream;
   if (b == 0) return;
   LLMK_RUN(target_probs, chain_speculative, a);

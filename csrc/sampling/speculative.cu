@@ -14,15 +14,22 @@ namespace {
 using namespace samp;
 
 // Weights p (mode 0), relu(p - q) (mode 1) or p with q one-hot at `tok` (mode 2): ResidualMode.
+// With a token bitmask p is the masked target renormalised: p * allowed * inv_z.
 struct ResidualSrc {
   static constexpr int N = RowLoader<float>::N;
   RowLoader<float> p, q;
   int mode;
   int64_t tok;
+  float inv_z;
 
   LLMK_DEVICE int64_t nvec() const { return p.nvec(); }
   LLMK_DEVICE void load(int64_t v, float (&w)[N]) const {
     p.load(v, w);
+    if (p.mask) {
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (w[i] > 0.0f) w[i] *= inv_z;  // not -inf past the end (-inf * 0 would be NaN)
+    }
     if (mode == 1) {
       float wq[N];
       q.load(v, wq);
@@ -49,6 +56,8 @@ struct SpecK {
   int acc64;
   void* emitted;
   int emi64;
+  const int32_t* bitmask;  // [b, n + 1, words] or null
+  int64_t bs0, bs1;
   DParam seed, offset;
 };
 
@@ -57,23 +66,47 @@ LLMK_DEVICE void add_count(void* c, bool is64, int64_t b, int64_t v) {
   else static_cast<int32_t*>(c)[b] += static_cast<int32_t>(v);
 }
 
-// Request b as row_algo.h's speculative row.
+// Request b as row_algo.h's speculative row. With a token bitmask the target at position i is p
+// masked and renormalised, p * allowed / Z_i (Z_i: the allowed mass, one pass over the position).
 struct DeviceSpecRow {
   const SpecK& a;
   int64_t b;
   RowSmem& sm;
+  int64_t scaled_pos = -1;  // the position whose 1 / Z is in inv_z
+  float inv_z = 1.0f;
 
   LLMK_DEVICE int64_t id(int64_t i) const { return read_index(a.ids, a.ids64 != 0, b * a.n + i); }
   LLMK_DEVICE bool in_vocab(int64_t d) const { return d >= 0 && d < a.V; }  // checked by the front
   LLMK_DEVICE float q(int64_t i, int64_t d) const {
     return a.draft && in_vocab(d) ? a.draft[b * a.ds0 + i * a.ds1 + d] : 1.0f;
   }
-  LLMK_DEVICE float p(int64_t i, int64_t d) const { return in_vocab(d) ? a.target[b * a.ts0 + i * a.ts1 + d] : 0.0f; }
-  LLMK_DEVICE ResidualSrc source(int64_t m, ResidualMode mode) const {
-    const float* pr = a.target + b * a.ts0 + m * a.ts1;
+  LLMK_DEVICE const int32_t* mask(int64_t i) const { return a.bitmask ? a.bitmask + b * a.bs0 + i * a.bs1 : nullptr; }
+  LLMK_DEVICE const float* target_row(int64_t i) const { return a.target + b * a.ts0 + i * a.ts1; }
+  LLMK_DEVICE float p(int64_t i, int64_t d) {
+    if (!in_vocab(d)) return 0.0f;
+    const float pv = target_row(i)[d];
+    if (!a.bitmask) return pv;
+    return token_allowed(mask(i), d) ? pv * scale(i) : 0.0f;
+  }
+  // 1 / Z_i (0 when nothing allowed has mass); called by every thread alike (a CTA-wide pass).
+  LLMK_DEVICE float scale(int64_t i) {
+    if (scaled_pos == i) return inv_z;
+    PivotStats st[1];
+    const float zero = 0.0f;
+    row_stats<1, false>(ProbsSrc<float>(target_row(i), a.V, mask(i), 0.0f), &zero, st, sm);
+    const double z = st[0].mass;
+    scaled_pos = i;
+    inv_z = z > 0.0 && z != static_cast<double>(INFINITY) ? static_cast<float>(1.0 / z) : 0.0f;
+    return inv_z;
+  }
+  // The final token when no weight is left: token 0 as before, -1 when a bitmask allows nothing.
+  LLMK_DEVICE int64_t empty_token() const { return a.bitmask ? -1 : 0; }
+  LLMK_DEVICE ResidualSrc source(int64_t m, ResidualMode mode) {
+    const float* pr = target_row(m);
     const float* qr = a.draft ? a.draft + b * a.ds0 + m * a.ds1 : pr;
-    return ResidualSrc{RowLoader<float>(pr, a.V), RowLoader<float>(qr, a.V), static_cast<int>(mode),
-                       mode == ResidualMode::OneHot ? id(m) : -1};
+    const float iz = a.bitmask ? scale(m) : 1.0f;
+    return ResidualSrc{RowLoader<float>(pr, a.V, mask(m), 0.0f), RowLoader<float>(qr, a.V), static_cast<int>(mode),
+                       mode == ResidualMode::OneHot ? id(m) : -1, iz};
   }
   LLMK_DEVICE double residual_mass(int64_t m, ResidualMode mode) {
     PivotStats st[1];
@@ -120,6 +153,9 @@ void chain_speculative(const SpecArgs& a) {
   k.emi64 = a.emitted.dtype == DType::I64;
   k.seed = dparam(a.seed);
   k.offset = dparam(a.offset);
+  k.bitmask = a.bitmask ? a.bitmask->ptr<const int32_t>() : nullptr;
+  k.bs0 = a.bitmask ? a.bitmask->stride(0) : 0;
+  k.bs1 = a.bitmask ? a.bitmask->stride(1) : 0;
   const unsigned grid = static_cast<unsigned>(a.target_probs.size(0));
   LLMK_LAUNCH(chain_speculative_kernel, grid, row_threads(k.V, 4), 0, a.stream)(k);
   check_launch("chain_speculative_sampling");

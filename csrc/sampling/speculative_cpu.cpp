@@ -11,15 +11,48 @@ const float* row3(const TensorView& t, int64_t b, int64_t i) {
   return t.ptr<const float>() + b * t.stride(0) + i * t.stride(1);
 }
 
-// Request b of a chain_speculative call as row_algo.h's speculative row.
+// Request b of a chain_speculative call as row_algo.h's speculative row. With a token bitmask, the
+// target at position i is p masked and renormalised: p' = p * allowed / Z_i (Z_i: the allowed mass).
 struct CpuSpecRow {
   Row& r;
   const SpecArgs& a;
   int64_t b, n, V;
+  int64_t scaled_pos = -1;  // the position whose 1 / Z is in inv_z
+  float inv_z = 1.0f;
 
   int64_t id(int64_t i) const { return index_of(a.draft_ids, b * n + i); }
   float q(int64_t i, int64_t d) const { return a.draft_probs ? row3(*a.draft_probs, b, i)[d] : 1.0f; }
-  float p(int64_t i, int64_t d) const { return row3(a.target_probs, b, i)[d]; }
+  const int32_t* mask(int64_t i) const {
+    return a.bitmask ? a.bitmask->ptr<const int32_t>() + b * a.bitmask->stride(0) + i * a.bitmask->stride(1) : nullptr;
+  }
+  float p(int64_t i, int64_t d) {
+    const float pv = row3(a.target_probs, b, i)[d];
+    if (!a.bitmask) return pv;
+    return token_allowed(mask(i), d) ? pv * scale(i) : 0.0f;
+  }
+  // 1 / Z_i, computed by a pass over position i (per-block sums combined in block order: the same
+  // value on every thread of the team); 0 when nothing allowed has mass.
+  float scale(int64_t i) {
+    if (scaled_pos == i) return inv_z;
+    Shared& s = r.shared();
+    const float* pr = row3(a.target_probs, b, i);
+    const int32_t* mk = mask(i);
+    const int64_t nb = (V + kBlock - 1) / kBlock;
+    r.sync();
+    r.for_blocks(nb, [&](int64_t blk) {
+      float acc = 0.0f;
+      for (int64_t j = blk * kBlock, e = std::min(V, (blk + 1) * kBlock); j < e; ++j)
+        if (pr[j] > 0.0f && token_allowed(mk, j)) acc += pr[j];
+      s.bmass[blk] = acc;
+    });
+    double z = 0.0;
+    for (int64_t blk = 0; blk < nb; ++blk) z += s.bmass[blk];
+    scaled_pos = i;
+    inv_z = z > 0.0 && z != static_cast<double>(INFINITY) ? static_cast<float>(1.0 / z) : 0.0f;
+    return inv_z;
+  }
+  // The final token when no weight is left: token 0 as before, -1 when a bitmask allows nothing.
+  int64_t empty_token() const { return a.bitmask ? -1 : 0; }
 
   // Writes the weights of `mode` at position m into the scratch row; returns their positive mass.
   double residual_mass(int64_t m, ResidualMode mode) {
@@ -29,13 +62,16 @@ struct CpuSpecRow {
     const float* qr = a.draft_probs ? row3(*a.draft_probs, b, m) : nullptr;
     const int64_t tok = mode == ResidualMode::OneHot ? id(m) : -1;
     const int64_t nb = (V + kBlock - 1) / kBlock;
+    const int32_t* mk = mask(m);
+    const float sc = mk ? scale(m) : 1.0f;
     r.span = Span{w, nullptr, V};
     r.sync();
     r.for_blocks(nb, [&](int64_t blk) {
       const int64_t lo = blk * kBlock, hi = std::min(V, lo + kBlock);
       for (int64_t j = lo; j < hi; ++j) {
-        if (mode == ResidualMode::Dense) w[j] = spec_residual(pr[j], qr[j]);
-        else w[j] = j == tok ? spec_residual(pr[j], 1.0f) : pr[j];
+        const float pj = !mk ? pr[j] : token_allowed(mk, j) ? pr[j] * sc : 0.0f;
+        if (mode == ResidualMode::Dense) w[j] = spec_residual(pj, qr[j]);
+        else w[j] = j == tok ? spec_residual(pj, 1.0f) : pj;
       }
       store_positive_stats(s, w, lo, hi, blk);
     });

@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 
 import llmkern  # noqa: E402
 from llmkern.bench.bench_attention import _gather, _paged_cache, prefill_case  # noqa: E402  (same paged inputs and torch peer as on CPU)
-from llmkern.bench.common import Record, copy_bandwidth, matmul_flops, print_records, timeit  # noqa: E402
+from llmkern.bench.common import Record, bench_cli, copy_bandwidth, matmul_flops, timeit  # noqa: E402
 
 
 def _sdpa_backend(name):
@@ -138,12 +137,7 @@ def run(quick: bool = False, device: str = "cuda") -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--device", default="cuda")
-    args = ap.parse_args(argv)
-    print_records(run(args.quick, args.device))
-    return 0
+    return bench_cli(run, argv, device="cuda")
 
 
 if __name__ == "__main__":

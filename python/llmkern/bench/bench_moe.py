@@ -22,14 +22,13 @@ llmkern has no MoE models or transformers is missing.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import llmkern
-from llmkern.bench.common import Record, matmul_flops, print_records, read_bandwidth, timeit, timeit_pair
+from llmkern.bench.common import Record, bench_cli, matmul_flops, read_bandwidth, timeit, timeit_pair
 
 E, K, H, I = 8, 2, 1024, 2816
 
@@ -138,12 +137,7 @@ def e2e_records(quick: bool) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args(argv)
-    print_records(run(args.quick, args.device))
-    return 0
+    return bench_cli(run, argv)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ engines' path); max + mask + multinomial (min-p, from probabilities on both side
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 import llmkern  # noqa: E402
-from llmkern.bench.common import Record, print_records, read_bandwidth, timeit  # noqa: E402
+from llmkern.bench.common import Record, bench_cli, read_bandwidth, timeit  # noqa: E402
 
 TEMP, TOP_K, TOP_P, MIN_P = 0.7, 50, 0.9, 0.1
 
@@ -91,12 +90,7 @@ def run(quick: bool = False, device: str = "cpu") -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args(argv)
-    print_records(run(args.quick, args.device))
-    return 0
+    return bench_cli(run, argv)
 
 
 if __name__ == "__main__":

@@ -340,6 +340,18 @@ def print_records(records) -> None:
         print(f"{r.bench:38} {r.case:34} {r.llmkern_s * 1e3:9.3f}ms {peer} {ratio} {val:>12} {frac:>8}  {r.peer}")
 
 
+def bench_cli(run: Callable[[bool, str], list], argv=None, device: str = "cpu") -> int:
+    """The command line of a kernel bench module: `[--quick] [--device cpu|cuda]`, then its records."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default=device)
+    args = ap.parse_args(argv)
+    print_records(run(args.quick, args.device))
+    return 0
+
+
 def sanitizer_case(failures: list) -> Callable:
     """`case(name)`: a decorator for the compute-sanitizer drivers that runs the decorated launch group
     at once, synchronises, prints ok/FAIL and appends failing names to `failures` (the run goes on:

@@ -9,7 +9,9 @@ from typing import Sequence
 
 import torch
 
-from ..ops.sampling import softmax, top_k_mask_logits, top_p_renorm_probs
+from typing import Optional
+
+from ..ops.sampling import softmax, top_k_mask_logits, top_k_renorm_probs, top_p_renorm_probs
 from .sampling_params import SamplingParams
 
 
@@ -40,14 +42,23 @@ class RowFilters:
             use_min_p=any(m > 0 for m in min_p))
 
 
-def filtered_probs(logits: torch.Tensor, f: RowFilters, *, min_p: bool = True) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, f: RowFilters, *, min_p: bool = True,
+                   token_bitmask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fp32 probabilities [R, V]: softmax(logits / T) restricted to each row's top-k set, then to
     its top-p set (of the top-k set renormalised), then to its min-p set, renormalised: the
     distribution the sampler draws from. min_p=False stops before min-p, for the draw kernel
-    (min_p_sampling_from_probs) that applies the same rule as it draws."""
-    # Top-k of the logits is top-k of logits / T (T > 0 keeps the order); softmax divides by T.
-    x = top_k_mask_logits(logits, f.top_k) if f.use_top_k else logits
-    probs = softmax(x, f.temperature)
+    (min_p_sampling_from_probs) that applies the same rule as it draws. token_bitmask (int32
+    [R, ceil(V / 32)]): the grammar mask, applied first (the filters act on the allowed tokens)."""
+    if token_bitmask is not None:
+        # The mask is fused into the softmax; top-k then acts on the masked probabilities (the
+        # same order as on the logits).
+        probs = softmax(logits, f.temperature, token_bitmask=token_bitmask)
+        if f.use_top_k:
+            probs = top_k_renorm_probs(probs, f.top_k)
+    else:
+        # Top-k of the logits is top-k of logits / T (T > 0 keeps the order); softmax divides by T.
+        x = top_k_mask_logits(logits, f.top_k) if f.use_top_k else logits
+        probs = softmax(x, f.temperature)
     if f.use_top_p:
         probs = top_p_renorm_probs(probs, f.top_p)
     if min_p and f.use_min_p:

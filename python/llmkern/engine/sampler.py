@@ -21,10 +21,11 @@ from .row_filters import RowFilters, filtered_probs
 from .sequence import Sequence
 
 
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+def greedy_tokens(logits: torch.Tensor, token_bitmask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Row argmax (lowest index on ties) as int64: the sampling kernel at temperature 0, a single
-    pass on llmkern's threads (5x torch.argmax for 32 x 49k fp32 logits on 2 cores)."""
-    return sampling_from_logits(logits, temperature=0.0, seed=0, offset=0).long()
+    pass on llmkern's threads (5x torch.argmax for 32 x 49k fp32 logits on 2 cores). With a token
+    bitmask: the argmax among the allowed tokens."""
+    return sampling_from_logits(logits, temperature=0.0, seed=0, offset=0, token_bitmask=token_bitmask).long()
 
 
 class Sampler:
@@ -37,22 +38,25 @@ class Sampler:
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, seqs: List[Sequence]) -> List[int]:
+    def __call__(self, logits: torch.Tensor, seqs: List[Sequence],
+                 token_bitmask: Optional[torch.Tensor] = None) -> List[int]:
+        """Next token of each sequence (row i of logits is seqs[i]'s). token_bitmask: int32
+        [len(seqs), ceil(V / 32)] allowed tokens per row, or None (no grammar)."""
         params = [s.params for s in seqs]
         if all(p.greedy and not p.has_penalties and not p.min_tokens for p in params):
-            return greedy_tokens(logits).tolist()
+            return greedy_tokens(logits, token_bitmask).tolist()
         self.mask_min_tokens(logits, seqs)
         self._apply_penalties(logits, seqs)
-        out = greedy_tokens(logits)
+        out = greedy_tokens(logits, token_bitmask)
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             shared = [i for i in rows if seqs[i].generator is None]
             if shared:
-                out[shared] = self._sample(logits, shared, seqs, self.generator).to(out.dtype)
+                out[shared] = self._sample(logits, shared, seqs, self.generator, token_bitmask).to(out.dtype)
             for i in rows:
                 g = seqs[i].generator
                 if g is not None:
-                    out[i] = self._sample(logits, [i], seqs, g)[0].to(out.dtype)
+                    out[i] = self._sample(logits, [i], seqs, g, token_bitmask)[0].to(out.dtype)
         return out.tolist()
 
     def mask_min_tokens(self, logits: torch.Tensor, seqs: List[Sequence], offsets: Optional[List[int]] = None,
@@ -92,13 +96,15 @@ class Sampler:
         logits[rows] = sub
 
     def _sample(self, logits: torch.Tensor, rows: List[int], seqs: List[Sequence],
-                generator: Optional[torch.Generator]) -> torch.Tensor:
+                generator: Optional[torch.Generator], token_bitmask: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = logits[rows]
+        m = token_bitmask[rows] if token_bitmask is not None else None
         f = RowFilters.of([seqs[i].params for i in rows], x)
         if f.use_min_p:
             # min-p is left to the draw kernel: it keeps the set filtered_probs' min-p step keeps
-            return min_p_sampling_from_probs(filtered_probs(x, f, min_p=False), f.min_p, generator=generator)
+            return min_p_sampling_from_probs(filtered_probs(x, f, min_p=False, token_bitmask=m), f.min_p,
+                                             generator=generator)
         if f.use_top_k or f.use_top_p:
             return top_k_top_p_sampling_from_logits(x, f.top_k, f.top_p, temperature=f.temperature,
-                                                    generator=generator)
-        return sampling_from_logits(x, temperature=f.temperature, generator=generator)
+                                                    generator=generator, token_bitmask=m)
+        return sampling_from_logits(x, temperature=f.temperature, generator=generator, token_bitmask=m)

@@ -195,10 +195,13 @@ class SpecDecoder:
         self._t_draft_end = now
 
     # -- 4. verification --------------------------------------------------------------------------
-    def verify(self, batch, logits: Optional[torch.Tensor], sample_seqs: List[Sequence]
+    def verify(self, batch, logits: Optional[torch.Tensor], sample_seqs: List[Sequence],
+               token_bitmask: Optional[torch.Tensor] = None
                ) -> Tuple[Optional[torch.Tensor], List[Sequence], Dict[Sequence, List[int]]]:
         """Splits the step's logits: returns (logits and sequences of the plain sampling rows,
-        {verified sequence: emitted tokens}). Verified chunks leave batch.prefills."""
+        {verified sequence: emitted tokens}). Verified chunks leave batch.prefills.
+        token_bitmask: int32 [logits rows, words] grammar masks, row i for logits row i (a verified
+        chunk's rows: one per position); the plain rows' masks stay the caller's to pass on."""
         if not self._verify:
             return logits, sample_seqs, {}
         vset = {s.seq_id for s in self._verify}
@@ -223,7 +226,7 @@ class SpecDecoder:
         out: Dict[Sequence, List[int]] = {}
         greedy = [s for s in spans if s.params.greedy]
         if greedy:
-            amax = greedy_tokens(logits).tolist()
+            amax = greedy_tokens(logits, token_bitmask).tolist()
             for s in greedy:
                 r0, d = spans[s], s.spec_token_ids
                 a = 0
@@ -232,7 +235,7 @@ class SpecDecoder:
                 out[s] = d[:a] + [amax[r0 + a]]
         sampled = [s for s in spans if not s.params.greedy]
         if sampled:
-            out.update(self._verify_sampled(logits, spans, sampled))
+            out.update(self._verify_sampled(logits, spans, sampled, token_bitmask))
         m = self.metrics
         m.num_spec_steps += 1
         for s, toks in out.items():
@@ -248,7 +251,7 @@ class SpecDecoder:
             plain = None
         return plain, [sample_seqs[i] for i in plain_rows], out
 
-    def _verify_sampled(self, logits, spans, seqs) -> Dict[Sequence, List[int]]:
+    def _verify_sampled(self, logits, spans, seqs, token_bitmask=None) -> Dict[Sequence, List[int]]:
         # One kernel call per (draft count, kind of draft, generator): rows of a call share n.
         groups = defaultdict(list)
         for s in seqs:
@@ -260,11 +263,14 @@ class SpecDecoder:
             rows = torch.tensor([spans[s] + j for s in group for j in range(n + 1)], dtype=torch.int64, device=dev)
             params = [s.params for s in group for _ in range(n + 1)]
             x = logits.index_select(0, rows)
-            p = filtered_probs(x, RowFilters.of(params, x)).view(len(group), n + 1, -1)
+            m = token_bitmask.index_select(0, rows) if token_bitmask is not None else None
+            p = filtered_probs(x, RowFilters.of(params, x), token_bitmask=m).view(len(group), n + 1, -1)
             ids = torch.tensor([s.spec_token_ids for s in group], dtype=torch.int64, device=dev)
             q = torch.stack([self._draft_probs[s.seq_id] for s in group]).float().contiguous() if has_q else None
             gen = group[0].generator if group[0].generator is not None else self.sampler.generator
-            toks, _, emitted = chain_speculative_sampling(q, ids, p, generator=gen)
+            # p is already the masked target; the mask also makes the kernel reject disallowed drafts
+            mv = m.view(len(group), n + 1, -1) if m is not None else None
+            toks, _, emitted = chain_speculative_sampling(q, ids, p, generator=gen, token_bitmask=mv)
             toks, emitted = toks.tolist(), emitted.tolist()
             for s, row, e in zip(group, toks, emitted):
                 out[s] = row[:e + 1]

@@ -2,8 +2,8 @@
 
 The ops live by concern in samplers.py (the ``*_sampling_from_*`` draws), sampling_filters.py
 (softmax, top-k / top-p renormalisation and masking), speculative.py (chain speculative
-sampling) and penalties.py, over _sampling_args.py (argument checks); this module re-exports them
-and states the rules they share.
+sampling), token_bitmask.py (grammar masks) and penalties.py, over _sampling_args.py (argument
+checks); this module re-exports them and states the rules they share.
 
 Common rules of every op in this module:
 
@@ -53,6 +53,16 @@ Common rules of every op in this module:
   can be captured in CUDA graphs: pass ``seed``/``offset`` as device tensors and advance
   ``offset`` between replays. The CUDA build flushes subnormal floats (below ~1.2e-38) to zero,
   so such weights carry no mass there.
+- **Token bitmask** (keyword ``token_bitmask`` of every sampler and of :func:`softmax`): int32
+  ``(batch_size, words)``, xgrammar's packed layout (bit ``j % 32`` of word ``j // 32`` set: token
+  ``j`` allowed), one row per *output* row (with ``indices``: the output's row, not the input
+  row's). The kernels apply it as they read the row, before temperature and every filter:
+  a disallowed token is exactly a ``-inf`` logit / zero probability, and top-k / top-p / min-p act
+  on the masked distribution (as with xgrammar's masking followed by sampling). ``words`` must
+  cover the vocabulary (``>= ceil(vocab_size / 32)``, extra words and bits past ``vocab_size``
+  are ignored): unlike xgrammar's in-place op, which leaves uncovered tokens unmasked, a narrower
+  mask is a ``ValueError``. A row whose mask allows no token with mass is degenerate
+  (``valid=False``). A mask allowing every token draws what no mask draws.
 """
 from ._sampling_args import Scalar, Seed  # noqa: F401  (the parameter types, for annotations)
 from .penalties import apply_penalties
@@ -74,6 +84,7 @@ from .sampling_filters import (
     top_p_renorm_probs,
 )
 from .speculative import chain_speculative_sampling
+from .token_bitmask import apply_token_bitmask_inplace
 
 __all__ = [
     "sampling_from_probs",
@@ -89,4 +100,5 @@ __all__ = [
     "chain_speculative_sampling",
     "apply_penalties",
     "softmax",
+    "apply_token_bitmask_inplace",
 ]

@@ -15,14 +15,16 @@ __all__ = ["softmax", "top_k_mask_logits", "top_p_renorm_probs", "top_k_renorm_p
 
 
 @kernel_op("softmax")
-def _softmax(logits: torch.Tensor, temperature_arr: Optional[torch.Tensor], temperature_val: float) -> torch.Tensor:
+def _softmax(logits: torch.Tensor, temperature_arr: Optional[torch.Tensor], temperature_val: float,
+             token_bitmask: Optional[torch.Tensor] = None) -> torch.Tensor:
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    lib_for(logits).softmax(dl(logits), dl(out), dl(temperature_arr), temperature_val, stream_of(logits))
+    lib_for(logits).softmax(dl(logits), dl(out), dl(temperature_arr), temperature_val, dl(token_bitmask),
+                            stream_of(logits))
     return out
 
 
 @_softmax.op.register_fake
-def _(logits, temperature_arr, temperature_val):
+def _(logits, temperature_arr, temperature_val, token_bitmask=None):
     return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
 
 
@@ -30,6 +32,8 @@ def softmax(
     logits: torch.Tensor,
     temperature: Optional[Scalar] = None,
     enable_pdl: Optional[bool] = None,
+    *,
+    token_bitmask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``softmax(logits / temperature)`` per row, as float32 ``(batch_size, vocab_size)``
     (FlashInfer signature). ``temperature``: a number or a ``(batch_size,)`` tensor (default 1);
@@ -37,10 +41,13 @@ def softmax(
     logits get probability 0; a row with no finite logit, or with a ``+inf`` logit, becomes all
     zeros (the degenerate rows of :mod:`llmkern.ops.sampling`). These are exactly the probabilities the
     ``*_from_logits`` samplers draw from. ``enable_pdl`` (a CUDA launch hint) is accepted and
-    ignored."""
+    ignored. ``token_bitmask`` (keyword, llmkern extension): the softmax of the masked logits, as
+    the samplers take it (:mod:`llmkern.ops.sampling`)."""
     require_tensor(logits, "logits")
+    if token_bitmask is not None:
+        require_tensor(token_bitmask, "token_bitmask")
     t_arr, t_val = row_param(1.0 if temperature is None else temperature, "temperature")
-    return _softmax(logits, t_arr, t_val)
+    return _softmax(logits, t_arr, t_val, token_bitmask)
 
 
 softmax.op = _softmax.op

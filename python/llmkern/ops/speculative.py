@@ -24,12 +24,13 @@ def _chain_spec(
     seed_val: int,
     offset_arr: Optional[torch.Tensor],
     offset_val: int,
+    token_bitmask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     b, n1 = target_probs.shape[0], target_probs.shape[1] if target_probs.dim() > 1 else 0
     out = torch.empty(b, n1, dtype=torch.int32, device=target_probs.device)
     lib_for(target_probs).chain_speculative_sampling(
         dl(draft_probs), dl(draft_token_ids), dl(target_probs), dl(out), dl(accepted), dl(emitted),
-        dl(seed_arr), seed_val, dl(offset_arr), offset_val, stream_of(target_probs),
+        dl(seed_arr), seed_val, dl(offset_arr), offset_val, dl(token_bitmask), stream_of(target_probs),
     )
     return out
 
@@ -49,6 +50,8 @@ def chain_speculative_sampling(
     generator: Optional[torch.Generator] = None,
     seed: Seed = None,
     offset: Seed = None,
+    *,
+    token_bitmask: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify chains of draft tokens against the target model (speculative sampling).
 
@@ -68,11 +71,20 @@ def chain_speculative_sampling(
     The two counters (``(b,)``, int32 unless given) are *added to* when passed in:
     ``accepted`` counts positions whose test passes independently of earlier rejections,
     ``emitted`` the draft tokens actually emitted (the bonus / resampled token excluded).
-    Randomness: draw ``i`` of request ``r`` at counter ``(offset, r, i)``, see :mod:`llmkern.ops.sampling`."""
+    Randomness: draw ``i`` of request ``r`` at counter ``(offset, r, i)``, see :mod:`llmkern.ops.sampling`.
+
+    ``token_bitmask`` (keyword, llmkern extension): int32 ``(b, n + 1, ceil(V / 32))``, xgrammar's
+    packed layout, row ``[r, i]`` the tokens the grammar allows at position ``i`` (after the first
+    ``i`` drafts). The target at each position is then its allowed part renormalised, so a
+    disallowed draft is always rejected and the resampled / bonus token is drawn from the masked
+    target (the verification stays exact for it). A position where nothing allowed has target
+    mass emits ``-1`` as its final token."""
     require_tensor(target_probs, "target_probs")
     require_tensor(draft_token_ids, "draft_token_ids")
     if draft_probs is not None:
         require_tensor(draft_probs, "draft_probs")
+    if token_bitmask is not None:
+        require_tensor(token_bitmask, "token_bitmask")
     b = target_probs.shape[0] if target_probs.dim() > 0 else 0
     dev = target_probs.device
     acc = maybe_output_accepted_token_num
@@ -86,7 +98,8 @@ def chain_speculative_sampling(
     else:
         require_tensor(emi, "maybe_output_emitted_draft_token_num")
     s_arr, s_val, o_arr, o_val = seed_offset(seed, offset, generator, dev)
-    out = _chain_spec(draft_probs, draft_token_ids, target_probs, acc, emi, s_arr, s_val, o_arr, o_val)
+    out = _chain_spec(draft_probs, draft_token_ids, target_probs, acc, emi, s_arr, s_val, o_arr, o_val,
+                      token_bitmask)
     return out, acc, emi
 
 
