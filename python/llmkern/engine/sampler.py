@@ -41,7 +41,9 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: List[Sequence],
                  token_bitmask: Optional[torch.Tensor] = None) -> List[int]:
         """Next token of each sequence (row i of logits is seqs[i]'s). token_bitmask: int32
-        [len(seqs), ceil(V / 32)] allowed tokens per row, or None (no grammar)."""
+        [len(seqs), ceil(V / 32)] allowed tokens per row on the logits' device, or None (no
+        grammar). A row whose mask allows no token with mass gets an arbitrary token (the
+        kernels' degenerate row): the caller must not send empty masks."""
         params = [s.params for s in seqs]
         if all(p.greedy and not p.has_penalties and not p.min_tokens for p in params):
             return greedy_tokens(logits, token_bitmask).tolist()
