@@ -1,5 +1,5 @@
-"""vLLM's MoE routing and alignment ops (``vllm._moe_C`` through ``_custom_ops``, the vLLM 0.11 -
-0.13 signatures) in their in-place form: the caller's output buffers are filled.
+"""vLLM's MoE routing and alignment ops (``vllm._moe_C`` through ``_custom_ops``, the signatures
+of vLLM's late-2026 main branch) in their in-place form: the caller's output buffers are filled.
 
 Plain softmax routing runs llmkern's kernel; the extensions vLLM added since (a score-correction
 bias for choosing experts, sigmoid scoring, a routed scaling factor, padding rows) run in torch,

@@ -3,8 +3,9 @@
     from llmkern.compat import vllm_ops as ops
     ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "auto", k_scale, v_scale)
 
-Follows vLLM 0.13's ``_custom_ops`` (parameter names, order, defaults and in-place semantics)
-and keeps accepting the 0.9 - 0.11 forms where they do not collide:
+Follows vLLM's ``_custom_ops`` as of its late-2026 main branch (parameter names, order,
+defaults and in-place semantics) and keeps accepting the 0.9 - 0.11 forms where they do not
+collide:
 
 - KV cache: ``reshape_and_cache_flash``, the older 5-D ``reshape_and_cache``, ``copy_blocks``,
   ``swap_blocks(src, dst, block_size_in_bytes, block_mapping)`` (the old
