@@ -50,7 +50,7 @@ def test_rms_norm_without_weight(backend):
 def _ref_route(g, k, renorm, bias=None, scoring="softmax", scale=1.0):
     s = torch.softmax(g.float(), -1) if scoring == "softmax" else torch.sigmoid(g.float())
     choice = s if bias is None else s + bias[None]
-    _, i = torch.topk(choice, k, dim=-1)
+    i = torch.sort(choice, dim=-1, descending=True, stable=True)[1][:, :k]  # ties: lower id first
     w = s.gather(1, i)
     if renorm:
         w = w / w.sum(-1, keepdim=True)

@@ -38,7 +38,8 @@ def _route(topk_weights, topk_ids, token_expert_indices, gating_output, renormal
         s = torch.softmax(g, dim=-1) if scoring == "softmax" else torch.sigmoid(g)
         s = torch.where(torch.isfinite(s), s, torch.zeros_like(s))
         choice = s if bias is None else s + bias.float()[None, :]
-        _, i = torch.topk(choice, k, dim=-1)
+        # Ties: the lower expert id first, as the kernel (torch.topk's CPU order is the reverse).
+        i = torch.sort(choice, dim=-1, descending=True, stable=True)[1][:, :k]
         w = s.gather(1, i)
         if renormalize:
             total = w.sum(dim=-1, keepdim=True)

@@ -28,7 +28,7 @@ import torch
 from ..ops import moe as _moe
 from ..ops import layernorm as _norm
 from ..ops.kvcache import copy_blocks, reshape_and_cache_flash  # noqa: F401
-from ..ops.layernorm import fused_add_rms_norm, silu_and_mul  # noqa: F401
+from ..ops.layernorm import silu_and_mul  # noqa: F401
 from ._vllm_cache import reshape_and_cache, rotary_embedding, swap_blocks  # noqa: F401
 from ._vllm_moe import batched_moe_align_block_size, moe_align_block_size, topk_sigmoid, topk_softmax  # noqa: F401
 
@@ -36,9 +36,23 @@ from ._vllm_moe import batched_moe_align_block_size, moe_align_block_size, topk_
 def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float) -> None:
     """``out = input * rsqrt(mean(input^2) + epsilon) * weight``; ``weight=None`` leaves out the
     scale (vLLM's norms without an elementwise affine)."""
-    if weight is None:
-        weight = torch.ones(input.shape[-1], dtype=input.dtype, device=input.device)
-    _norm.rms_norm(out, input, weight, epsilon)
+    _norm.rms_norm(out, input, _unit_weight(input) if weight is None else weight, epsilon)
+
+
+def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
+                       epsilon: float) -> None:
+    """In place: ``residual += input``, then ``input = rms_norm(residual) * weight`` (``weight=None``:
+    no scale)."""
+    _norm.fused_add_rms_norm(input, residual, _unit_weight(input) if weight is None else weight, epsilon)
+
+
+def _unit_weight(x: torch.Tensor) -> torch.Tensor:
+    return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+
+
+# The registered custom ops behind them (what torch.ops-level callers and opcheck see).
+rms_norm.op = _norm.rms_norm.op
+fused_add_rms_norm.op = _norm.fused_add_rms_norm.op
 
 
 def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

@@ -14,7 +14,7 @@ from ._common import (check_dtypes, check_heads, check_layout, check_pos_encodin
                       sm_scale_of, soft_cap_of, unpack_paged, unsupported, window_of)
 from ._plan import keep_storage, plan_paged, rope_gather_index
 
-__all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper"]
+__all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan"]
 
 
 def single_decode_with_kv_cache(
@@ -153,3 +153,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def end_forward(self) -> None:
         """Kept for old callers: nothing to release."""
+
+
+def fast_decode_plan(wrapper: BatchDecodeWithPagedKVCacheWrapper, *args, **kwargs) -> None:
+    """FlashInfer's lighter re-plan for CUDA-graph decode (``wrapper.plan = partial(
+    fast_decode_plan, wrapper)``): here the same as ``plan()``, whose host work is already small;
+    its extra arguments (``non_blocking``, ``global_override_indptr_cpu``) change nothing."""
+    BatchDecodeWithPagedKVCacheWrapper.plan(wrapper, *args, **kwargs)
