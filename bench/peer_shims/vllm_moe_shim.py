@@ -22,8 +22,6 @@ def moe_align_block_size(topk_ids, block_size, num_experts, expert_map=None, pad
     max_padded = topk_ids.numel() + num_experts * (block_size - 1)
     if pad_sorted_ids:
         max_padded = round_up(max_padded, block_size)
-    if topk_ids.numel() < num_experts:
-        max_padded = min(topk_ids.numel() * block_size, max_padded)
     dev = topk_ids.device
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(cdiv(max_padded, block_size), dtype=torch.int32, device=dev)

@@ -73,28 +73,30 @@ def topk_sigmoid(topk_weights: torch.Tensor, topk_ids: torch.Tensor, token_exper
            routed_scaling_factor, is_padding, "sigmoid")
 
 
-def _fill(name: str, dst: torch.Tensor, src: torch.Tensor, fill: int) -> None:
-    if dst.numel() < src.numel():
-        raise ValueError(f"{name}: needs at least {src.numel()} entries, got {dst.numel()}")
+def _fill(dst: torch.Tensor, src: torch.Tensor, fill: int) -> None:
+    """The caller's buffer: ``fill`` everywhere, then llmkern's output over its start. Only the
+    used part must fit (vLLM sizes its buffers for the worst case, llmkern for its own); what
+    does not fit is padding."""
     dst.fill_(fill)
-    dst.view(-1)[:src.numel()].copy_(src)
+    n = min(dst.numel(), src.numel())
+    dst.view(-1)[:n].copy_(src.reshape(-1)[:n])
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_token_ids: torch.Tensor,
                          experts_ids: torch.Tensor, num_tokens_post_pad: torch.Tensor,
                          expert_map: Optional[torch.Tensor] = None) -> None:
-    """vLLM's in-place form: the caller's buffers (at least as long as llmkern's outputs) are
-    filled; sorted entries past the used length hold ``topk_ids.numel()`` and expert blocks past
-    it 0 (vLLM's values). With ``expert_map`` (vLLM's "ignore invalid experts"), pairs whose
-    expert maps to -1 are left out and the blocks carry local expert ids."""
+    """vLLM's in-place form: the caller's buffers (long enough for the used part) are filled;
+    sorted entries past the used length hold ``topk_ids.numel()`` and expert blocks past it 0
+    (vLLM's values). With ``expert_map`` (vLLM's "ignore invalid experts"), pairs whose expert
+    maps to -1 are left out and the blocks carry local expert ids."""
     ids = topk_ids
     if expert_map is not None:
         require_tensor(expert_map, "expert_map", 1, "[num_experts]")
         ids = torch.where(topk_ids >= 0, expert_map.to(topk_ids.device).long()[topk_ids.long().clamp(min=0)], -1)
         ids = ids.to(torch.int32)
     s, e, n = _moe.moe_align_block_size(ids, num_experts, block_size)
-    _fill("sorted_token_ids", sorted_token_ids, s, topk_ids.numel())
-    _fill("experts_ids", experts_ids, e.clamp(min=0), 0)
+    _fill(sorted_token_ids, s, topk_ids.numel())
+    _fill(experts_ids, e.clamp(min=0), 0)
     num_tokens_post_pad.view(-1)[:1].copy_(n)
 
 

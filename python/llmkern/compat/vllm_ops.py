@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from ..ops import moe as _moe
+from .._backend import kernel_op
 from ..ops import layernorm as _norm
 from ..ops.kvcache import copy_blocks, reshape_and_cache_flash  # noqa: F401
 from ..ops.layernorm import silu_and_mul  # noqa: F401
@@ -33,12 +34,15 @@ from ._vllm_cache import reshape_and_cache, rotary_embedding, swap_blocks  # noq
 from ._vllm_moe import batched_moe_align_block_size, moe_align_block_size, topk_sigmoid, topk_softmax  # noqa: F401
 
 
+@kernel_op("vllm_rms_norm", mutates_args=("out",))
 def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float) -> None:
     """``out = input * rsqrt(mean(input^2) + epsilon) * weight``; ``weight=None`` leaves out the
-    scale (vLLM's norms without an elementwise affine)."""
+    scale (vLLM's norms without an elementwise affine). A custom op of its own so that its
+    schema takes the optional weight, as vLLM's does."""
     _norm.rms_norm(out, input, _unit_weight(input) if weight is None else weight, epsilon)
 
 
+@kernel_op("vllm_fused_add_rms_norm", mutates_args=("input", "residual"))
 def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
                        epsilon: float) -> None:
     """In place: ``residual += input``, then ``input = rms_norm(residual) * weight`` (``weight=None``:
@@ -46,13 +50,18 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
     _norm.fused_add_rms_norm(input, residual, _unit_weight(input) if weight is None else weight, epsilon)
 
 
+@rms_norm.op.register_fake
+def _(out, input, weight, epsilon):
+    return None
+
+
+@fused_add_rms_norm.op.register_fake
+def _(input, residual, weight, epsilon):
+    return None
+
+
 def _unit_weight(x: torch.Tensor) -> torch.Tensor:
     return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
-
-
-# The registered custom ops behind them (what torch.ops-level callers and opcheck see).
-rms_norm.op = _norm.rms_norm.op
-fused_add_rms_norm.op = _norm.fused_add_rms_norm.op
 
 
 def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
