@@ -50,14 +50,8 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
     _norm.fused_add_rms_norm(input, residual, _unit_weight(input) if weight is None else weight, epsilon)
 
 
-@rms_norm.op.register_fake
-def _(out, input, weight, epsilon):
-    return None
-
-
-@fused_add_rms_norm.op.register_fake
-def _(input, residual, weight, epsilon):
-    return None
+for _op in (rms_norm, fused_add_rms_norm):  # in place: nothing to return when traced
+    _op.op.register_fake(lambda *args: None)
 
 
 def _unit_weight(x: torch.Tensor) -> torch.Tensor:
