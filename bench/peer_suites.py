@@ -45,6 +45,7 @@ def _package_root() -> str:
 DEVICE_SUBS: List[Tuple[str, str]] = [
     (r"""(["'])cuda(:\d+)?\1""", '"cpu"'),
     (r"""f"cuda:\{i\}\"""", '"cpu"'),
+    (r"\.to\(0\)", '.to("cpu")'),  # device index 0 = the first GPU
 ]
 
 
@@ -98,6 +99,8 @@ def _vllm_scope(fn: str, params: Dict[str, str], line: str, error: str) -> Optio
 def _flashinfer_scope(fn: str, params: Dict[str, str], line: str, error: str) -> Optional[str]:
     if any(_FP8.search(v) for v in params.values()) or _FP8.search(error):
         return "fp8 / fp4 KV cache"
+    if "head_dim must be a multiple of 8 in [8, 256]" in error:
+        return "head_dim > 256 (llmkern's attention kernels stop at 256)"
     if "head_dim_vo" in error or "mla" in fn.lower():
         return "MLA (head_dim_vo != head_dim_qk)"
     if any(v.strip("'\"") in ("trtllm-gen", "cudnn", "cutile", "fa3", "cutlass") for v in params.values()):

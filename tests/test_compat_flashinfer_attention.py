@@ -244,3 +244,19 @@ def test_errors():
 ])
 def test_signature_prefix_is_flashinfers(fn, params):
     assert list(inspect.signature(fn).parameters)[:len(params)] == params
+
+
+def test_batch_prefill_more_queries_than_keys(backend):
+    """Non-causal: a sequence may have more queries than keys (FlashInfer allows it; query i sits
+    at kv_len - qo_len + i, negative for the first ones, which ROPE_LLAMA rotates as such)."""
+    gen = torch.Generator().manual_seed(7)
+    ks, vs = _seqs([5], 1, 16, torch.float32, gen)
+    cache, indptr, indices, last = paged(ks, vs, 2, gen=gen)
+    q = torch.randn(9, 2, 16, generator=gen)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8))
+    w.plan(torch.tensor([0, 9], dtype=torch.int32), indptr, indices, last, 2, 1, 16, 2,
+           pos_encoding_mode="ROPE_LLAMA")
+    ro, _ = attend(q, ks[0], vs[0], mode="ROPE_LLAMA")
+    close(w.run(q, cache), ro, torch.float32)
+    with pytest.raises(ValueError, match="causal"):
+        w.plan(torch.tensor([0, 9], dtype=torch.int32), indptr, indices, last, 2, 1, 16, 2, causal=True)
