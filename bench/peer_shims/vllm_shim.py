@@ -226,7 +226,7 @@ def _random_caches_flash(num_blocks, block_size, num_layers, num_heads, head_siz
     if seed is not None:
         _Platform().seed_everything(seed)
     dtype = model_dtype
-    order = (0, 1, 2, 3, 4) if cache_layout == "NHD" else (0, 1, 3, 2, 4)
+    order = (0, 1, 2, 3, 4) if cache_layout in ("NHD", "NHC") else (0, 1, 3, 2, 4)
     generic = (num_blocks, 2, block_size, num_heads, head_size)
     alloc = tuple(generic[i] for i in order)
     inv = [order.index(i) for i in range(5)]
@@ -266,7 +266,10 @@ def install() -> None:
     _module("vllm.platforms", current_platform=_Platform())
     _module("vllm.model_executor.layers.layernorm", RMSNorm=RMSNorm, GemmaRMSNorm=GemmaRMSNorm)
     _module("vllm.ir", ops=_ir.ops)
-    _module("vllm.utils.torch_utils", set_random_seed=set_random_seed)
+    _module("vllm.utils.torch_utils", set_random_seed=set_random_seed, nvfp4_kv_cache_split_views=_fp8_only)
+    _module("vllm.model_executor.layers.quantization.utils.quant_utils", scaled_dequantize=_fp8_only)
+    _module("vllm.v1.attention.ops.triton_reshape_and_cache_flash",
+            triton_reshape_and_cache_flash=vllm_ops.reshape_and_cache_flash)
     _module("tests.utils", requires_platform=requires_platform)
     import vllm_moe_shim
 

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from .._args import int_arg, require_tensor
+from .._backend import kernel_op
 from ..ops import kvcache as _kv
 from ..ops import rotary as _rotary
 
@@ -40,6 +41,7 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_size_in_bytes, block
     d_b[pairs[:, 1].to(dst.device)] = s_b[pairs[:, 0].to(src.device)].to(dst.device)
 
 
+@kernel_op("vllm_reshape_and_cache", mutates_args=("key_cache", "value_cache"))
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                       slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
                       k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None) -> None:
@@ -61,6 +63,9 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     v = value[:n].reshape(n, h, -1)[keep].to(value_cache.dtype)
     key_cache.permute(0, 3, 1, 2, 4)[blk, off] = k
     value_cache.permute(0, 3, 1, 2)[blk, off] = v
+
+
+reshape_and_cache.op.register_fake(lambda *args: None)  # in place: nothing to return when traced
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor], head_size: int,
