@@ -13,7 +13,8 @@ behaviour differs from FlashInfer's:
 
 - Not supported (NotImplementedError): fp8 caches and q/kv of different dtypes, custom masks,
   ``head_dim_vo != head_dim_qk`` (MLA), attention sinks, ALIBI on a non-causal multi-query
-  prefill (FlashInfer's bias there is signed, the kernels' is not).
+  prefill (FlashInfer's bias there is signed, the kernels' is not). head_dim above 256 is
+  beyond the kernels (ValueError).
 - ROPE_LLAMA is applied around the kernels: q and a gathered copy of the keys are rotated in
   fp32 and rounded once to the input dtype, so run() allocates that copy.
 - The workspace buffers are accepted and unused; ``backend``, ``use_tensor_cores``,
