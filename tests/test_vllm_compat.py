@@ -18,7 +18,17 @@ VLLM_PARAMS = {
     "reshape_and_cache_flash": ["key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype",
                                 "k_scale", "v_scale"],
     "copy_blocks": ["key_caches", "value_caches", "block_mapping"],
-    "swap_blocks": ["src", "dst", "block_mapping"],
+    "swap_blocks": ["src", "dst", "block_size_in_bytes", "block_mapping"],
+    "reshape_and_cache": ["key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype",
+                          "k_scale", "v_scale"],
+    "topk_softmax": ["topk_weights", "topk_ids", "token_expert_indices", "gating_output", "renormalize",
+                     "e_score_correction_bias", "is_padding"],
+    "topk_sigmoid": ["topk_weights", "topk_ids", "token_expert_indices", "gating_output", "renormalize",
+                     "e_score_correction_bias", "routed_scaling_factor", "is_padding"],
+    "moe_align_block_size": ["topk_ids", "num_experts", "block_size", "sorted_token_ids", "experts_ids",
+                             "num_tokens_post_pad", "expert_map"],
+    "batched_moe_align_block_size": ["max_tokens_per_batch", "block_size", "expert_num_tokens", "sorted_ids",
+                                     "expert_ids", "num_tokens_post_pad"],
     "rms_norm": ["out", "input", "weight", "epsilon"],
     "fused_add_rms_norm": ["input", "residual", "weight", "epsilon"],
     "rotary_embedding": ["positions", "query", "key", "head_size", "cos_sin_cache", "is_neox"],
@@ -32,11 +42,12 @@ def test_names_and_parameters(name):
 
 
 def _ref_rope(x, pos, cache, head_size, neox):
-    """x [..., H, head_size] (fp32 copy), positions with x's leading shape."""
-    xf = x.float().clone()
+    """x [..., H, head_size], positions with x's leading shape; computed in x's dtype, every
+    product and sum rounded there (vLLM's kernel and reference)."""
+    xf = x.clone()
     rot = cache.shape[1]
-    c = cache.float()[pos.long()][..., None, : rot // 2]
-    s = cache.float()[pos.long()][..., None, rot // 2:]
+    c = cache.to(x.dtype)[pos.long()][..., None, : rot // 2]
+    s = cache.to(x.dtype)[pos.long()][..., None, rot // 2:]
     if neox:
         a, b = xf[..., : rot // 2].clone(), xf[..., rot // 2: rot].clone()
         xf[..., : rot // 2], xf[..., rot // 2: rot] = a * c - b * s, b * c + a * s
@@ -65,9 +76,9 @@ def test_rotary_embedding_vllm_layouts(backend, layout, neox, use_key):
     qa = q.reshape(b, s, h * d) if layout == "flat" else q
     ka = (k.reshape(b, s, h * d) if layout == "flat" else k) if use_key else None
     ops.rotary_embedding(pos, qa, ka, d, cache, neox)
-    torch.testing.assert_close(qa.reshape(b, s, h, d).float(), ref_q, atol=4e-3, rtol=4e-3)
+    assert torch.equal(qa.reshape(b, s, h, d), ref_q)
     if use_key:
-        torch.testing.assert_close(ka.reshape(b, s, h, d).float(), ref_k, atol=4e-3, rtol=4e-3)
+        assert torch.equal(ka.reshape(b, s, h, d), ref_k)
 
 
 def test_copy_blocks_older_paged_layout(backend):

@@ -90,11 +90,33 @@ def get_default_rtol(output):
     return _RTOL[output.dtype]
 
 
+def _fp8_only(*a, **k):
+    raise NotImplementedError("fp8: llmkern has no fp8 kernels")
+
+
+def set_random_seed(seed):
+    _Platform().seed_everything(seed)
+
+
+def requires_platform(*names):
+    return lambda fn: fn  # llmkern stands in for the CUDA device the tests ask for
+
+
+# vllm.ir's per-op tolerances: the default ones of the output dtype (torch's).
+_ir = types.SimpleNamespace(ops=types.SimpleNamespace(rms_norm=types.SimpleNamespace(
+    get_tolerance=lambda dtype: {"atol": _ATOL[dtype], "rtol": _RTOL[dtype]})))
+
+
 class RMSNorm(torch.nn.Module):
     def __init__(self, hidden_size, eps=1e-6, var_hidden_size=None, has_weight=True, dtype=None):
         super().__init__()
         self.variance_epsilon = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype or torch.get_default_dtype()))
+        self.has_weight = has_weight
+        w = torch.ones(hidden_size, dtype=dtype or torch.get_default_dtype())
+        self.weight = torch.nn.Parameter(w) if has_weight else w
+
+    def _w(self):
+        return self.weight.data if self.has_weight else None
 
     def forward_native(self, x, residual=None):
         dt = x.dtype
@@ -103,17 +125,48 @@ class RMSNorm(torch.nn.Module):
             x = x + residual.to(torch.float32)
             residual = x.to(dt)
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.variance_epsilon)
-        x = x.to(dt) * self.weight
+        x = x.to(dt) * self.weight if self.has_weight else x.to(dt)
         return x if residual is None else (x, residual)
 
     def forward(self, x, residual=None):
         from llmkern.compat import vllm_ops as ops
 
         if residual is not None:
-            ops.fused_add_rms_norm(x, residual, self.weight.data, self.variance_epsilon)
+            ops.fused_add_rms_norm(x, residual, self._w(), self.variance_epsilon)
             return x, residual
         out = torch.empty_like(x)
-        ops.rms_norm(out, x, self.weight.data, self.variance_epsilon)
+        ops.rms_norm(out, x, self._w(), self.variance_epsilon)
+        return out
+
+
+class GemmaRMSNorm(torch.nn.Module):
+    """Gemma's norm: weight stored as an offset from 1; forward_native keeps (1 + w) and the
+    multiply in fp32 (vLLM's reference)."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.variance_epsilon = eps
+        self.weight = torch.nn.Parameter(torch.zeros(hidden_size))
+
+    def forward_native(self, x, residual=None):
+        dt = x.dtype
+        x = x.float()
+        if residual is not None:
+            x = x + residual.float()
+            residual = x.to(dt)
+        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.variance_epsilon)
+        x = (x * (1.0 + self.weight.float())).to(dt)
+        return x if residual is None else (x, residual)
+
+    def forward(self, x, residual=None):
+        from llmkern.compat import vllm_ops as ops
+
+        w = (1.0 + self.weight.data.float()).to(x.dtype)
+        if residual is not None:
+            ops.fused_add_rms_norm(x, residual, w, self.variance_epsilon)
+            return x, residual
+        out = torch.empty_like(x)
+        ops.rms_norm(out, x, w, self.variance_epsilon)
         return out
 
 
@@ -134,15 +187,18 @@ class RotaryEmbedding(torch.nn.Module):
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
     def forward_native(self, positions, query, key=None):
+        # vLLM's reference: the cache in the query's dtype and every product and sum rounded
+        # there (not fp32), which is what its tolerances are set for.
         positions = positions.flatten()
-        cos, sin = self.cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
+        cache = self.cos_sin_cache.to(query.device, dtype=query.dtype)
+        cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
 
         def apply(x):
             shape = x.shape
-            x = x.reshape(positions.numel(), -1, self.head_size).float()
+            x = x.reshape(positions.numel(), -1, self.head_size)
             rot = self._rotate(x[..., : self.rotary_dim], cos, sin)
-            return torch.cat((rot, x[..., self.rotary_dim:]), dim=-1).to(query.dtype).reshape(shape)
+            return torch.cat((rot, x[..., self.rotary_dim:]), dim=-1).reshape(shape)
 
         return apply(query), (None if key is None else apply(key))
 
@@ -170,7 +226,7 @@ def _random_caches_flash(num_blocks, block_size, num_layers, num_heads, head_siz
     if seed is not None:
         _Platform().seed_everything(seed)
     dtype = model_dtype
-    order = (0, 1, 2, 3, 4) if cache_layout == "NHD" else (0, 1, 3, 2, 4)
+    order = (0, 1, 2, 3, 4) if cache_layout in ("NHD", "NHC") else (0, 1, 3, 2, 4)
     generic = (num_blocks, 2, block_size, num_heads, head_size)
     alloc = tuple(generic[i] for i in order)
     inv = [order.index(i) for i in range(5)]
@@ -208,9 +264,19 @@ def install() -> None:
     _module("vllm", _custom_ops=vllm_ops)
     sys.modules["vllm._custom_ops"] = vllm_ops
     _module("vllm.platforms", current_platform=_Platform())
-    _module("vllm.model_executor.layers.layernorm", RMSNorm=RMSNorm)
+    _module("vllm.model_executor.layers.layernorm", RMSNorm=RMSNorm, GemmaRMSNorm=GemmaRMSNorm)
+    _module("vllm.ir", ops=_ir.ops)
+    _module("vllm.utils.torch_utils", set_random_seed=set_random_seed, nvfp4_kv_cache_split_views=_fp8_only)
+    _module("vllm.model_executor.layers.quantization.utils.quant_utils", scaled_dequantize=_fp8_only)
+    _module("vllm.v1.attention.ops.triton_reshape_and_cache_flash",
+            triton_reshape_and_cache_flash=vllm_ops.reshape_and_cache_flash)
+    _module("tests.utils", requires_platform=requires_platform)
+    import vllm_moe_shim
+
+    vllm_moe_shim.install(_module)
     _module("vllm.model_executor.layers.rotary_embedding", get_rope=get_rope, RotaryEmbedding=RotaryEmbedding)
-    _module("tests.kernels.utils", opcheck=opcheck, DEFAULT_OPCHECK_TEST_UTILS=DEFAULT_OPCHECK_TEST_UTILS)
+    _module("tests.kernels.utils", opcheck=opcheck, DEFAULT_OPCHECK_TEST_UTILS=DEFAULT_OPCHECK_TEST_UTILS,
+            fp8_allclose=_fp8_only, fp8_ulp_distance=_fp8_only)
     _module("tests.kernels.allclose_default", get_default_atol=get_default_atol, get_default_rtol=get_default_rtol)
     _module("tests.kernels.quant_utils", FP8_DTYPE=FP8_DTYPE)
     names = {n: getattr(vllm_ops, n).op for n in vllm_ops.__all__ if hasattr(getattr(vllm_ops, n), "op")}
@@ -232,4 +298,13 @@ def fixtures() -> dict:
     def kv_cache_factory_flashinfer():
         return _random_caches_flash
 
-    return {"kv_cache_factory": kv_cache_factory, "kv_cache_factory_flashinfer": kv_cache_factory_flashinfer}
+    @pytest.fixture
+    def default_vllm_config():
+        yield None  # the kernels under test read no vLLM config
+
+    @pytest.fixture
+    def dist_init():
+        yield None  # single process: nothing to initialise
+
+    return {"kv_cache_factory": kv_cache_factory, "kv_cache_factory_flashinfer": kv_cache_factory_flashinfer,
+            "default_vllm_config": default_vllm_config, "dist_init": dist_init}

@@ -3,52 +3,59 @@
     from llmkern.compat import vllm_ops as ops
     ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "auto", k_scale, v_scale)
 
-Same parameter names, order and in-place semantics as vLLM's wrappers (the ``_custom_ops``
-module of the vLLM 0.9 - 0.11 series): the KV-cache ops (``reshape_and_cache_flash``,
-``copy_blocks``, ``swap_blocks``), the RMS norms (``rms_norm``, ``fused_add_rms_norm``), the
-rotary embedding (``rotary_embedding``, key optional) and ``silu_and_mul`` (vLLM's
-``torch.ops._C.silu_and_mul``). Only ``kv_cache_dtype="auto"`` caches (fp32 / fp16 / bf16);
-vLLM's other ops (fp8 conversion, the older 5-D ``reshape_and_cache`` layout, MLA caches,
-quantised norms) are not provided.
+Follows vLLM's ``_custom_ops`` as of its late-2026 main branch (parameter names, order,
+defaults and in-place semantics) and keeps accepting the 0.9 - 0.11 forms where they do not
+collide:
 
-MoE: ``topk_softmax`` and ``moe_align_block_size`` in vLLM's in-place form (the caller's output
-buffers, ``vllm._moe_C`` semantics), and ``fused_experts(hidden_states, w1, w2, topk_weights,
-topk_ids, inplace=False, activation="silu", expert_map=None)`` of ``vllm.model_executor.layers.
-fused_moe`` (unquantised weights only).
+- KV cache: ``reshape_and_cache_flash``, the older 5-D ``reshape_and_cache``, ``copy_blocks``,
+  ``swap_blocks(src, dst, block_size_in_bytes, block_mapping)`` (the old
+  ``swap_blocks(src, dst, block_mapping)`` still works). ``kv_cache_dtype="auto"`` only
+  (fp32 / fp16 / bf16 caches); no fp8 conversion, no MLA caches.
+- Norms: ``rms_norm`` (``weight=None``: no scale), ``fused_add_rms_norm``; ``silu_and_mul``
+  (``torch.ops._C.silu_and_mul``). No quantised norms.
+- Rotary: ``rotary_embedding`` (key optional), rounding as vLLM does in fp16 / bf16 (see
+  :func:`._vllm_cache.rotary_embedding` for why).
+- MoE (``vllm._moe_C``): ``topk_softmax`` / ``topk_sigmoid`` (score-correction bias, routed
+  scaling, padding rows), ``moe_align_block_size`` (``expert_map``; unused expert blocks 0, as
+  vLLM), ``batched_moe_align_block_size``, and ``fused_experts(hidden_states, w1, w2,
+  topk_weights, topk_ids, inplace=False, activation="silu", expert_map=None)`` of
+  ``vllm.model_executor.layers.fused_moe`` (unquantised weights only).
 """
+from typing import Optional
+
 import torch
 
 from ..ops import moe as _moe
-from ..ops.kvcache import copy_blocks, reshape_and_cache_flash, swap_blocks  # noqa: F401
-from ..ops.layernorm import fused_add_rms_norm, rms_norm, silu_and_mul  # noqa: F401
-from ..ops.rotary import rotary_embedding  # noqa: F401
+from .._backend import kernel_op
+from ..ops import layernorm as _norm
+from ..ops.kvcache import copy_blocks, reshape_and_cache_flash  # noqa: F401
+from ..ops.layernorm import silu_and_mul  # noqa: F401
+from ._vllm_cache import reshape_and_cache, rotary_embedding, swap_blocks  # noqa: F401
+from ._vllm_moe import batched_moe_align_block_size, moe_align_block_size, topk_sigmoid, topk_softmax  # noqa: F401
 
 
-
-def topk_softmax(topk_weights: torch.Tensor, topk_ids: torch.Tensor, token_expert_indices: torch.Tensor,
-                 gating_output: torch.Tensor, renormalize: bool = False) -> None:
-    """Writes the top-k weights and ids of ``gating_output`` into ``topk_weights`` / ``topk_ids``, and
-    ``token_expert_indices[t, j] = j * num_tokens + t`` (vLLM's source-row index)."""
-    w, i = _moe.topk_softmax(gating_output, topk_weights.shape[-1] if topk_weights.dim() == 2 else -1, renormalize)
-    topk_weights.copy_(w)
-    topk_ids.copy_(i)
-    T, k = i.shape
-    token_expert_indices.copy_(torch.arange(k, device=i.device, dtype=torch.int32)[None, :] * T
-                               + torch.arange(T, device=i.device, dtype=torch.int32)[:, None])
+@kernel_op("vllm_rms_norm", mutates_args=("out",))
+def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: Optional[torch.Tensor], epsilon: float) -> None:
+    """``out = input * rsqrt(mean(input^2) + epsilon) * weight``; ``weight=None`` leaves out the
+    scale (vLLM's norms without an elementwise affine). A custom op of its own so that its
+    schema takes the optional weight, as vLLM's does."""
+    _norm.rms_norm(out, input, _unit_weight(input) if weight is None else weight, epsilon)
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_token_ids: torch.Tensor,
-                         experts_ids: torch.Tensor, num_tokens_post_pad: torch.Tensor) -> None:
-    """vLLM's in-place form: the caller's buffers (at least as long as llmkern's outputs) are filled;
-    sorted entries past the used length hold ``topk_ids.numel()``, expert blocks past it -1."""
-    s, e, n = _moe.moe_align_block_size(topk_ids, num_experts, block_size)
-    for name, dst, src, fill in (("sorted_token_ids", sorted_token_ids, s, topk_ids.numel()),
-                                 ("experts_ids", experts_ids, e, -1)):
-        if dst.numel() < src.numel():
-            raise ValueError(f"{name}: needs at least {src.numel()} entries, got {dst.numel()}")
-        dst.fill_(fill)
-        dst.view(-1)[:src.numel()].copy_(src)
-    num_tokens_post_pad.view(-1)[:1].copy_(n)
+@kernel_op("vllm_fused_add_rms_norm", mutates_args=("input", "residual"))
+def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
+                       epsilon: float) -> None:
+    """In place: ``residual += input``, then ``input = rms_norm(residual) * weight`` (``weight=None``:
+    no scale)."""
+    _norm.fused_add_rms_norm(input, residual, _unit_weight(input) if weight is None else weight, epsilon)
+
+
+for _op in (rms_norm, fused_add_rms_norm):  # in place: nothing to return when traced
+    _op.op.register_fake(lambda *args: None)
+
+
+def _unit_weight(x: torch.Tensor) -> torch.Tensor:
+    return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
 
 
 def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -62,5 +69,6 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
                           expert_map=expert_map, out=hidden_states if inplace else None)
 
 
-__all__ = ["copy_blocks", "fused_add_rms_norm", "fused_experts", "moe_align_block_size", "topk_softmax", "reshape_and_cache_flash", "rms_norm",
-           "rotary_embedding", "silu_and_mul", "swap_blocks"]
+__all__ = ["batched_moe_align_block_size", "copy_blocks", "fused_add_rms_norm", "fused_experts",
+           "moe_align_block_size", "reshape_and_cache", "reshape_and_cache_flash", "rms_norm",
+           "rotary_embedding", "silu_and_mul", "swap_blocks", "topk_sigmoid", "topk_softmax"]

@@ -1,0 +1,162 @@
+"""``flashinfer.decode`` (FlashInfer 0.6.x): ``single_decode_with_kv_cache`` and
+``BatchDecodeWithPagedKVCacheWrapper`` on llmkern's attention kernels (see the package docstring
+for what differs)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..._args import int_arg, require_tensor
+from . import _attend
+from ._attend import Options
+from ._common import (check_dtypes, check_heads, check_layout, check_pos_encoding, dense_kv, rope_llama,
+                      sm_scale_of, soft_cap_of, unpack_paged, unsupported, window_of)
+from ._plan import keep_storage, plan_paged, rope_gather_index
+
+__all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan"]
+
+
+def single_decode_with_kv_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE", use_tensor_cores: bool = False,
+    q_scale: Optional[float] = None, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+    window_left: int = -1, logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, return_lse: bool = False,
+):
+    """One query token ``q [Hq, D]`` over ``k``/``v [kv_len, Hkv, D]`` (NHD) or ``[Hkv, kv_len, D]``
+    (HND). Returns ``out [Hq, D]``, or ``(out, lse [Hq])`` (base-2 lse) with ``return_lse``."""
+    require_tensor(q, "q", 2, "[num_qo_heads, head_dim]")
+    require_tensor(k, "k", 3, "[kv_len, num_kv_heads, head_dim]")
+    require_tensor(v, "v", 3, "[kv_len, num_kv_heads, head_dim]")
+    check_dtypes(q, k)
+    layout = check_layout(kv_layout)
+    mode = check_pos_encoding(pos_encoding_mode)
+    k, v = dense_kv(k, layout), dense_kv(v, layout)
+    check_heads(q.shape[0], k.shape[1])
+    scale = sm_scale_of(sm_scale, q.shape[-1])
+    for s in (q_scale, k_scale):  # fp8 dequantisation scales fold into the softmax scale
+        if s is not None:
+            scale *= float(s)
+    opt = Options(False, scale, window_of(window_left), soft_cap_of(logits_soft_cap), mode, rope_scale, rope_theta)
+    kv_len = k.shape[0]
+    if mode == "ROPE_LLAMA":
+        q = rope_llama(q[None], torch.full((1,), kv_len - 1, device=q.device), rope_scale, rope_theta)[0]
+        k = rope_llama(k, torch.arange(kv_len, device=k.device), rope_scale, rope_theta)
+    res = _attend.decode(q[None], k[None], v[None], kv_len, opt, None, None, bool(return_lse))
+    if return_lse:
+        o, lse = res
+        o, lse = o[0], lse[0]
+    else:
+        o = res[0]
+    if v_scale is not None:
+        o = (o.float() * float(v_scale)).to(o.dtype)
+    return (o, lse) if return_lse else o
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Decode over a paged KV cache: ``plan()`` once per batch layout (on the host), ``run()`` per
+    layer. The workspace buffer is accepted and unused (llmkern's split-KV scratch comes from
+    torch's allocator); ``use_tensor_cores`` and ``backend`` choose among FlashInfer's kernels
+    and change nothing here."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
+                 paged_kv_indptr_buffer: Optional[torch.Tensor] = None,
+                 paged_kv_indices_buffer: Optional[torch.Tensor] = None,
+                 paged_kv_last_page_len_buffer: Optional[torch.Tensor] = None,
+                 backend: str = "auto", jit_args=None, jit_kwargs=None):
+        self._kv_layout = check_layout(kv_layout)
+        self._workspace = float_workspace_buffer
+        self._device = float_workspace_buffer.device
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._indices_capacity = (None if paged_kv_indices_buffer is None or not use_cuda_graph
+                                  else paged_kv_indices_buffer.numel())
+        self._slots = {}
+        self._plan = None
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer=None) -> None:
+        self._workspace = float_workspace_buffer
+
+    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+             num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+             pos_encoding_mode: str = "NONE", window_left: int = -1,
+             logits_soft_cap: Optional[float] = None, q_data_type="float16", kv_data_type=None,
+             data_type=None, sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, non_blocking: bool = True, block_tables=None,
+             seq_lens=None, fixed_split_size=None, disable_split_kv: bool = False, **_ignored) -> None:
+        num_qo_heads = int_arg(num_qo_heads, "num_qo_heads", 1)
+        num_kv_heads = int_arg(num_kv_heads, "num_kv_heads", 1)
+        check_heads(num_qo_heads, num_kv_heads)
+        p = plan_paged(indptr, indices, last_page_len, page_size, self._device, self._indices_capacity)
+        keep = self._use_cuda_graph
+        p.block_table = keep_storage(self._slots, "block_table", p.block_table, keep)
+        p.kv_lens = keep_storage(self._slots, "kv_lens", p.kv_lens, keep)
+        mode = check_pos_encoding(pos_encoding_mode)
+        self._opt = Options(False, sm_scale_of(sm_scale, int_arg(head_dim, "head_dim", 1)),
+                            window_of(window_left), soft_cap_of(logits_soft_cap), mode, rope_scale, rope_theta)
+        self._heads = (num_qo_heads, num_kv_heads)
+        self._rope = None
+        if mode == "ROPE_LLAMA":
+            # Keys rotate at their positions: run() gathers them by this index (built here, on host).
+            page, off, pos = rope_gather_index(p.kv_lens_host, p.block_table.cpu().long(), p.page_size)
+            batch = p.kv_lens_host.numel()
+            self._rope = (page.to(self._device), off.to(self._device), pos.to(self._device),
+                          (p.kv_lens_host - 1).to(self._device),
+                          torch.arange(batch + 1, dtype=torch.int32).to(self._device))
+        self._plan = p
+
+    begin_forward = plan
+
+    def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+            return_lse: bool = False, enable_pdl=None, window_left: Optional[int] = None,
+            sinks=None, **_ignored):
+        """``q [batch, Hq, D]`` -> ``out [batch, Hq, D]``, or ``(out, lse [batch, Hq])`` (base-2)."""
+        if self._plan is None:
+            raise RuntimeError("plan() must be called before run()")
+        unsupported(sinks=sinks)
+        require_tensor(q, "q", 3, "[batch_size, num_qo_heads, head_dim]")
+        k_cache, v_cache = unpack_paged(paged_kv_cache, self._kv_layout)
+        check_dtypes(q, k_cache)
+        p, opt = self._plan, self._opt
+        if q.shape[0] != p.kv_lens.numel():
+            raise ValueError(f"q: batch {q.shape[0]} differs from the planned {p.kv_lens.numel()}")
+        if q_scale is not None or k_scale is not None or window_left is not None:
+            opt = Options(**vars(opt))
+            opt.sm_scale *= float(q_scale if q_scale is not None else 1.0) * float(k_scale if k_scale is not None else 1.0)
+            if window_left is not None:
+                opt.window_left = int_arg(window_left, "window_left")
+        want = bool(return_lse) or lse is not None
+        if self._rope is None:
+            res = _attend.decode(q, k_cache, v_cache, p.kv_lens, opt, out, lse, want, p.block_table)
+        else:
+            page, off, pos, q_pos, cu_q = self._rope
+            res = _attend.ragged(q, k_cache[page, off], v_cache[page, off], cu_q, p.cu_kv, 1, max(p.max_kv, 1),
+                                 opt, out, lse, want, q_pos=q_pos, k_pos=pos)
+        if v_scale is not None:
+            o = res[0] if want else res
+            o.copy_((o.float() * float(v_scale)).to(o.dtype))
+        if return_lse:
+            return res
+        return res[0] if want else res
+
+    forward = run
+
+    def run_return_lse(self, q, paged_kv_cache, *args, **kw):
+        return self.run(q, paged_kv_cache, *args, return_lse=True, **kw)
+
+    def end_forward(self) -> None:
+        """Kept for old callers: nothing to release."""
+
+
+def fast_decode_plan(wrapper: BatchDecodeWithPagedKVCacheWrapper, *args, **kwargs) -> None:
+    """FlashInfer's lighter re-plan for CUDA-graph decode (``wrapper.plan = partial(
+    fast_decode_plan, wrapper)``): here the same as ``plan()``, whose host work is already small;
+    its extra arguments (``non_blocking``, ``global_override_indptr_cpu``) change nothing."""
+    BatchDecodeWithPagedKVCacheWrapper.plan(wrapper, *args, **kwargs)
