@@ -26,9 +26,11 @@ BUDGET: Dict[str, Tuple[int, ...]] = {
     "GCC": (7, 0, 0),
 }
 # Libraries every manylinux_2_28 system has and a wheel may need (the rest would have to be
-# carried in the wheel). No libstdc++/libgcc_s/libgomp: the modules carry their own runtime.
-ALLOWED_LIBS = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
-                "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
+# carried in the wheel). libstdc++/libgcc_s: the manylinux container's compiler links them so that
+# only their 2.28-era symbols are imported (the budget above); a build elsewhere carries its own.
+# Not libgomp: the wheels have no OpenMP (docs/wheels.md).
+ALLOWED_LIBS = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "libstdc++.so.6",
+                "libgcc_s.so.1", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
 
 _VERSION_RE = re.compile(r"^([A-Z]+)_([0-9][0-9.]*)$")
 _NEEDED_RE = re.compile(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]")

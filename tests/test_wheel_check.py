@@ -1,6 +1,6 @@
 """The wheel checker of .ci/check_wheel.py fails on a symbol or a library over the manylinux_2_28
 budget: on made-up readelf output, and on a small library compiled here that calls a function
-only a newer glibc exports."""
+only a newer glibc exports and needs the OpenMP runtime."""
 from __future__ import annotations
 
 import importlib.util
@@ -58,10 +58,13 @@ def _cc_glibc_234():
 def test_a_real_library_over_the_budget_fails(tmp_path, capsys):
     src = tmp_path / "t.c"
     src.write_text("#include <pthread.h>\nstatic void* f(void* a) { return a; }\n"
-                   "int start(void) { pthread_t t; return pthread_create(&t, 0, f, 0); }\n")
+                   "int start(void) { pthread_t t; return pthread_create(&t, 0, f, 0); }\n"
+                   "int team(void) { int n = 0;\n#pragma omp parallel reduction(+:n)\n n += 1;\n return n; }\n")
     lib = tmp_path / "libt.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"], check=True)
-    assert any("pthread_create@GLIBC_2.34" in p for p in check_wheel.check(str(lib)))
+    subprocess.run(["cc", "-shared", "-fPIC", "-fopenmp", "-o", str(lib), str(src), "-lpthread"], check=True)
+    problems = check_wheel.check(str(lib))
+    assert any("pthread_create@GLIBC_2.34" in p for p in problems), problems
+    assert any("needs libgomp.so.1" in p for p in problems), problems
     # The same file inside a wheel, next to a library needing something a system need not have.
     whl = tmp_path / "x-0-cp311-cp311-linux_x86_64.whl"
     with zipfile.ZipFile(whl, "w") as z:

@@ -43,8 +43,9 @@ static void throw_no_kernel_image(cudaError_t e, const char* what) {
   throw RuntimeError(str_cat(what, ": CUDA error: ", cudaGetErrorString(e), ". This llmkern build has no kernel "
                              "for GPU ", dev, " (compute capability ", major, ".", minor, "): it carries machine code "
                              "for sm_{", LLMK_CUDA_SASS, "} and PTX for compute_{", LLMK_CUDA_PTX, "} (CUDA ",
-                             LLMK_CUDA_TOOLKIT, "; PTX needs a driver at least as new). Build from source with "
-                             "LLMKERN_CUDA_ARCHS including ", major, minor, " (docs/wheels.md)"));
+                             LLMK_CUDA_TOOLKIT, "; PTX needs a driver at least as new). Update the driver, or "
+                             "build from source with LLMKERN_CUDA_ARCHS including ", major, minor,
+                             " (docs/wheels.md)"));
 }
 
 void check_launch(const char* what) {
