@@ -4,6 +4,7 @@
 # - libstdc++ and libgcc go in statically: the C++ runtime of the build machine's compiler is
 #   usually newer than the one of the machine that installs the wheel. The modules exchange no C++
 #   objects with other libraries (tensors cross as DLPack capsules), so a private copy is safe.
+#   (The manylinux container's gcc-toolset needs no such copy: the release build leaves it off.)
 # - LLMKERN_GLIBC_COMPAT pins the glibc symbols that a newer glibc versions afresh (pthread_* moved
 #   into libc at 2.34, exp/log/pow at 2.29, ...) to the versions glibc 2.28 exports: see
 #   cmake/glibc_compat.cpp. Without it a build on glibc >= 2.29 needs that glibc at run time.
