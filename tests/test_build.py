@@ -19,6 +19,23 @@ def test_build_info_keys():
     assert info["version"] == llmkern.__version__
 
 
+def test_build_info_says_what_the_build_carries():
+    """The CUDA toolkit and the architectures with machine code / PTX (cmake/cuda_info.cmake), the
+    thread modes; `llmkern --version` prints them."""
+    info = llmkern.build_info()
+    assert "pool" in info["threads_compiled"] and info["threads"] in info["threads_compiled"]
+    if info["cuda_compiled"] and "simt" not in info["backends"]:
+        assert info["cuda_toolkit"].split(".")[0].isdigit()
+        sass, ptx = info["cuda_sass"].split(","), info["cuda_ptx"].split(",")
+        assert set(info["cuda_archs"].split(",")) <= set(sass) and ptx[0] == min(sass, key=lambda a: int(a[:2]))
+    else:
+        assert info["cuda_toolkit"] == info["cuda_sass"] == info["cuda_ptx"] == ""
+    r = subprocess.run([sys.executable, "-m", "llmkern.cli", "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith(f"llmkern {info['version']}\n") and "CPU: scalar" in r.stdout
+    assert (f"SASS sm_{{{info['cuda_sass']}}}" in r.stdout) if info["cuda_toolkit"] else ("CUDA: not built" in r.stdout)
+
+
 def test_both_extensions_import_in_one_process():
     # _C and the SIMT emulator (_simt) bind the same C++ classes; pybind11 types are global to the
     # interpreter, so each class must be module-local or the second import fails. A fresh process:

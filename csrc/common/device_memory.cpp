@@ -32,7 +32,29 @@ void copy_async(void* dst, const void* src, size_t bytes, int64_t stream) {
            "cudaMemcpyAsync");
 }
 
-void check_launch(const char* what) { throw_on(cudaGetLastError(), what); }
+// A GPU whose architecture the build has neither machine code nor usable PTX for fails every
+// launch with cudaErrorNoKernelImageForDevice (or a PTX error when the PTX is newer than the driver):
+// say which GPU and what the build carries, and what to do.
+static void throw_no_kernel_image(cudaError_t e, const char* what) {
+  int dev = 0, major = 0, minor = 0;
+  (void)cudaGetDevice(&dev);
+  (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  throw RuntimeError(str_cat(what, ": CUDA error: ", cudaGetErrorString(e), ". This llmkern build has no kernel "
+                             "for GPU ", dev, " (compute capability ", major, ".", minor, "): it carries machine code "
+                             "for sm_{", LLMK_CUDA_SASS, "} and PTX for compute_{", LLMK_CUDA_PTX, "} (CUDA ",
+                             LLMK_CUDA_TOOLKIT, "; PTX needs a driver at least as new). Update the driver, or "
+                             "build from source with LLMKERN_CUDA_ARCHS including ", major, minor,
+                             " (docs/wheels.md)"));
+}
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorUnsupportedPtxVersion ||
+      e == cudaErrorInvalidKernelImage)
+    throw_no_kernel_image(e, what);
+  throw_on(e, what);
+}
 
 }  // namespace llmk
 

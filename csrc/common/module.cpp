@@ -14,6 +14,12 @@
 
 namespace py = pybind11;
 
+#ifndef LLMK_CUDA_TOOLKIT  // _simt, and a _C built without CUDA
+#define LLMK_CUDA_TOOLKIT ""
+#define LLMK_CUDA_SASS ""
+#define LLMK_CUDA_PTX ""
+#endif
+
 namespace {
 
 py::dict build_info() {
@@ -28,6 +34,11 @@ py::dict build_info() {
 #endif
   d["cuda_compiled"] = llmk::cuda_compiled();
   d["cuda_archs"] = std::string(LLMK_CUDA_ARCHS);
+  // The toolkit that compiled the CUDA kernels, the architectures they carry machine code for, and
+  // those with PTX, from which the driver compiles code for a newer GPU (cmake/cuda_info.cmake).
+  d["cuda_toolkit"] = std::string(LLMK_CUDA_TOOLKIT);
+  d["cuda_sass"] = std::string(LLMK_CUDA_SASS);
+  d["cuda_ptx"] = std::string(LLMK_CUDA_PTX);
   d["cuda_device_count"] = llmk::cuda_device_count();
   d["cpu_simd"] = llmk::cpu_isa_name(llmk::cpu_isa());
   d["cpu_simd_supported"] = llmk::cpu_isa_name(llmk::cpu_isa_supported());
@@ -38,6 +49,11 @@ py::dict build_info() {
 #endif
   d["num_threads"] = llmk::pool_threads();
   d["threads"] = llmk::use_openmp() ? "openmp" : "pool";
+#if defined(_OPENMP)
+  d["threads_compiled"] = py::make_tuple("pool", "openmp");
+#else
+  d["threads_compiled"] = py::make_tuple("pool");  // built with LLMKERN_OPENMP=OFF (wheels)
+#endif
   d["thread_placement"] = llmk::pool_placement();
   d["available_cpus"] = llmk::available_cpus();
   d["cgroup_cpu_limit"] = llmk::cgroup_cpu_limit();

@@ -8,13 +8,17 @@ from ._backend import simt_available
 def build_info() -> dict:
     """What this build contains and what the running machine offers.
 
-    Keys: version, backends (compiled), cuda_compiled, cuda_archs, cuda_device_count,
+    Keys: version, backends (compiled), cuda_compiled, cuda_archs, cuda_toolkit (the CUDA version
+    that built the kernels, "" without CUDA), cuda_sass / cuda_ptx (architectures with machine code /
+    with PTX the driver compiles for newer GPUs, comma-separated), cuda_device_count,
     cpu_simd (level in use), cpu_simd_supported, cpu_simd_compiled, num_threads, threads ("pool"
     or "openmp": what runs the CPU kernels' parallel loops, see csrc/common/thread_pool.h),
+    threads_compiled (the modes this build has: wheels are built without OpenMP),
     available_cpus (affinity mask capped by the cgroup CPU quota), cgroup_cpu_limit (0: none), simt (whether the emulated-CUDA test backend llmkern._simt is installed)."""
     info = dict(_C.build_info())
     info["backends"] = list(info["backends"])
     info["cpu_simd_compiled"] = list(info["cpu_simd_compiled"])
+    info["threads_compiled"] = list(info["threads_compiled"])
     info["simt"] = simt_available()
     return info
 

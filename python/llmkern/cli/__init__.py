@@ -23,6 +23,7 @@ import sys
 from typing import List, Optional
 
 from ..engine.args import HelpFormatter
+from .version import VersionAction
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import BENCH_COMMANDS
 
     ap = argparse.ArgumentParser(prog="llmkern", description="llmkern: LLM inference kernels and a small runtime")
+    ap.add_argument("--version", action=VersionAction, help="the version, the CUDA architectures and CPU levels "
+                                                             "this build carries, and exit")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,bench}")
     commands = [("generate", generate.HELP, generate.add_args, generate.run, True),
                 ("embed", embed.HELP, embed.add_args, embed.run, False),
