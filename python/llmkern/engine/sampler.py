@@ -37,11 +37,16 @@ class Sampler:
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, seqs: List[Sequence]) -> List[int]:
+    def __call__(self, logits: torch.Tensor, seqs: List[Sequence], token_bitmask=None) -> List[int]:
         params = [s.params for s in seqs]
-        if all(p.greedy and not p.has_penalties and not p.min_tokens for p in params):
+        if token_bitmask is not None:   # TEMPORARY torch fallback until the fused kernels land
+            bits = (token_bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1
+            allowed = bits.reshape(len(seqs), -1)[:, :logits.shape[1]].bool()
+            logits.masked_fill_(~allowed, float("-inf"))
+        if all(p.greedy and not p.has_penalties and not p.min_tokens and not p.logit_bias for p in params):
             return greedy_tokens(logits).tolist()
         self.mask_min_tokens(logits, seqs)
+        self.add_logit_bias(logits, seqs)
         self._apply_penalties(logits, seqs)
         out = greedy_tokens(logits)
         rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -67,6 +72,15 @@ class Sampler:
                 banned = [t for t in (*p.stop_token_ids, *self.eos) if t < logits.shape[1]]
                 if banned:
                     logits[rows[i] if rows else i, banned] = float("-inf")
+
+    @staticmethod
+    def add_logit_bias(logits: torch.Tensor, seqs: List[Sequence]) -> None:
+        """OpenAI's logit_bias: added to the raw logits (before penalties and temperature)."""
+        for i, s in enumerate(seqs):
+            bias = s.params.logit_bias
+            if bias:
+                ids = torch.tensor(list(bias), dtype=torch.int64, device=logits.device)
+                logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: List[Sequence]) -> None:
         rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
