@@ -40,7 +40,7 @@ class StructuredOutputsParams:
                     v = json.loads(v)
                 except ValueError as e:
                     raise ParamError(name, f"not valid JSON: {e}") from None
-            if not isinstance(v, (dict, bool)):
+            if not isinstance(v, dict):
                 raise ParamError(name, f"expected a JSON schema (an object), got {shown(v)}")
             self.json = v
         elif kind == "choice":
