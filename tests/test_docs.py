@@ -75,6 +75,14 @@ def file_exists(*names: str) -> Callable[[str, str], None]:
     return check
 
 
+def chat_json_has(*keys: str) -> Callable[[str, str], None]:
+    """A chat completion whose message content is a JSON object with these keys."""
+    def check(out: str, cwd: str) -> None:
+        obj = json.loads(json.loads(out)["choices"][0]["message"]["content"])
+        assert all(k in obj for k in keys), obj
+    return check
+
+
 def output_contains(*needles: str) -> Callable[[str, str], None]:
     def check(out: str, cwd: str) -> None:
         for n in needles:
@@ -148,6 +156,18 @@ RUNS: Dict[str, Run] = {
     '"SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 32, '
     '"stream": true}\'':
         Run("client", check=output_contains("data: ", "[DONE]")),
+    'curl -s localhost:8000/v1/chat/completions -H \'Content-Type: application/json\' -d \'{"messages": [{"role": '
+    '"user", "content": "A person, as JSON."}], "max_tokens": 80, "response_format": {"type": "json_schema", '
+    '"json_schema": {"name": "person", "schema": {"type": "object", "properties": {"name": {"type": "string", '
+    '"maxLength": 20}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false}}}}\'':
+        Run("client", check=chat_json_has("name", "age"), needs=("xgrammar",)),
+    'curl -s localhost:8000/v1/chat/completions -H \'Content-Type: application/json\' -d \'{"messages": [{"role": '
+    '"user", "content": "What is the weather in Paris?"}], "max_tokens": 60, "tool_choice": "required", "tools": '
+    '[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": '
+    '{"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false}}}]}\'':
+        Run("client", check=output_contains('"tool_calls"', '"get_weather"'), needs=("xgrammar",)),
+    "curl -s localhost:8000/tokenize -H 'Content-Type: application/json' -d '{\"prompt\": \"Hello world\"}'":
+        Run("client", check=output_contains('"tokens"', '"count"')),
     # docs/scale-out.md
     "llmkern serve --data-parallel-size 2 --port 8000": Run("server", add=("--model", TINY, *SMALL_SERVER), needs=SERVE),
     "llmkern serve --model DIR --port 8001": Run("server", add=SMALL_SERVER, needs=SERVE),

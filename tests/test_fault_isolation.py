@@ -198,7 +198,7 @@ def test_fatal_rule_ends_the_engine(base):
 def test_fault_of_every_request_ends_the_engine(base, monkeypatch):
     eng = engine_like(base)
 
-    def broken(logits, seqs):
+    def broken(logits, seqs, token_bitmask=None):
         raise RuntimeError("sampler broken")
 
     monkeypatch.setattr(eng, "sampler", broken)

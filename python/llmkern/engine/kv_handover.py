@@ -5,6 +5,7 @@ and given back through the KVCacheManager."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -195,3 +196,32 @@ class KVHandover:
 
 
 POLL_INTERVAL_S = 0.002  # how often an otherwise idle engine polls transfers
+
+
+def admit_transfers(engine) -> List[Sequence]:
+    """One hand-over poll of `engine`. Decode side: admit the requests whose KV arrived (they continue from the prefill's
+    first token), fail or recompute those whose transfer failed. Prefill side: release the
+    blocks of finished sends. Returns the sequences that changed."""
+    arrived, failed = engine.handover.step()
+    now = time.perf_counter()
+    out = []
+    for seq, err in failed:
+        out.append(seq)
+        if engine.config.kv_transfer_fallback == "recompute":  # co-located retry: prefill it here
+            engine.kv.free(seq)
+            seq.num_computed_tokens = 0
+            engine.scheduler.add(seq)
+        else:
+            seq.request.error = err
+            engine._finish(seq, "error", now)
+    for seq, p, ev in arrived:
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        engine.kv.cache_blocks(seq)
+        engine.scheduler.admit_loaded(seq)
+        seq.append_token(p.first_token, now)
+        if seq.logprobs is not None:  # the prefill side's, when it was asked for them
+            lp = p.first_token_logprobs or [float("nan"), []]
+            seq.logprobs.append((lp[0], [tuple(t) for t in lp[1]]))
+        engine._check_stop(seq, p.first_token, now)
+        out.append(seq)
+    return out

@@ -57,4 +57,5 @@ def make_output(req: Request, finished: bool) -> RequestOutput:
                                      None if lps is None else lps[len(lps) - len(new_ids):]))
     return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished,
                          request_metrics(req), error=req.error,
-                         kv_transfer_params=req.kv_transfer_params if finished else None)
+                         kv_transfer_params=req.kv_transfer_params if finished else None,
+                         prompt_logprobs=req.prompt_logprobs)

@@ -64,6 +64,9 @@ class RequestOutput:
     error: Optional[str] = None           # set when the request was rejected or failed
     # prefill role: KVTransferParams.to_dict() of a finished request (what a decode engine needs)
     kv_transfer_params: Optional[dict] = None
+    # With SamplingParams.prompt_logprobs: per prompt token, None for the first, then (logprob of the
+    # token, [(token id, logprob)] of the most likely ones) given the tokens before it
+    prompt_logprobs: Optional[list] = None
 
     # Shortcuts to the first sample (the only one unless n > 1).
     @property

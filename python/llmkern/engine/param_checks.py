@@ -91,3 +91,21 @@ def token_ids(name: str, v, vocab_size: Optional[int] = None) -> List[int]:
     if not isinstance(v, (list, tuple)):
         _fail(name, expected, v)
     return [as_int(name, t, 0, hi, expected) for t in v]
+
+
+def logit_bias(v, vocab_size: Optional[int] = None) -> dict:
+    """OpenAI's logit_bias: {token id (an int, or its decimal string as JSON keys are): bias in
+    [-100, 100]}; at most 1024 entries, as OpenAI allows."""
+    if not isinstance(v, dict):
+        _fail("logit_bias", "an object mapping token ids to numbers in [-100, 100]", v)
+    if len(v) > 1024:
+        raise ParamError("logit_bias", f"at most 1024 entries, got {len(v)}")
+    hi = (vocab_size if vocab_size is not None else INT32_MAX + 1) - 1
+    out = {}
+    for k, b in v.items():
+        key = k
+        if isinstance(k, str) and k.strip().lstrip("-").isdigit():
+            key = int(k)
+        tid = as_int("logit_bias", key, 0, hi, f"token ids in [0, {hi}] as keys")
+        out[tid] = as_f32("logit_bias", b, -100.0, 100.0, f"a bias in [-100, 100] for token {tid}")
+    return out

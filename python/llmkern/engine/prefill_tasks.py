@@ -79,3 +79,23 @@ def loglikelihood(engine, prompts: Sequence[List[int]], continuations: Sequence[
             res[i] = (lp[k:k + n], all(greedy[k:k + n]))
             k += n
     return res
+
+
+@torch.inference_mode()
+def prompt_logprobs(engine, ids: List[int], k: int, rows_per_chunk: int = 256) -> list:
+    """OpenAI's echo logprobs of one prompt: None for the first token, then per token (its logprob
+    given the tokens before it, the k most likely [(id, logprob)]). Logits are taken a chunk of rows
+    at a time, so a long prompt never holds [len, vocab] at once."""
+    check_lengths(engine, [ids], "prompt")
+    hidden, _ = engine.runner.run_prompts([list(ids)])
+    out: list = [None]
+    for lo in range(0, len(ids) - 1, rows_per_chunk):
+        hi = min(len(ids) - 1, lo + rows_per_chunk)
+        logits = engine.model.compute_logits(hidden, torch.arange(lo, hi, device=hidden.device))
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        tgt = torch.tensor(ids[lo + 1:hi + 1], device=logp.device)
+        chosen = logp.gather(1, tgt[:, None])[:, 0].tolist()
+        top_v, top_i = logp.topk(k, dim=-1) if k else (None, None)
+        for r, lp in enumerate(chosen):
+            out.append((lp, list(zip(top_i[r].tolist(), top_v[r].tolist())) if k else []))
+    return out

@@ -16,7 +16,10 @@ def tokenize(prompt: PromptType, tokenizer, vocab_size: int) -> Tuple[Optional[s
     """(prompt text or None, token ids) for a str, token-id list, chat (list of messages) or
     a dict with one of "prompt", "prompt_token_ids", "messages"; token ids checked against the
     vocabulary."""
+    extra = {}
     if isinstance(prompt, dict):
+        if prompt.get("tools") is not None and "messages" in prompt:   # rendered by a template that takes them
+            extra["tools"] = prompt["tools"]
         keys = [k for k in ("prompt", "prompt_token_ids", "messages") if k in prompt]
         if len(keys) != 1:
             raise ValueError("prompt: a dict prompt needs exactly one of 'prompt', 'prompt_token_ids', 'messages'")
@@ -35,8 +38,8 @@ def tokenize(prompt: PromptType, tokenizer, vocab_size: int) -> Tuple[Optional[s
                 raise ValueError(f"messages[{i}]: expected {{'role': str, 'content': str}}, got {m!r}")
             check_text(f"messages[{i}].role", m["role"])
             check_text(f"messages[{i}].content", m["content"])
-        text = tokenizer.apply_chat_template(list(prompt))
-        return text, tokenizer.encode_chat(list(prompt))
+        text = tokenizer.apply_chat_template(list(prompt), **extra)
+        return text, tokenizer.encode_rendered(text)
     if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
         bad = [t for t in ids if not 0 <= t < vocab_size]

@@ -45,9 +45,10 @@ class Sampler:
         grammar). A row whose mask allows no token with mass gets an arbitrary token (the
         kernels' degenerate row): the caller must not send empty masks."""
         params = [s.params for s in seqs]
-        if all(p.greedy and not p.has_penalties and not p.min_tokens for p in params):
+        if all(p.greedy and not p.has_penalties and not p.min_tokens and not p.logit_bias for p in params):
             return greedy_tokens(logits, token_bitmask).tolist()
         self.mask_min_tokens(logits, seqs)
+        self.add_logit_bias(logits, seqs)
         self._apply_penalties(logits, seqs)
         out = greedy_tokens(logits, token_bitmask)
         rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -73,6 +74,15 @@ class Sampler:
                 banned = [t for t in (*p.stop_token_ids, *self.eos) if t < logits.shape[1]]
                 if banned:
                     logits[rows[i] if rows else i, banned] = float("-inf")
+
+    @staticmethod
+    def add_logit_bias(logits: torch.Tensor, seqs: List[Sequence]) -> None:
+        """OpenAI's logit_bias: added to the raw logits (before penalties and temperature)."""
+        for i, s in enumerate(seqs):
+            bias = s.params.logit_bias
+            if bias:
+                ids = torch.tensor(list(bias), dtype=torch.int64, device=logits.device)
+                logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: List[Sequence]) -> None:
         rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]

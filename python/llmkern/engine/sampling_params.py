@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from . import param_checks
+from .structured_params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20     # alternatives per token, as OpenAI
 
@@ -30,6 +31,9 @@ class SamplingParams:
     seed: Optional[int] = None
     skip_special_tokens: bool = True
     logprobs: Optional[int] = None      # None = off; k >= 0: the sampled token's log-probability and the k most likely
+    prompt_logprobs: Optional[int] = None   # the same for every prompt token after the first
+    logit_bias: Optional[Dict[int, float]] = None   # token id -> added to its logit, in [-100, 100] (OpenAI's)
+    structured_outputs: Union[None, dict, StructuredOutputsParams] = None   # what the output must match
     stop_list: List[str] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -70,9 +74,13 @@ class SamplingParams:
             c.as_bool(name, getattr(self, name))
         if self.seed is not None:
             self.seed = c.as_int("seed", self.seed, c.INT64_MIN, c.INT64_MAX, "a 64-bit integer or None")
-        if self.logprobs is not None:
-            self.logprobs = c.as_int("logprobs", self.logprobs, 0, MAX_LOGPROBS,
-                                     f"an integer in [0, {MAX_LOGPROBS}] or None")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                setattr(self, name, c.as_int(name, getattr(self, name), 0, MAX_LOGPROBS,
+                                             f"an integer in [0, {MAX_LOGPROBS}] or None"))
+        if self.logit_bias is not None:
+            self.logit_bias = c.logit_bias(self.logit_bias)
+        self.structured_outputs = StructuredOutputsParams.coerce(self.structured_outputs)
 
     @classmethod
     def from_dict(cls, d: dict) -> "SamplingParams":

@@ -107,6 +107,7 @@ class Request:
         self.error: Optional[str] = None               # why it failed (finish_reason "error")
         self.kv_transfer_params: Optional[dict] = None  # prefill role: the hand-over, once finished
         self.kv_transfer = None                        # decode role: (KV bytes received, seconds)
+        self.prompt_logprobs: Optional[list] = None    # with params.prompt_logprobs (prefill_tasks)
 
     @property
     def finished(self) -> bool:

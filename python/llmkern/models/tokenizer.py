@@ -46,8 +46,9 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True) -> str:
-        """Render a chat (list of {"role", "content"}) with the model's template (Jinja2 sandbox)."""
+    def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True, **extra) -> str:
+        """Render a chat (list of {"role", "content"}) with the model's template (Jinja2 sandbox);
+        `extra`: more template variables (e.g. `tools`)."""
         if not self.chat_template:
             raise ValueError("messages: this model has no chat template; pass a plain prompt string")
         if self._template is None:
@@ -60,11 +61,14 @@ class Tokenizer:
             env.globals["raise_exception"] = raise_exception
             self._template = env.from_string(self.chat_template)
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     **self.special_tokens)
+                                     **self.special_tokens, **extra)
 
     def encode_chat(self, messages: List[dict]) -> List[int]:
         # The rendered template already holds any BOS text; do not add another.
-        text = self.apply_chat_template(messages)
+        return self.encode_rendered(self.apply_chat_template(messages))
+
+    def encode_rendered(self, text: str) -> List[int]:
+        """Token ids of a rendered chat (which already holds any BOS text)."""
         bos = self.special_tokens.get("bos_token")
         return self.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
 

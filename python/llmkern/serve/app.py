@@ -1,6 +1,6 @@
 """build_app(loop, config): the FastAPI app. Routes: POST /v1/completions, POST
 /v1/chat/completions, GET /v1/models, GET /health, GET /metrics, GET /openapi.json (the bodies,
-from openapi.py), and for routers GET /kv/snapshot and GET /kv/events (SSE) with the prefix cache's
+from openapi.py), the tokenizer's (tokenizer_routes.py), and for routers GET /kv/snapshot and GET /kv/events (SSE) with the prefix cache's
 block events and the replica's load. A plain ASGI guard in front checks the API key and the
 declared body size before any route runs."""
 from __future__ import annotations
@@ -20,13 +20,14 @@ from ..engine.param_checks import INT32_MAX, shown
 from . import openapi
 from .admission import Admission
 from .config import ServeConfig
-from .errors import APIError, install_error_handlers, json_response
+from .errors import APIError, from_value_error, install_error_handlers, json_response
 from .json_body import read_json
 from .kv_events import KVEventPublisher
 from .metrics import ServeMetrics
 from .pd import RoleHooks, engine_role
 from .protocol import completion_response, parse_chat, parse_completion
 from .streaming import Run, final_outputs, first_item, stream_events
+from .tokenizer_routes import add_tokenizer_routes
 
 log = logging.getLogger("llmkern.serve")
 
@@ -165,6 +166,12 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
                            code="model_not_found")
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, loop.engine, cfg.max_n, state.max_tokens_limit)
+        so = req.params.structured_outputs
+        if so is not None:   # compiled off the event loop; the engine then finds it cached
+            try:
+                await asyncio.to_thread(loop.engine.structured.compile, so)
+            except ValueError as e:
+                raise from_value_error(e)
         extra = state.pd.submit_kwargs(body, req)
         state.admission.check(len(req.prompts), sum(len(ids) for _, ids in req.prompts))
         now = time.perf_counter()
@@ -204,6 +211,7 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
     async def chat_completions(request: Request):
         return await generate(request, "chat")
 
+    add_tokenizer_routes(app, loop.engine, name, cfg.max_body_bytes)
     app.add_middleware(_Guard, cfg=cfg)
     if cfg.cors_origins:   # outermost, so that preflight requests (which carry no key) are answered
         from starlette.middleware.cors import CORSMiddleware

@@ -40,12 +40,20 @@ def _sampling(max_tokens: int, max_n: int, vocab: int) -> dict:
         "ignore_eos": _BOOL, "include_stop_str_in_output": _BOOL, "skip_special_tokens": _BOOL, "stream": _BOOL,
         "stream_options": _opt({"type": "object", "properties": {"include_usage": _BOOL},
                                 "additionalProperties": {"type": "null"}}),
-        # OpenAI's fields this server accepts at their "off" value only
-        "echo": _opt({"enum": [False]}), "best_of": _opt({"enum": [1]}), "suffix": _opt({"enum": [""]}),
-        "logit_bias": _opt({"type": "object", "maxProperties": 0}), "tools": _opt({"type": "array", "maxItems": 0}),
-        "functions": _opt({"type": "array", "maxItems": 0}), "tool_choice": _opt({"enum": ["none"]}),
-        "response_format": _opt({"type": "object", "properties": {"type": {"enum": ["text"]}}, "required": ["type"],
-                                 "additionalProperties": False}),
+        "logit_bias": _opt({"type": "object", "maxProperties": 1024, "propertyNames": {"pattern": "^[0-9]+$"},
+                            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
+        # output constraints (structured_request.py): at most one per request
+        "response_format": _opt({"type": "object", "required": ["type"], "properties": {
+            "type": {"enum": ["text", "json_object", "json_schema"]},
+            "json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
+                                                             "strict": _BOOL}}}}),
+        "structured_outputs": _opt({"type": "object"}),
+        "guided_json": _opt({"anyOf": [{"type": "object"}, {"type": "string", "minLength": 1}]}),
+        "guided_regex": _opt(nonempty), "guided_grammar": _opt(nonempty),
+        "guided_choice": _opt({"type": "array", "minItems": 1, "items": {"type": "string"}}),
+        "guided_whitespace_pattern": _opt({"type": "string"}),
+        # OpenAI's deprecated function calling: accepted at its "off" value only
+        "functions": _opt({"type": "array", "maxItems": 0}), "function_call": _opt({"enum": ["none"]}),
     }
 
 
@@ -54,7 +62,8 @@ def completion_request(max_tokens: int, max_n: int, vocab: int) -> dict:
     text = {"type": "string", "minLength": 1}
     prompt = {"anyOf": [text, {"type": "array", "minItems": 1, "items": text}, ids,
                         {"type": "array", "minItems": 1, "items": ids}]}
-    props = dict(_sampling(max_tokens, max_n, vocab), prompt=prompt, logprobs=_int(0, MAX_LOGPROBS))
+    props = dict(_sampling(max_tokens, max_n, vocab), prompt=prompt, logprobs=_int(0, MAX_LOGPROBS),
+                 echo=_BOOL, best_of=_int(1, max_n), suffix=_opt({"type": "string"}))
     return {"type": "object", "required": ["prompt"], "properties": props, "additionalProperties": {"type": "null"}}
 
 
@@ -64,9 +73,18 @@ def chat_request(max_tokens: int, max_n: int, vocab: int) -> dict:
     message = {"type": "object", "required": ["role"],
                "properties": {"role": {"type": "string"},
                               "content": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                                    {"type": "array", "items": part}]}}}
+                                                    {"type": "array", "items": part}]},
+                              "tool_calls": _opt({"type": "array", "items": {"type": "object"}}),
+                              "tool_call_id": _opt({"type": "string"})}}
+    tool = {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"enum": ["function"]},
+        "function": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
+            "parameters": {"type": "object"}}}}}
+    choice = {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object", "required": ["type", "function"]}]}
     props = dict(_sampling(max_tokens, max_n, vocab), messages={"type": "array", "minItems": 1, "items": message},
-                 max_completion_tokens=_int(1, max_tokens), logprobs=_BOOL, top_logprobs=_int(0, MAX_LOGPROBS))
+                 max_completion_tokens=_int(1, max_tokens), logprobs=_BOOL, top_logprobs=_int(0, MAX_LOGPROBS),
+                 tools=_opt({"type": "array", "items": tool}), tool_choice=_opt(choice), parallel_tool_calls=_BOOL)
     return {"type": "object", "required": ["messages"], "properties": props, "additionalProperties": {"type": "null"}}
 
 
@@ -77,7 +95,7 @@ ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
 
 _CHOICE = {"type": "object", "required": ["index", "finish_reason"],
            "properties": {"index": {"type": "integer"}, "text": {"type": "string"},
-                          "finish_reason": {"enum": ["stop", "length", None]}}}
+                          "finish_reason": {"enum": ["stop", "length", "tool_calls", None]}}}
 COMPLETION = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
               "properties": {"id": {"type": "string"}, "object": {"enum": ["text_completion", "chat.completion"]},
                              "created": {"type": "integer"}, "model": {"type": "string"},
@@ -103,3 +121,30 @@ def route_extra(request_schema: dict) -> dict:
         responses[code] = dict(err, description=why)
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": request_schema}}},
             "responses": responses}
+
+
+def tokenize_request() -> dict:
+    common = {"add_special_tokens": _BOOL, "return_token_strs": _BOOL, "model": _opt({"type": "string"})}
+    message = {"type": "object", "required": ["role"], "properties": {"role": {"type": "string"},
+                                                                      "content": _opt({"type": "string"})}}
+    return {"anyOf": [
+        {"type": "object", "required": ["prompt"], "properties": dict(common, prompt={"type": "string"}),
+         "additionalProperties": {"type": "null"}},
+        {"type": "object", "required": ["messages"], "additionalProperties": {"type": "null"},
+         "properties": dict(common, add_generation_prompt=_BOOL,
+                            messages={"type": "array", "minItems": 1, "items": message})}]}
+
+
+def detokenize_request(vocab: int) -> dict:
+    return {"type": "object", "required": ["tokens"], "properties": {
+        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": vocab - 1}},
+        "model": _opt({"type": "string"})}, "additionalProperties": {"type": "null"}}
+
+
+def tokenizer_route_extra(request_schema: dict, response_schema: dict) -> dict:
+    """openapi_extra of /tokenize and /detokenize."""
+    err = {"content": {"application/json": {"schema": ERROR}}}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": request_schema}}},
+            "responses": {"200": {"description": "the result", "content": {"application/json": {
+                "schema": response_schema}}}, "400": dict(err, description="invalid request"),
+                "404": dict(err, description="unknown model")}}

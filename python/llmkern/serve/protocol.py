@@ -9,22 +9,22 @@ from typing import List, Optional, Tuple
 
 from ..engine.param_checks import INT64_MAX, INT64_MIN, ParamError, as_int, check_text, shown, token_ids
 from ..engine.sampling_params import SamplingParams
+from . import structured_request
 from .errors import APIError, from_value_error
+from .tools import ToolSpec, as_text_calls, parse_tools, template_takes_tools, with_tools
 
 # Body fields mapped onto SamplingParams (same names), and those that are ours or OpenAI's and
 # accepted without effect on sampling.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
              "repetition_penalty", "n", "stop", "stop_token_ids", "seed", "ignore_eos", "min_tokens",
              "include_stop_str_in_output", "skip_special_tokens", "max_tokens")
-_COMMON = ("model", "stream", "stream_options", "priority", "user", "logprobs",
-           "kv_transfer_params")   # prefill-decode hand-over (serve/pd.py checks it per role)
-_COMPLETION_ONLY = ("prompt",)
-_CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs")
+_COMMON = ("model", "stream", "stream_options", "priority", "user", "logprobs", "logit_bias",
+           "kv_transfer_params",   # prefill-decode hand-over (serve/pd.py checks it per role)
+           *structured_request.FIELDS)
+_COMPLETION_ONLY = ("prompt", "echo", "best_of", "suffix")
+_CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls")
 # Accepted only at their "off" value (an OpenAI client may send them explicitly).
-_OFF_VALUES = {"echo": (None, False),
-               "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
-               "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,),
-               "response_format": (None, {"type": "text"}), "functions": (None, [])}
+_OFF_VALUES = {"functions": (None, []), "function_call": (None, "none")}
 
 
 @dataclass
@@ -37,6 +37,12 @@ class GenerationRequest:
     include_usage: bool = False
     priority: int = 0
     model: Optional[str] = None
+    tools: Optional[ToolSpec] = None            # chat with tools (tool_choice other than none)
+    echo: bool = False                          # completions: the prompt leads each choice
+    echo_only: bool = False                     # echo with max_tokens 0: the prompt alone
+    best_of: Optional[int] = None               # completions: n of best_of samples, by log-probability
+    requested_n: int = 1                        # the n asked for (params.n is best_of with best_of)
+    user_logprobs: bool = True                  # False when logprobs were taken only to rank best_of
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -87,10 +93,16 @@ def _sampling(body: dict, kind: str, max_n: int, max_tokens_limit: int, engine) 
     elif lp is not None:  # completions: logprobs = how many alternatives
         d["logprobs"] = lp
     vocab = getattr(getattr(engine, "model_config", None), "vocab_size", None)
+    if body.get("logit_bias") is not None:
+        d["logit_bias"] = body["logit_bias"]
+    d["structured_outputs"] = structured_request.structured_outputs(body)
     try:
         params = SamplingParams(**d)
         if vocab is not None:
             token_ids("stop_token_ids", params.stop_token_ids, vocab)
+            if params.logit_bias:
+                from ..engine.param_checks import logit_bias
+                logit_bias(params.logit_bias, vocab)
     except ValueError as e:
         err = from_value_error(e)
         if err.param in renamed:
@@ -145,10 +157,63 @@ def parse_completion(body: dict, engine, max_n: int, max_tokens_limit: int) -> G
     else:
         raise APIError(400, "prompt: expected a non-empty string, list of strings, list of token ids or "
                             "list of token-id lists", param="prompt")
+    echo = _flag(body, "echo")
+    echo_only = echo and body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
+    if echo_only:   # the prompt alone: one token is generated and left out of the response
+        body = dict(body, max_tokens=1)
+    if body.get("suffix") not in (None, ""):
+        raw = [fill_in_middle(engine, p, body["suffix"]) for p in raw]
     params = _sampling(body, "completion", max_n, max_tokens_limit, engine)
     stream, include_usage, priority = _stream_flags(body)
-    prompts = [_tokenize(engine, p) for p in raw]
-    return GenerationRequest("completion", prompts, params, stream, include_usage, priority, body.get("model"))
+    req = GenerationRequest("completion", [_tokenize(engine, p) for p in raw], params, stream, include_usage,
+                            priority, body.get("model"), echo=echo, echo_only=echo_only)
+    if echo and params.logprobs is not None:
+        params.prompt_logprobs = params.logprobs
+    _best_of(body, req, max_n)
+    return req
+
+
+def _flag(body: dict, name: str) -> bool:
+    v = body.get(name)
+    if v is not None and not isinstance(v, bool):
+        raise APIError(400, f"{name}: expected true or false, got {shown(v)}", param=name)
+    return bool(v)
+
+
+def _best_of(body: dict, req: GenerationRequest, max_n: int) -> None:
+    """best_of: sample that many, return the n with the highest log-probability (OpenAI's)."""
+    b = body.get("best_of")
+    if b is None:
+        return
+    try:
+        b = as_int("best_of", b, 1, max_n, f"an integer in [1, {max_n}]")
+    except ValueError as e:
+        raise from_value_error(e)
+    p = req.params
+    if b < p.n:
+        raise APIError(400, f"best_of: must be >= n ({p.n}), got {b}", param="best_of")
+    if b == p.n:
+        return
+    if req.stream:
+        raise APIError(400, "best_of: not allowed with stream (the best are known only at the end)", param="best_of")
+    req.best_of, req.user_logprobs, req.requested_n = b, p.logprobs is not None, p.n
+    p.n = b
+    if p.logprobs is None:
+        p.logprobs = 0   # the sampled tokens' log-probabilities rank the samples
+
+
+def fill_in_middle(engine, prompt, suffix) -> str:
+    """`suffix`: the prompt in the prefix-suffix-middle form of a model with fill-in-the-middle
+    tokens (StarCoder's names, which SmolLM2's vocabulary has too)."""
+    if not isinstance(suffix, str):
+        raise APIError(400, f"suffix: expected a string, got {shown(suffix)}", param="suffix")
+    if not isinstance(prompt, str):
+        raise APIError(400, "suffix: needs text prompts (not token ids)", param="suffix")
+    tok = engine.tokenizer
+    names = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+    if tok is None or any(tok.tok.token_to_id(n) is None for n in names):
+        raise APIError(400, "suffix: this model has no fill-in-the-middle tokens", param="suffix")
+    return f"<fim_prefix>{check_text('prompt', prompt)}<fim_suffix>{check_text('suffix', suffix)}<fim_middle>"
 
 
 def parse_chat(body: dict, engine, max_n: int, max_tokens_limit: int) -> GenerationRequest:
@@ -157,6 +222,7 @@ def parse_chat(body: dict, engine, max_n: int, max_tokens_limit: int) -> Generat
     if not isinstance(msgs, list) or not msgs:
         raise APIError(400, "messages: expected a non-empty list of {role, content} objects", param="messages")
     flat = []
+    template = getattr(engine.tokenizer, "chat_template", None)
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise APIError(400, f"messages[{i}]: expected an object with a string 'role'", param="messages")
@@ -178,11 +244,40 @@ def parse_chat(body: dict, engine, max_n: int, max_tokens_limit: int) -> Generat
                 check_text(f"messages[{i}].{what}", text)
             except ParamError as e:
                 raise APIError(400, str(e), param="messages")
-        flat.append({"role": m["role"], "content": content})
+        flat.append(_message(i, m, content, template))
+    tools = parse_tools(body)
+    if tools is not None:
+        if tools.choice != "auto" and structured_request.structured_outputs(body) is not None:
+            raise APIError(400, "tool_choice: a required or named tool call cannot be combined with "
+                                "response_format / structured_outputs", param="tool_choice")
+        msgs, extra = with_tools(flat, tools.tools, template)
+        prompt = dict(messages=msgs, **extra)
+    else:
+        prompt = flat
     params = _sampling(body, "chat", max_n, max_tokens_limit, engine)
+    if tools is not None and tools.constraint() is not None:
+        params.structured_outputs = tools.constraint()
     stream, include_usage, priority = _stream_flags(body)
-    return GenerationRequest("chat", [_tokenize(engine, flat)], params, stream, include_usage, priority,
-                             body.get("model"))
+    return GenerationRequest("chat", [_tokenize(engine, prompt)], params, stream, include_usage, priority,
+                             body.get("model"), tools=tools)
+
+
+def _message(i: int, m: dict, content: str, template) -> dict:
+    """A chat message for the template: role and content, and an assistant's earlier tool_calls
+    (passed on to a template that renders them, else written into the content)."""
+    out = {"role": m["role"], "content": content}
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise APIError(400, f"messages[{i}].tool_calls: expected a list of tool call objects", param="messages")
+        if template_takes_tools(template):
+            out["tool_calls"] = calls
+        else:
+            out["content"] = (content + "\n" if content else "") + as_text_calls(calls)
+    for k in ("tool_call_id", "name"):
+        if isinstance(m.get(k), str):
+            out[k] = m[k]
+    return out
 
 
 def _tokenize(engine, prompt) -> Tuple[Optional[str], List[int]]:
@@ -219,6 +314,10 @@ def logprobs_obj(req: GenerationRequest, tokenizer, ids, lps, offset: int = 0):
     if lps is None:
         return None
     toks = [token_str(tokenizer, t) for t in ids]
+    if req.kind != "chat" and any(e is None for e in lps):   # echo: the first prompt token has none
+        d = logprobs_obj(req, tokenizer, ids, [e or (None, []) for e in lps], offset)
+        d["top_logprobs"] = [None if e is None else t for e, t in zip(lps, d["top_logprobs"])]
+        return d
     if req.kind == "chat":
         def entry(s, lp):
             return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
@@ -236,24 +335,56 @@ def logprobs_obj(req: GenerationRequest, tokenizer, ids, lps, offset: int = 0):
 
 def completion_response(req: GenerationRequest, model: str, outs, tokenizer=None) -> dict:
     """outs: the final RequestOutput of each prompt, in prompt order."""
-    n = req.params.n
+    n = req.params.n if req.best_of is None else req.requested_n
     choices, p_tok, c_tok = [], 0, 0
     for pi, out in enumerate(outs):
         p_tok += len(out.prompt_token_ids)
-        for c in out.outputs:
-            c_tok += len(c.token_ids)
-            idx = pi * n + c.index
-            lp = logprobs_obj(req, tokenizer, c.token_ids, c.logprobs)
+        c_tok += sum(len(c.token_ids) for c in out.outputs)   # every best_of sample was generated
+        for rank, c in enumerate(_chosen(req, out.outputs)):
+            idx = pi * n + rank
+            reason = finish_reason(c.finish_reason)
             if req.kind == "chat":
-                choices.append({"index": idx, "message": {"role": "assistant", "content": c.text},
-                                "logprobs": lp, "finish_reason": finish_reason(c.finish_reason)})
+                msg = {"role": "assistant", "content": c.text}
+                if req.tools is not None:
+                    content, calls = req.tools.extract(c.text)
+                    if calls:
+                        msg = {"role": "assistant", "content": content, "tool_calls": calls}
+                        reason = "stop" if req.tools.choice == "named" else "tool_calls"
+                choices.append({"index": idx, "message": msg, "logprobs": logprobs_obj(req, tokenizer, c.token_ids,
+                                                                                       c.logprobs),
+                                "finish_reason": reason})
             else:
-                choices.append({"index": idx, "text": c.text, "logprobs": lp,
-                                "finish_reason": finish_reason(c.finish_reason)})
+                text, ids, lps = echoed(req, out, c, tokenizer)
+                choices.append({"index": idx, "text": text, "logprobs": logprobs_obj(req, tokenizer, ids, lps),
+                                "finish_reason": reason})
     choices.sort(key=lambda c: c["index"])
     obj = "chat.completion" if req.kind == "chat" else "text_completion"
     return {"id": req.response_id, "object": obj, "created": req.created, "model": model, "choices": choices,
             "usage": usage(p_tok, c_tok)}
+
+
+def _chosen(req: GenerationRequest, outputs) -> list:
+    """The completions to return: all, or with best_of the n of highest total log-probability."""
+    if req.best_of is None:
+        return sorted(outputs, key=lambda c: c.index)
+    ranked = sorted(outputs, key=lambda c: -sum(lp for lp, _ in (c.logprobs or [])))
+    return ranked[:req.requested_n]
+
+
+def echoed(req: GenerationRequest, out, c, tokenizer):
+    """(text, token ids, logprob entries or None) of a completions choice, the prompt leading it
+    with echo; logprobs taken only to rank best_of are left out."""
+    text, ids = c.text, list(c.token_ids)
+    lps = c.logprobs if req.user_logprobs else None
+    if req.echo_only:
+        text, ids, lps = "", [], ([] if lps is not None else None)
+    if req.echo:
+        prompt_text = out.prompt if out.prompt is not None else (
+            tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False) if tokenizer is not None else "")
+        text, ids = prompt_text + text, list(out.prompt_token_ids) + ids
+        if lps is not None:
+            lps = list(out.prompt_logprobs or [None] * len(out.prompt_token_ids)) + list(lps)
+    return text, ids, lps
 
 
 def chunk(req: GenerationRequest, model: str, choices: list, usage_obj=None, with_usage_key: bool = False) -> dict:

@@ -8,7 +8,7 @@ import json
 from typing import AsyncIterator, List, Optional, Tuple
 
 from .errors import APIError, request_error
-from .protocol import GenerationRequest, chunk, delta_choice, logprobs_obj, usage
+from .protocol import GenerationRequest, chunk, delta_choice, echoed, finish_reason, logprobs_obj, usage
 
 
 def _as_error(item) -> Optional[APIError]:
@@ -104,13 +104,28 @@ async def stream_events(req: GenerationRequest, model: str, run: Run, first, tok
             if err is not None:
                 yield sse(err.body())
                 break
-            choices, finals = [], []
+            leads, choices, finals = [], [], []   # leads: echoed prompts, a chunk of their own
             for c in out.outputs:
                 idx = pi * n + c.index
                 if idx in closed:
                     continue
                 if c.finished:
                     closed.add(idx)
+                if req.tools is not None:   # tool calls are known whole at the end: sent then
+                    if c.finished:
+                        finals.append(tool_delta(req, idx, c))
+                    continue
+                if req.echo and idx not in offsets:   # the prompt first, then what follows it
+                    text, ids, lps = echoed(req, out, c, tokenizer)
+                    lead = len(text) - len(c.text) if not req.echo_only else len(text)
+                    k = len(out.prompt_token_ids)
+                    lp0 = logprobs_obj(req, tokenizer, ids[:k], lps[:k]) if lps is not None else None
+                    leads.append(delta_choice(req, idx, text[:lead], None, logprobs=lp0))
+                    offsets[idx] = lead
+                if req.echo_only:
+                    if c.finished:
+                        choices.append(delta_choice(req, idx, "", c.finish_reason))
+                    continue
                 lp = None
                 if c.delta_logprobs:
                     lp = logprobs_obj(req, tokenizer, c.delta_token_ids, c.delta_logprobs, offsets.get(idx, 0))
@@ -124,7 +139,7 @@ async def stream_events(req: GenerationRequest, model: str, run: Run, first, tok
                 elif c.delta_text or c.finished or lp:
                     choices.append(delta_choice(req, idx, c.delta_text, c.finish_reason if c.finished else None,
                                                 logprobs=lp))
-            for group in (choices, finals):
+            for group in (leads, choices, finals):
                 if group:
                     yield sse(chunk(req, model, group, None, usage_key))
             if out.finished:
@@ -138,3 +153,17 @@ async def stream_events(req: GenerationRequest, model: str, run: Run, first, tok
         yield "data: [DONE]\n\n"
     finally:
         run.close()
+
+
+def tool_delta(req: GenerationRequest, idx: int, c) -> dict:
+    """The last chunk of a chat choice with tools: its text or its tool calls, and why it ended."""
+    content, calls = req.tools.extract(c.text)
+    reason = finish_reason(c.finish_reason)
+    delta = {}
+    if calls:
+        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
+        reason = "stop" if req.tools.choice == "named" else "tool_calls"
+    if content:
+        delta["content"] = content
+    return {"index": idx, "delta": delta, "logprobs": None, "finish_reason": reason}
+
