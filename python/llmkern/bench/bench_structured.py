@@ -59,8 +59,7 @@ def fill_cost(rows: int = 32, steps: int = 64) -> float:
     t = 0.0
     for tid in doc:
         t0 = time.perf_counter()
-        for r, m in enumerate(ms):
-            m.fill(bm, r)
+        so.compiler.fill_rows(ms, bm, list(range(rows)))
         t += time.perf_counter() - t0
         for m in ms:
             m.accept(tid)

@@ -52,6 +52,8 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self._compiler = self.xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+        # one C++ call fills every constrained row of a step; one thread, since it overlaps the forward
+        self._batch = self.xgr.BatchGrammarMatcher(max_threads=1)
         self._cache: "OrderedDict[tuple, object]" = OrderedDict()
         self._lock = threading.Lock()
         self._size = cache_size
@@ -88,6 +90,9 @@ class GrammarCompiler:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             msg = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", msg)   # xgrammar's time and source location
             raise ParamError(f"{where}.{kind}", f"cannot be compiled: {msg[:300]}") from None
+
+    def fill_rows(self, matchers: List["Matcher"], bitmask, rows: List[int]) -> None:
+        self._batch.batch_fill_next_token_bitmask([m.m for m in matchers], bitmask, rows)
 
     def matcher(self, compiled) -> "Matcher":
         return Matcher(self.xgr.GrammarMatcher(compiled))

@@ -58,10 +58,8 @@ class StructuredOutputs:
     # -- the bitmask of a step ---------------------------------------------------------------------
     def _fill(self, seq_ids: List[int]):
         bm = new_bitmask(len(seq_ids), self.compiler.words)
-        for row, sid in enumerate(seq_ids):
-            m = self.matchers.get(sid)
-            if m is not None:
-                m.fill(bm, row)
+        rows = [r for r, sid in enumerate(seq_ids) if sid in self.matchers]
+        self.compiler.fill_rows([self.matchers[seq_ids[r]] for r in rows], bm, rows)
         return bm
 
     def start(self, sample_seqs) -> None:
