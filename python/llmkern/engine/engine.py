@@ -137,6 +137,7 @@ class Engine:
 
     def shutdown(self) -> None:
         """Release the worker processes of a model-parallel engine (no-op otherwise); idempotent."""
+        self.structured.shutdown()   # the grammar-mask thread
         if self.handover is not None:
             self.handover.close()
         if self.executor is not None:
