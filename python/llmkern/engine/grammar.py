@@ -12,7 +12,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from typing import List, Optional
+from typing import List
 
 from .param_checks import ParamError
 from .structured_params import StructuredOutputsParams
@@ -105,9 +105,6 @@ class Matcher:
 
     def __init__(self, m):
         self.m = m
-
-    def fill(self, bitmask, row: int) -> None:
-        self.m.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token: int) -> bool:
         return self.m.accept_token(token)

@@ -5,11 +5,9 @@ and the target's) for the verification."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
-
-from typing import Optional
 
 from ..ops.sampling import softmax, top_k_mask_logits, top_k_renorm_probs, top_p_renorm_probs
 from .sampling_params import SamplingParams

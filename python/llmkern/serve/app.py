@@ -16,7 +16,7 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine.param_checks import INT32_MAX, shown
+from ..engine.param_checks import INT32_MAX
 from . import openapi
 from .admission import Admission
 from .config import ServeConfig
@@ -25,7 +25,7 @@ from .json_body import read_json
 from .kv_events import KVEventPublisher
 from .metrics import ServeMetrics
 from .pd import RoleHooks, engine_role
-from .protocol import completion_response, parse_chat, parse_completion
+from .protocol import check_model, completion_response, parse_chat, parse_completion
 from .streaming import Run, final_outputs, first_item, stream_events
 from .tokenizer_routes import add_tokenizer_routes
 
@@ -158,12 +158,7 @@ def build_app(loop, cfg: Optional[ServeConfig] = None, model_name: Optional[str]
         if state.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         body = await read_json(request, cfg.max_body_bytes)
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise APIError(400, f"model: expected a string, got {shown(model)}", param="model")
-        if model is not None and model != name:
-            raise APIError(404, f"model: '{model}' does not exist (this server serves '{name}')", param="model",
-                           code="model_not_found")
+        check_model(body.get("model"), name)
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, loop.engine, cfg.max_n, state.max_tokens_limit)
         so = req.params.structured_outputs

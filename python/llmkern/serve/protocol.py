@@ -157,7 +157,7 @@ def parse_completion(body: dict, engine, max_n: int, max_tokens_limit: int) -> G
     else:
         raise APIError(400, "prompt: expected a non-empty string, list of strings, list of token ids or "
                             "list of token-id lists", param="prompt")
-    echo = _flag(body, "echo")
+    echo = flag(body, "echo")
     echo_only = echo and body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
     if echo_only:   # the prompt alone: one token is generated and left out of the response
         body = dict(body, max_tokens=1)
@@ -173,11 +173,23 @@ def parse_completion(body: dict, engine, max_n: int, max_tokens_limit: int) -> G
     return req
 
 
-def _flag(body: dict, name: str) -> bool:
+def flag(body: dict, name: str, default: bool = False) -> bool:
+    """A boolean body field (null or absent: `default`)."""
     v = body.get(name)
-    if v is not None and not isinstance(v, bool):
+    if v is None:
+        return default
+    if not isinstance(v, bool):
         raise APIError(400, f"{name}: expected true or false, got {shown(v)}", param=name)
-    return bool(v)
+    return v
+
+
+def check_model(model, served: str) -> None:
+    """The body's `model`: absent, or the name this server serves (a 404 otherwise)."""
+    if model is not None and not isinstance(model, str):
+        raise APIError(400, f"model: expected a string, got {shown(model)}", param="model")
+    if model is not None and model != served:
+        raise APIError(404, f"model: '{model}' does not exist (this server serves '{served}')", param="model",
+                       code="model_not_found")
 
 
 def _best_of(body: dict, req: GenerationRequest, max_n: int) -> None:

@@ -8,15 +8,7 @@ from ..engine.param_checks import INT32_MAX, check_text, shown, token_ids
 from . import openapi
 from .errors import APIError, from_value_error
 from .json_body import read_json
-
-
-def _bool(body: dict, name: str, default: bool) -> bool:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise APIError(400, f"{name}: expected true or false, got {shown(v)}", param=name)
-    return v
+from .protocol import check_model, flag
 
 
 def add_tokenizer_routes(app, engine, model_name: str, max_body_bytes: int) -> None:
@@ -25,14 +17,11 @@ def add_tokenizer_routes(app, engine, model_name: str, max_body_bytes: int) -> N
             raise APIError(400, "this model was loaded without a tokenizer", param="model")
         return engine.tokenizer
 
-    def check_model(body: dict, known) -> None:
+    def check_body(body: dict, known) -> None:
         for k, v in body.items():
             if k not in known and v is not None:
                 raise APIError(400, f"{k}: unknown parameter", param=k)
-        m = body.get("model")
-        if m is not None and m != model_name:
-            raise APIError(404, f"model: '{m}' does not exist (this server serves '{model_name}')", param="model",
-                           code="model_not_found")
+        check_model(body.get("model"), model_name)
 
     # an engine stand-in (tests, other fronts) may not say; token ids are then checked as int32
     vocab = getattr(getattr(engine, "model_config", None), "vocab_size", INT32_MAX + 1)
@@ -43,7 +32,7 @@ def add_tokenizer_routes(app, engine, model_name: str, max_body_bytes: int) -> N
     async def tokenize(request: Request):
         body = await read_json(request, max_body_bytes)
         chat = body.get("messages") is not None
-        check_model(body, ("model", "add_special_tokens", "return_token_strs")
+        check_body(body, ("model", "add_special_tokens", "return_token_strs")
                     + (("messages", "add_generation_prompt") if chat else ("prompt",)))
         tok = tokenizer()
         try:
@@ -60,24 +49,24 @@ def add_tokenizer_routes(app, engine, model_name: str, max_body_bytes: int) -> N
                          "content": check_text(f"messages[{i}].content", m.get("content") or "")}
                         for i, m in enumerate(msgs)]
                 try:
-                    text = tok.apply_chat_template(msgs, add_generation_prompt=_bool(body, "add_generation_prompt",
+                    text = tok.apply_chat_template(msgs, add_generation_prompt=flag(body, "add_generation_prompt",
                                                                                      True))
                 except ValueError:
                     raise
                 except Exception as e:  # noqa: BLE001 - the template (user-facing Jinja) failed on this input
                     raise APIError(400, f"messages: the chat template failed on them ({type(e).__name__})",
                                    param="messages")
-                ids = tok.encode_rendered(text) if _bool(body, "add_special_tokens", False) is False else \
-                    tok.encode(text)
+                # the rendered chat holds its BOS text already: added again only when asked
+                ids = tok.encode(text) if flag(body, "add_special_tokens", False) else tok.encode_rendered(text)
             else:
                 prompt = body.get("prompt")
                 if not isinstance(prompt, str):
                     raise APIError(400, f"prompt: expected a string, got {shown(prompt)}", param="prompt")
-                ids = tok.encode(check_text("prompt", prompt), add_special_tokens=_bool(body, "add_special_tokens",
+                ids = tok.encode(check_text("prompt", prompt), add_special_tokens=flag(body, "add_special_tokens",
                                                                                          True))
         except ValueError as e:
             raise from_value_error(e)
-        strs = [tok.decode([t], skip_special_tokens=False) for t in ids] if _bool(body, "return_token_strs",
+        strs = [tok.decode([t], skip_special_tokens=False) for t in ids] if flag(body, "return_token_strs",
                                                                                  False) else None
         return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids, "token_strs": strs}
 
@@ -85,7 +74,7 @@ def add_tokenizer_routes(app, engine, model_name: str, max_body_bytes: int) -> N
         "type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}))
     async def detokenize(request: Request):
         body = await read_json(request, max_body_bytes)
-        check_model(body, ("model", "tokens"))
+        check_body(body, ("model", "tokens"))
         try:
             ids = token_ids("tokens", body.get("tokens"), vocab)
         except ValueError as e:
