@@ -38,6 +38,7 @@ class EngineConfig:
     num_cpu_offload_blocks: Optional[int] = None
     swap_space_gb: float = 1.0              # host blocks for preemption by swap
     num_swap_blocks: Optional[int] = None
+    kv_prefault: bool = False               # CPU: fault the KV pages in at idle priority (servers)
     seed: int = 0                           # sampling seed of requests without their own
     enforce_eager: bool = False             # GPU: no CUDA graphs for decode steps
     # speculative decoding: None (off), a dict {"method": "ngram" | "draft" | "early_exit", ...}
@@ -80,6 +81,8 @@ class EngineConfig:
             bad("max_wait_ms", "a finite number of milliseconds >= 0")
         if self.preemption_mode not in ("recompute", "swap"):
             bad("preemption_mode", "'recompute' or 'swap'")
+        if not isinstance(self.kv_prefault, bool):
+            bad("kv_prefault", "True or False")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
                      "pipeline_parallel_size", "expert_parallel_size"):
             v = getattr(self, name)

@@ -19,8 +19,11 @@ def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.
                    device: torch.device) -> "KVCacheManager":
     """The engine's KV cache: the tiers sized from config (kvcache.build_kv_tiers) under the block
     bookkeeping."""
-    return KVCacheManager.on_tiers(build_kv_tiers(config.kv_spec(), layers, dtype, device), config.block_size,
-                                   config.enable_prefix_caching)
+    kv = KVCacheManager.on_tiers(build_kv_tiers(config.kv_spec(), layers, dtype, device), config.block_size,
+                                 config.enable_prefix_caching)
+    if config.kv_prefault:
+        kv.tiers.start_prefault()
+    return kv
 
 
 @dataclass

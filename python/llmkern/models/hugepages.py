@@ -90,23 +90,28 @@ def zeros_on_hugepages(shapes: List[tuple], dtype: torch.dtype) -> List[torch.Te
     return out
 
 
-def hugepage_fraction(t: torch.Tensor) -> Optional[float]:
-    """Fraction of the resident memory of the mapping that holds t which is on huge pages
-    (/proc/self/smaps AnonHugePages / Rss; adjacent arenas may share one mapping); None where
-    unknown."""
-    ptr = t.data_ptr()
+def mapping_kib(t: torch.Tensor) -> Dict[str, int]:
+    """The KiB fields (Rss, AnonHugePages, ...) of /proc/self/smaps for the mapping that holds t
+    (adjacent arenas may share one mapping); empty where unknown."""
+    ptr, inside, out = t.data_ptr(), False, {}
     try:
         with open("/proc/self/smaps") as f:
-            inside, rss = False, None
             for line in f:
                 head = line.split(None, 1)[0]
                 if "-" in head and not head.endswith(":"):
+                    if out:
+                        break
                     lo, hi = (int(x, 16) for x in head.split("-"))
                     inside = lo <= ptr < hi
-                elif inside and head == "Rss:":
-                    rss = int(line.split()[1])
-                elif inside and head == "AnonHugePages:":
-                    return int(line.split()[1]) / rss if rss else None
+                elif inside and head.endswith(":") and line.rstrip().endswith(" kB"):
+                    out[head[:-1]] = int(line.split()[1])
     except (OSError, ValueError):
-        pass
-    return None
+        return {}
+    return out
+
+
+def hugepage_fraction(t: torch.Tensor) -> Optional[float]:
+    """Fraction of the resident memory of the mapping that holds t which is on huge pages
+    (AnonHugePages / Rss); None where unknown."""
+    kib = mapping_kib(t)
+    return kib["AnonHugePages"] / kib["Rss"] if kib.get("Rss") and "AnonHugePages" in kib else None
