@@ -210,6 +210,8 @@ RUNS: Dict[str, Run] = {
     "llmkern estimate --calibrate": Run("exit", add=("--model", TINY)),
     "llmkern estimate --concurrency 16 --input-len 512 --output-len 128":
         Run("exit", add=("--model", TINY), check=output_contains("TTFT")),
+    'llmkern estimate --profile H100 --num-gpus 8 --concurrency 64 --slo "ttft:p95<2s;itl:p95<50ms"':
+        Run("exit", add=("--model", TINY), check=output_contains("tp=")),
     "llmkern explore": Run("exit", check=file_exists("llmkern-explorer.html"), needs=("plotly",)),
     "llmkern explore --db runs.sqlite --serve": Run("server", add=("--port", "8050"), probe=("/",),
                                                      needs=("plotly",)),

@@ -132,7 +132,9 @@ def test_profiles_save_load(tmp_path, monkeypatch):
         load("nope")
 
 
-def _cli(capsys, *args):
+def _cli(capsys, *args, streams=False):
+    """(the error a failing `llmkern estimate ARGS` exits with, or None; its stdout, or with
+    streams=True capsys's captured stdout and stderr)."""
     from llmkern.cli import main
 
     try:
@@ -140,7 +142,8 @@ def _cli(capsys, *args):
     except SystemExit as e:
         return str(e.code), ""
     assert rc == 0
-    return None, capsys.readouterr().out
+    out = capsys.readouterr()
+    return None, out if streams else out.out
 
 
 def test_cli_estimate(tmp_path, capsys, monkeypatch):
@@ -155,7 +158,7 @@ def test_cli_estimate(tmp_path, capsys, monkeypatch):
     err, out = _cli(capsys, "--model", str(tmp_path), "--profile", "L40S")
     assert err is None and "UNCALIBRATED" in out
     monkeypatch.setenv("LLMKERN_PROFILE_DIR", str(tmp_path / "empty"))
-    err, _ = _cli(capsys, "--model", str(tmp_path))
+    err, _ = _cli(capsys, "--model", str(tmp_path), "--profile", "nope")
     assert err.startswith("llmkern: estimate:") and "--calibrate" in err
     err, _ = _cli(capsys, "--model", str(tmp_path), "--profile", "H100", "--concurrency", "0")
     assert "--concurrency" in err

@@ -61,30 +61,56 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--kv-cache-memory-gb", type=float, default=None)
+    par = p.add_argument_group("parallelism (optimize/parallel.py)")
+    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    par.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    par.add_argument("--num-gpus", "--num-devices", dest="num_gpus", type=int, default=None,
+                     help="estimate every tp x pp x dp split of this many devices and pick one under --slo")
+    par.add_argument("--slo", default="", help="constraints for the pick, e.g. \"ttft:p95<500ms;itl:p95<50ms\"")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
-def run_estimate(a) -> int:
-    from . import profiles
-    from .estimate import EngineKnobs, ModelShape, concurrency_estimate, model_config
+def _profile(a):
+    """The hardware profile: --calibrate measures now, --profile names one, else the saved 'cpu'
+    profile, measured now (a few seconds) and saved when there is none yet."""
+    import sys
 
-    for name in ("concurrency", "input_len", "output_len", "max_num_seqs", "max_num_batched_tokens"):
-        if getattr(a, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(a, name)}")
+    from . import profiles
+
     if a.calibrate:
         hw = profiles.calibrate(a.save_as, quick=False)
         print(f"saved calibrated profile {a.save_as!r} to {profiles.save(hw)}")
-    elif a.profile:
-        hw = profiles.load(a.profile)
-    else:
-        try:
-            hw = profiles.load("cpu")
-        except ValueError:
-            raise ValueError("no calibrated profile saved yet: run `llmkern estimate --calibrate` first, or pass "
-                             "--profile H100|H200|A100|L40S") from None
+        return hw
+    if a.profile:
+        return profiles.load(a.profile)
+    try:
+        return profiles.load("cpu")
+    except ValueError:
+        print("llmkern estimate: no profile of this machine yet; measuring it now (a few seconds, once; "
+              "`llmkern estimate --calibrate` measures longer) ...", file=sys.stderr, flush=True)
+        hw = profiles.calibrate("cpu", quick=True)
+        print(f"llmkern estimate: saved it to {profiles.save(hw)}", file=sys.stderr, flush=True)
+        return hw
+
+
+def run_estimate(a) -> int:
+    from .estimate import EngineKnobs, ModelShape, concurrency_estimate, model_config
+    from .grammar import parse_constraints
+    from .parallel import Split
+
+    for name in ("concurrency", "input_len", "output_len", "max_num_seqs", "max_num_batched_tokens",
+                 "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(a, name)}")
+    constraints = parse_constraints(a.slo)
+    hw = _profile(a)
     dtype = a.dtype or ("float32" if hw.device == "cpu" else "bfloat16")
     m = ModelShape.from_config(model_config(a.model), dtype)
-    knobs = EngineKnobs(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens)
+    knobs = EngineKnobs(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                        split=Split(a.tensor_parallel_size, a.pipeline_parallel_size, a.data_parallel_size))
+    if a.num_gpus is not None:
+        return _print_search(a, m, hw, knobs, constraints)
     est = concurrency_estimate(m, hw, a.concurrency, a.input_len, a.output_len, knobs, a.kv_cache_memory_gb)
     est["profile"] = {"name": hw.name, "calibrated": hw.calibrated, "notes": hw.notes}
     if a.json:
@@ -95,6 +121,10 @@ def run_estimate(a) -> int:
     cal = "calibrated" if hw.calibrated else "UNCALIBRATED datasheet peaks"
     print(f"profile {hw.name} ({cal}); weights {est['model_weight_gb']:.2f} GiB {dtype}, "
           f"KV {est['kv_bytes_per_token'] / 1024:.1f} KiB/token")
+    sp = est["split"]
+    if sp["devices"] > 1:
+        print(f"split tp={sp['tp']} pp={sp['pp']} dp={sp['dp']} ({sp['devices']} devices): "
+              f"{sp['weights_per_device_gb']:.2f} GiB of weights per device")
     print(f"prefill of {a.input_len} tokens: {est['prefill_time'] * 1e3:.1f} ms; decode step: "
           f"{est['decode_step_time_batch1'] * 1e3:.2f} ms at batch 1, {est['decode_step_time'] * 1e3:.2f} ms at "
           f"batch {min(a.concurrency, a.max_num_seqs)}")
@@ -104,4 +134,19 @@ def run_estimate(a) -> int:
     print(f"limits: KV memory holds {lim['kv_memory_concurrency']} such requests; decode turns compute bound "
           f"at batch ~{lim['compute_bound_batch']:.0f}; max_num_seqs {lim['max_num_seqs']}; batch-1 decode "
           f"{lim['bandwidth_decode_tok_s_batch1']:.1f} tok/s (bandwidth bound)")
+    return 0
+
+
+def _print_search(a, m, hw, knobs, constraints) -> int:
+    from . import split_search
+
+    res = split_search.search(m, hw, a.num_gpus, a.concurrency, a.input_len, a.output_len, knobs, constraints,
+                              a.kv_cache_memory_gb)
+    res["profile"] = {"name": hw.name, "calibrated": hw.calibrated, "notes": hw.notes}
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        cal = "calibrated" if hw.calibrated else "UNCALIBRATED datasheet peaks"
+        print(f"profile {hw.name} ({cal}); concurrency {a.concurrency}, {a.input_len} in / {a.output_len} out")
+        print(split_search.render(res))
     return 0

@@ -9,18 +9,19 @@ Step time (seconds) of a batch with D decode tokens and prefill chunks (len q_i 
 Weights are read once per step whatever the batch (memory bound at small batches); the LM head
 runs only on the rows that sample (decodes and the last chunk of a prompt).
 
-Not modelled (estimated as if off / as one engine): speculative decoding, tensor/pipeline/data
-parallelism, preemption, the static and dynamic schedulers' batch waits, and the HTTP server's own
+Tensor, pipeline and data parallelism: optimize/parallel.py. Not modelled (estimated as if off):
+speculative decoding, preemption, the static and dynamic schedulers' batch waits, and the HTTP server's own
 per-token work (SSE, detokenising), which on a CPU shares the cores with the engine."""
 from __future__ import annotations
 
 import heapq
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 from ..engine.metrics import percentile
+from .parallel import ONE, Split, allreduce_time, kv_fraction, send_time
 from .profiles import HardwareProfile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -84,31 +85,42 @@ def model_config(model: Optional[str]):
 
 @dataclass
 class StepCost:
-    """Seconds of one engine step, by part."""
+    """Seconds of one engine step (a round: every scheduled sequence advances once), by part."""
     overhead: float
     linear: float
     attention: float
+    comm: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.overhead + self.linear + self.attention
+        return self.overhead + self.linear + self.attention + self.comm
 
 
 def step_time(m: ModelShape, hw: HardwareProfile, decode_ctx: Sequence[int], prefill: Sequence[tuple],
-              sampling_prefills: int = 0) -> StepCost:
+              sampling_prefills: int = 0, split: Split = ONE) -> StepCost:
     """decode_ctx: context length of each decoding sequence; prefill: (chunk length, context before
-    the chunk) per prefilling sequence; sampling_prefills: how many of those finish their prompt."""
+    the chunk) per prefilling sequence; sampling_prefills: how many of those finish their prompt.
+    split: the costs are those of one rank of the last pipeline stage (it holds the LM head), for
+    one of up to pp micro-batches, times the pp slots a round takes (optimize/parallel.py)."""
     tokens = len(decode_ctx) + sum(q for q, _ in prefill)
     nseq = len(decode_ctx) + len(prefill)
     if nseq == 0:
         return StepCost(0.0, 0.0, 0.0)
+    tp, pp = split.tp, split.pp
+    mb = min(pp, nseq)                       # micro-batches
+    share = 1.0 / (tp * pp * mb)             # of the whole step's layer work, per rank and micro-batch
     gemm = hw.gemm(m.dtype)
-    lin = max(m.weight_bytes / hw.bandwidth, 2 * m.linear_params * tokens / gemm)
-    lin += 2 * m.head_params * (len(decode_ctx) + sampling_prefills) / gemm
-    kv_read = m.kv_bytes_per_token * sum(c + 1 for c in decode_ctx)
-    pre_flops = sum(4 * m.heads * m.head_dim * q * (c + (q + 1) / 2) for q, c in prefill) * m.layers
+    samplers = (len(decode_ctx) + sampling_prefills) / mb
+    stage_bytes = (m.linear_params / (tp * pp) + m.head_params / tp) * m.bytes_per_param
+    lin = max(stage_bytes / hw.bandwidth, 2 * m.linear_params * tokens * share / gemm)
+    lin += 2 * m.head_params / tp * samplers / gemm
+    kv_read = m.kv_bytes_per_token * kv_fraction(m.kv_heads, tp) / (pp * mb) * sum(c + 1 for c in decode_ctx)
+    pre_flops = sum(4 * m.heads * m.head_dim * q * (c + (q + 1) / 2) for q, c in prefill) * m.layers * share
     attn = kv_read / hw.attn_decode_bw + pre_flops / hw.attn_prefill_flops
-    return StepCost(hw.step_overhead_s + hw.seq_overhead_s * nseq, lin, attn)
+    act = tokens / mb * m.hidden * m.bytes_per_param        # one micro-batch's activations
+    bw, lat = hw.link
+    comm = 2 * m.layers / pp * allreduce_time(act, tp, bw, lat) + (send_time(act, bw, lat) if pp > 1 else 0.0)
+    return StepCost(hw.step_overhead_s + hw.seq_overhead_s * nseq, pp * lin, pp * attn, pp * comm)
 
 
 @dataclass
@@ -129,6 +141,7 @@ class EngineKnobs:
     block_size: int = 16
     kv_cache_tokens: Optional[int] = None   # KV pool capacity (None: unlimited)
     max_concurrency: Optional[int] = None   # client-side cap on requests in flight
+    split: Split = ONE                      # tensor / pipeline / data parallel sizes
 
     @classmethod
     def from_knobs(cls, knobs: Dict[str, object], kv_cache_tokens: Optional[int] = None) -> "EngineKnobs":
@@ -144,6 +157,7 @@ class EngineKnobs:
             k.enable_prefix_caching = False
         if knobs.get("max_concurrency") is not None:
             k.max_concurrency = int(knobs["max_concurrency"])
+        k.split = Split(*(int(knobs.get(f"{n}_parallel_size") or 1) for n in ("tensor", "pipeline", "data")))
         return k
 
 
@@ -160,7 +174,29 @@ class _Seq:
 def simulate(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: EngineKnobs) -> dict:
     """Replay the continuous-batching schedule (decodes first, then chunked prefills of running then
     waiting sequences under the token budget and sequence cap) with modelled step times. Returns
-    the serving metrics under the database's names plus per-request rows."""
+    the serving metrics under the database's names plus per-request rows. With data parallelism
+    the requests go round-robin (in arrival order) to k.split.dp replicas, the client's
+    concurrency cap split between them."""
+    d = k.split.dp
+    if d == 1:
+        done, t, steps = _replay(reqs, m, hw, k)
+    else:
+        order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
+        kr = replace(k, max_concurrency=-(-k.max_concurrency // d) if k.max_concurrency else None)
+        done, t, steps = [], 0.0, 0
+        for r in range(d):
+            idx = order[r::d]
+            dn, tr, st = _replay([reqs[i] for i in idx], m, hw, kr)
+            for s in dn:
+                s.idx = idx[s.idx]
+            done += dn
+            t, steps = max(t, tr), max(steps, st)
+    done.sort(key=lambda s: s.idx)
+    return summarise(done, t, steps)
+
+
+def _replay(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: EngineKnobs):
+    """One replica's schedule: (finished sequences, end time, steps)."""
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
     pending = [(reqs[i].arrival, i) for i in order]          # (time the client sends it, index)
     heapq.heapify(pending)
@@ -218,7 +254,7 @@ def simulate(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: 
             kv_used += s.r.prompt_tokens
         finishing = sum(1 for s, n in prefills if n == s.todo)
         cost = step_time(m, hw, [s.computed + s.out for s in decodes], [(n, s.computed) for s, n in prefills],
-                         finishing)
+                         finishing, k.split)
         t += cost.total
         steps += 1
         for s in decodes:
@@ -238,8 +274,7 @@ def simulate(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: 
             done.append(s)
             in_flight -= 1
             heapq.heappush(slot_free, t)
-    done.sort(key=lambda s: s.idx)
-    return summarise(done, t, steps)
+    return done, t, steps
 
 
 def summarise(done: List[_Seq], end: float, steps: int) -> dict:
@@ -270,30 +305,46 @@ def concurrency_estimate(m: ModelShape, hw: HardwareProfile, concurrency: int, i
                          knobs: Optional[EngineKnobs] = None, kv_cache_memory_gb: Optional[float] = None,
                          num_requests: Optional[int] = None) -> dict:
     """`llmkern estimate`: step times, TTFT/ITL/throughput with `concurrency` clients each sending
-    its next request when the last finishes, and the concurrency limits."""
+    its next request when the last finishes, and the concurrency limits; knobs.split for tensor,
+    pipeline and data parallelism (a GPU split whose weights do not fit raises ValueError)."""
     if concurrency < 1 or input_len < 1 or output_len < 1:
         raise ValueError("concurrency, input_len and output_len must be >= 1")
     knobs = knobs or EngineKnobs()
-    kv_gb = kv_cache_memory_gb if kv_cache_memory_gb is not None else (2.0 if hw.device == "cpu"
-                                                                        else hw.memory_gb * 0.85 - m.weight_bytes / 2**30)
-    knobs.kv_cache_tokens = kv_cache_tokens(m, max(kv_gb, 0.0))
+    sp = knobs.split
+    bad = sp.invalid(m.heads, m.kv_heads, m.layers)
+    if bad:
+        raise ValueError(f"{sp}: {bad}")
+    dev_weights_gb = (m.linear_params / (sp.tp * sp.pp) + m.head_params / sp.tp) * m.bytes_per_param / 2**30
+    if hw.device == "cpu":   # the engine's KV setting covers all of its ranks
+        kv_gb = kv_cache_memory_gb if kv_cache_memory_gb is not None else 2.0
+        knobs.kv_cache_tokens = kv_cache_tokens(m, max(kv_gb, 0.0))
+    else:                    # per device: what the weights leave of the memory
+        kv_gb = kv_cache_memory_gb if kv_cache_memory_gb is not None else hw.memory_gb * 0.85 - dev_weights_gb
+        if kv_gb <= 0:
+            raise ValueError(f"{sp}: the weights need {dev_weights_gb:.1f} GiB per device, more than 85% of "
+                             f"{hw.name}'s {hw.memory_gb:g} GiB")
+        per_token = m.kv_bytes_per_token * kv_fraction(m.kv_heads, sp.tp) / sp.pp
+        knobs.kv_cache_tokens = int(kv_gb * 2**30 // per_token)
     knobs.max_concurrency = concurrency
     n = num_requests or 4 * concurrency
     sim = simulate([SimRequest(0.0, input_len, output_len) for _ in range(n)], m, hw, knobs)
     ctx = input_len + output_len // 2
-    decode_1 = step_time(m, hw, [ctx], []).total
-    decode_c = step_time(m, hw, [ctx] * min(concurrency, knobs.max_num_seqs), []).total
+    per_replica = -(-concurrency // sp.dp)
+    decode_1 = step_time(m, hw, [ctx], [], split=sp).total
+    decode_c = step_time(m, hw, [ctx] * min(per_replica, knobs.max_num_seqs), [], split=sp).total
     chunk = min(input_len, knobs.max_num_batched_tokens)
     prefill_steps = math.ceil(input_len / knobs.max_num_batched_tokens) if knobs.enable_chunked_prefill else 1
     prefill = sum(step_time(m, hw, [], [(min(chunk, input_len - i * chunk), i * chunk)],
-                            int(i == prefill_steps - 1)).total for i in range(prefill_steps))
+                            int(i == prefill_steps - 1), sp).total for i in range(prefill_steps))
     # Decode is bandwidth bound until the batch's matmul time reaches the weight-read time.
     compute_c = m.weight_bytes / hw.bandwidth / (2 * m.linear_params / hw.gemm(m.dtype))
     kv_c = knobs.kv_cache_tokens // (input_len + output_len)
     sim.pop("requests")
     return {"model_weight_gb": m.weight_bytes / 2**30, "kv_bytes_per_token": m.kv_bytes_per_token,
+            "split": {"tp": sp.tp, "pp": sp.pp, "dp": sp.dp, "devices": sp.devices,
+                      "weights_per_device_gb": dev_weights_gb},
             "prefill_time": prefill, "decode_step_time_batch1": decode_1, "decode_step_time": decode_c,
-            "limits": {"kv_memory_concurrency": kv_c, "compute_bound_batch": compute_c,
+            "limits": {"kv_memory_concurrency": kv_c * sp.dp, "compute_bound_batch": compute_c,
                        "bandwidth_decode_tok_s_batch1": 1.0 / decode_1,
                        "max_num_seqs": knobs.max_num_seqs},
             "at_concurrency": dict(sim, concurrency=concurrency)}

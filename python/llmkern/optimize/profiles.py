@@ -27,6 +27,8 @@ class HardwareProfile:
     memory_gb: float                      # device memory (KV capacity is the engine's setting)
     step_overhead_s: float = 0.0          # per engine step: scheduling, tensor building, launch
     seq_overhead_s: float = 0.0           # per sequence in a step: sampling, detokenising, bookkeeping
+    link_bw: float = 0.0                  # between two devices, bytes/s each way (0: bandwidth / 4)
+    link_latency_s: float = 1e-4          # per collective step (ring hop) or send
     cores: Optional[int] = None
     notes: str = ""
     measured_at: Optional[float] = None
@@ -34,6 +36,11 @@ class HardwareProfile:
 
     def gemm(self, dtype: str) -> float:
         return self.gemm_flops.get(dtype) or self.gemm_flops.get("float32") or max(self.gemm_flops.values())
+
+    @property
+    def link(self) -> "tuple[float, float]":
+        """(bytes/s each way, latency per step) between two devices (ranks)."""
+        return self.link_bw or self.bandwidth / 4, self.link_latency_s
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,16 +56,21 @@ _T = 1e12
 DATASHEETS = {
     "H100": HardwareProfile("H100", "cuda", False, 3.35e12, {"bfloat16": 989 * _T, "float16": 989 * _T,
                                                              "float32": 67 * _T}, 3.35e12, 989 * _T * 0.5, 80.0,
-                            step_overhead_s=2e-4, notes="H100 SXM 80GB datasheet peaks, uncalibrated"),
+                            step_overhead_s=2e-4, link_bw=450e9, link_latency_s=1e-5,
+                            notes="H100 SXM 80GB datasheet peaks (NVLink 900 GB/s both ways), uncalibrated"),
     "H200": HardwareProfile("H200", "cuda", False, 4.8e12, {"bfloat16": 989 * _T, "float16": 989 * _T,
                                                             "float32": 67 * _T}, 4.8e12, 989 * _T * 0.5, 141.0,
-                            step_overhead_s=2e-4, notes="H200 SXM 141GB datasheet peaks, uncalibrated"),
+                            step_overhead_s=2e-4, link_bw=450e9, link_latency_s=1e-5,
+                            notes="H200 SXM 141GB datasheet peaks (NVLink 900 GB/s both ways), uncalibrated"),
     "A100": HardwareProfile("A100", "cuda", False, 2.039e12, {"bfloat16": 312 * _T, "float16": 312 * _T,
                                                               "float32": 19.5 * _T}, 2.039e12, 312 * _T * 0.5, 80.0,
-                            step_overhead_s=2e-4, notes="A100 SXM 80GB datasheet peaks, uncalibrated"),
+                            step_overhead_s=2e-4, link_bw=300e9, link_latency_s=1e-5,
+                            notes="A100 SXM 80GB datasheet peaks (NVLink 600 GB/s both ways), uncalibrated"),
     "L40S": HardwareProfile("L40S", "cuda", False, 864e9, {"bfloat16": 362 * _T, "float16": 362 * _T,
                                                            "float32": 91.6 * _T}, 864e9, 362 * _T * 0.5, 48.0,
-                            step_overhead_s=2e-4, notes="L40S 48GB datasheet peaks, uncalibrated"),
+                            step_overhead_s=2e-4, link_bw=32e9, link_latency_s=2e-5,
+                            notes="L40S 48GB datasheet peaks (no NVLink: PCIe 4.0 x16, 64 GB/s both ways), "
+                                  "uncalibrated"),
 }
 
 
