@@ -124,3 +124,12 @@ def test_cli_parallel_and_fresh_install(tmp_path, capsys, monkeypatch):
     err, out = _cli(capsys, "--model", str(tmp_path), streams=True)
     assert err is None and "TTFT median" in out.out and "measuring it now" in out.err
     assert (tmp_path / "empty" / "cpu.json").is_file()
+
+
+def test_cpu_link_is_measured_with_gloo():
+    pytest.importorskip("torch.distributed")
+    from llmkern.optimize.collectives import measure_link
+
+    bw, lat = measure_link(timeout_s=120)
+    # loopback between two processes: somewhere between a slow network and the memory bus
+    assert 1e7 < bw < 1e12 and 1e-7 < lat < 0.1

@@ -2,7 +2,8 @@
 
 A profile holds the rates the step-time model needs: memory read bandwidth, dense GEMM FLOP/s per
 dtype, paged-decode attention K/V read rate and prefill attention FLOP/s (llmkern's own kernels),
-and the runtime's fixed cost per engine step and per sequence in a step. `calibrate()` measures
+the runtime's fixed cost per engine step and per sequence in a step, and the link between two
+ranks (CPU: gloo all-reduces between two processes, optimize/collectives.py). `calibrate()` measures
 them with the benchmark suite's helpers (llmkern.bench.common) in a few seconds; the datasheet
 profiles are peaks, never reached, and say so (calibrated=False)."""
 from __future__ import annotations
@@ -217,12 +218,21 @@ def median_of(ps: "list[HardwareProfile]") -> HardwareProfile:
 
 
 def calibrate(name: str = "cpu", device: str = "cpu", quick: bool = True, notes: str = "") -> HardwareProfile:
-    """Measure this machine's rates (a few seconds with quick) and return a calibrated profile."""
+    """Measure this machine's rates (a few seconds with quick, plus ~10 s for the link between two
+    CPU ranks) and return a calibrated profile."""
     import torch
 
     rates = _rates(device, quick)
     step_oh, seq_oh = _runtime_overheads(device)
+    link: Dict[str, float] = {}
+    if device == "cpu":
+        from .collectives import measure_link
+
+        try:
+            link["link_bw"], link["link_latency_s"] = measure_link()
+        except RuntimeError:
+            pass   # the default: a quarter of the memory bandwidth (HardwareProfile.link)
     return HardwareProfile(name=name, device=device, calibrated=True, **rates, memory_gb=memory_gb() or 0.0,
-                           step_overhead_s=step_oh, seq_overhead_s=seq_oh, cores=os.cpu_count(),
+                           step_overhead_s=step_oh, seq_overhead_s=seq_oh, cores=os.cpu_count(), **link,
                            notes=notes or f"{cpu_model()}, {os.cpu_count()} cores, torch threads "
                                           f"{torch.get_num_threads()}", measured_at=time.time())
