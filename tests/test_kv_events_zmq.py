@@ -163,6 +163,8 @@ def test_cleared_resync_and_array_form(tiny_dir):
     from llmkern import LLM, SamplingParams
     from llmkern.serve.kv_events import KVEventPublisher
     from llmkern.serve.kv_events_config import KVEventsConfig
+    from llmkern.router.kv_index import ReplicaKV
+    from llmkern.router.kv_zmq import ZmqKVFollower
     from llmkern.serve.kv_events_zmq import ZmqKVEventSink
 
     llm = LLM(tiny_dir, block_size=BS, num_gpu_blocks=64, max_num_seqs=2, max_num_batched_tokens=128)
@@ -176,23 +178,52 @@ def test_cleared_resync_and_array_form(tiny_dir):
     time.sleep(0.2)                  # the subscription reaches the publisher
     pub.connect_sink(sink)
     view = BlockSet()
+    follower = ZmqKVFollower(ReplicaKV(), ep)     # the router's copy, fed the same batches
+    follower.reset()
     try:
         def run(text):
             llm.generate([text], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
 
+        def check():
+            for seq, payload in recv_all(sub, view):
+                follower.apply(seq, payload)
+            cached = set(llm.engine.kv.pool.cached)
+            assert set(view.blocks) == {h & U64 for h in cached}
+            assert follower.kv.hashes == cached       # re-hashed from tokens: the engine's own hashes
+
         run("a prompt long enough for several blocks of four")
-        recv_all(sub, view)
-        assert set(view.blocks) == {h & U64 for h in llm.engine.kv.pool.cached}
+        check()
         assert sink.dropped > 0      # more than 3 events at once: the queue overflowed and resynced
         llm.reset_prefix_cache()
-        recv_all(sub, view)
+        check()
         assert view.blocks == {} and not llm.engine.kv.pool.cached
         run("another prompt, after the reset")
-        recv_all(sub, view)
-        assert set(view.blocks) == {h & U64 for h in llm.engine.kv.pool.cached} != set()
+        check()
+        assert view.blocks
     finally:
         sink.close()
         sub.close(linger=0)
+
+
+def test_router_follows_a_replica_over_zmq(tiny_dir, tmp_path):
+    """`llmkern router --worker URL,zmq=EP,replay=EP`: the router's copy of the replica's cache
+    comes from the ZMQ stream (its /admin/workers says so) and matches the replica's."""
+    cfg = {"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/kv.sock",
+           "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"}
+    with ServerProcess(["--model", tiny_dir, "--block-size", str(BS), "--num-gpu-blocks-override", "24",
+                        "--kv-events-config", json.dumps(cfg)]) as rep:
+        complete(rep, "sent before the router starts: found by its replay")
+        spec = f"{rep.base},zmq={cfg['endpoint']},replay={cfg['replay_endpoint']}"
+        with ServerProcess(["--model", tiny_dir, "--worker", spec], command="router") as router:
+            for i in range(4):
+                complete(router, f"tenant {i} says something long enough")
+            end = time.monotonic() + 10
+            while True:
+                (w,) = httpx.get(router.base + "/admin/workers", timeout=10).json()["workers"]
+                if w["cached_blocks"] == len(snapshot(rep)) or time.monotonic() > end:
+                    break
+                time.sleep(0.2)
+            assert w["kv_events"] == "zmq" and w["synced"] and w["cached_blocks"] == len(snapshot(rep)) > 0
 
 
 @pytest.mark.parametrize("text, field", [('{"enable_kv_cache_events": true, "hwm": 0}', "hwm"),
@@ -206,6 +237,16 @@ def test_bad_config_names_the_field(text, field):
 
     with pytest.raises(ValueError, match=field):
         parse_kv_events_config(text)
+
+
+def test_bad_worker_spec():
+    from llmkern.router.kv_zmq import parse_worker_spec
+
+    assert parse_worker_spec("http://h:1") == ("http://h:1", None)
+    assert parse_worker_spec("http://h:1,zmq=tcp://h:5557,topic=kv")[1]["topic"] == "kv"
+    for bad in ("http://h:1,replay=tcp://h:5558", "http://h:1,zmq", "http://h:1,port=5"):
+        with pytest.raises(ValueError, match="worker"):
+            parse_worker_spec(bad)
 
 
 def test_bad_config_on_the_command_line():
