@@ -50,12 +50,20 @@ class ZmqKVFollower:
         self.kv, self.endpoint, self.replay_endpoint, self.topic = kv, endpoint, replay, topic
         self.ours: Dict[int, int] = {}     # the replica's hash -> the router's hash of the block
         self.last: Optional[int] = None    # the last batch number applied
+        self.published = False             # kv.seq was set: a None there since is the worker's invalidate()
 
     def reset(self) -> None:
         self.ours.clear()
         self.last = None
         self.kv.hashes = set()
-        self.kv.seq = -1                   # synced, empty: nothing known cached yet
+        self._publish()
+
+    def _publish(self) -> None:
+        """Mark the copy synced (the policies use it) once the block size is known: from the first
+        BlockStored. Until then the copy stays unsynced, and the router routes on load alone."""
+        if self.kv.block_size:
+            self.kv.seq = -1 if self.last is None else self.last
+            self.published = True
 
     def apply(self, seq: int, payload: bytes) -> None:
         import msgpack
@@ -84,7 +92,8 @@ class ZmqKVFollower:
             elif kind == "AllBlocksCleared":
                 self.ours.clear()
                 kv.hashes = set()
-        self.last = kv.seq = seq
+        self.last = seq
+        self._publish()
 
     async def _replay(self, ctx, start: int) -> None:
         """Apply the kept batches from `start` on (vLLM's replay protocol: an 8-byte big-endian
@@ -107,6 +116,19 @@ class ZmqKVFollower:
             s.close()
 
     async def run(self) -> None:
+        """Follow the stream for as long as the worker is registered; an error (a replica not
+        resolvable yet, a malformed batch) starts the copy over a second later."""
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the router keeps routing with what it knows
+                log.info("llmkern router: KV events from %s interrupted (%s)", self.endpoint, e)
+                self.kv.invalidate()
+                await asyncio.sleep(1.0)
+
+    async def _follow(self) -> None:
         import zmq
         import zmq.asyncio
 
@@ -116,8 +138,11 @@ class ZmqKVFollower:
         sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
         sub.connect(self.endpoint)
         try:
+            self.published = False
+            self.reset()
+            await self._catch_up(ctx, 0)
             while True:
-                if not self.kv.synced:         # the start, or the worker was taken out meanwhile
+                if self.published and not self.kv.synced:   # the worker was taken out meanwhile
                     self.reset()
                     await self._catch_up(ctx, 0)
                 if not await sub.poll(500):   # (so that a copy invalidated meanwhile is rebuilt)

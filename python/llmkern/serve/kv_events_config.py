@@ -17,7 +17,7 @@ from typing import Optional
 class KVEventsConfig:
     enable_kv_cache_events: bool = False
     publisher: Optional[str] = None        # "null" | "zmq"; None: zmq when enabled, else null
-    endpoint: str = "tcp://*:5557"         # a wildcard, ipc:// or inproc:// binds; a host:port connects
+    endpoint: str = "tcp://*:5557"         # a wildcard (*, 0.0.0.0), ipc:// or inproc:// binds; host:port connects
     replay_endpoint: Optional[str] = None  # a ROUTER socket (always bound) resending past batches
     buffer_steps: int = 10_000             # batches kept for replay
     hwm: int = 100_000                     # the PUB socket's high-water mark

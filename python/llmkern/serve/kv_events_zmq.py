@@ -35,8 +35,10 @@ POLL_MS = 10   # the publisher thread's tick: the most an event waits before it 
 
 
 def _binds(endpoint: str) -> bool:
-    """vLLM's rule: a wildcard, ipc:// or inproc:// address is bound, a host:port is connected to."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+    """vLLM's rule: a wildcard, ipc:// or inproc:// address is bound, a host:port is connected to;
+    and (llmkern's) 0.0.0.0, which names no host to connect to, is bound too."""
+    return ("*" in endpoint or "::" in endpoint or "//0.0.0.0:" in endpoint
+            or endpoint.startswith(("ipc://", "inproc://")))
 
 
 def encode_events(events: List[tuple], block_size: int, fmt: str = "map") -> list:
