@@ -249,10 +249,13 @@ def test_bad_worker_spec():
             parse_worker_spec(bad)
 
 
-def test_bad_config_on_the_command_line():
+@pytest.mark.parametrize("args, needle", [(["--kv-events-config", '{"buffer_steps": -1}'], "buffer_steps"),
+                                          (["--data-parallel-size", "2", "--kv-events-config",
+                                            '{"enable_kv_cache_events": true}'], "--data-parallel-size")])
+def test_bad_config_on_the_command_line(args, needle):
     import os
 
     env = dict(os.environ, PYTHONPATH=package_root())
-    p = subprocess.run([sys.executable, "-m", "llmkern.cli", "serve", "--kv-events-config", '{"buffer_steps": -1}'],
+    p = subprocess.run([sys.executable, "-m", "llmkern.cli", "serve", *args],
                        capture_output=True, text=True, timeout=120, env=env)
-    assert p.returncode != 0 and "buffer_steps" in p.stderr
+    assert p.returncode != 0 and needle in p.stderr, p.stderr[-2000:]

@@ -56,10 +56,10 @@ class ServeConfig:
     def from_args(cls, a: argparse.Namespace) -> "ServeConfig":
         names = {f.name for f in fields(cls)}
         kv = getattr(a, "kv_events_config", None)
-        if kv is not None and kv.active and (getattr(a, "data_parallel_size", 1) or 1) > 1:
+        if kv is not None and kv.active and ((getattr(a, "data_parallel_size", 1) or 1) > 1 or getattr(a, "pd", None)):
             # the replicas would all bind one endpoint: start them by hand, an endpoint each
-            raise ValueError("--kv-events-config: not with --data-parallel-size > 1 (start the replicas "
-                             "separately, each with its own endpoint)")
+            raise ValueError("--kv-events-config: not with --data-parallel-size > 1 or --pd (start the "
+                             "replicas separately, each with its own endpoint)")
         return cls(**{k: v for k, v in vars(a).items() if k in names})
 
 
