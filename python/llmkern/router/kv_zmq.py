@@ -68,7 +68,9 @@ class ZmqKVFollower:
     def apply(self, seq: int, payload: bytes) -> None:
         import msgpack
 
-        _, events, *_ = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        # [ts, events, rank] as vLLM sends it; a map batch too, should a later vLLM send one
+        events = batch["events"] if isinstance(batch, dict) else batch[1]
         kv = self.kv
         for ev in map(_event, events):
             kind = ev.get("type")
