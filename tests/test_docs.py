@@ -132,6 +132,13 @@ class Run:
 
 
 SERVE = ("fastapi", "uvicorn", "httpx")
+KV_EVENTS = ("zmq", "msgpack")
+
+
+def follows_zmq(out: str, cwd: str) -> None:
+    """The router's one worker follows its prefix cache from ZMQ KV events."""
+    (w,) = json.loads(out)["workers"]
+    assert w["kv_events"] == "zmq", w
 
 RUNS: Dict[str, Run] = {
     # README.md: the main job (its pip installs are in NOT_RUN)
@@ -178,6 +185,12 @@ RUNS: Dict[str, Run] = {
         Run("client"),
     "curl -X DELETE 'localhost:8000/admin/workers?url=http://127.0.0.1:8003' -H 'X-Admin-Key: SECRET'": Run("client"),
     "curl localhost:8000/admin/workers -H 'X-Admin-Key: SECRET'": Run("client", check=workers(2)),
+    "llmkern serve --model DIR --port 8001 --kv-events-config '{\"enable_kv_cache_events\": true, \"endpoint\": "
+    "\"tcp://0.0.0.0:5557\", \"replay_endpoint\": \"tcp://0.0.0.0:5558\", \"topic\": \"kv\"}'":
+        Run("server", add=SMALL_SERVER, needs=SERVE + KV_EVENTS),
+    "llmkern router --model DIR --worker http://127.0.0.1:8001,zmq=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,"
+    "topic=kv --port 8000": Run("server", needs=SERVE + KV_EVENTS),
+    "curl -s localhost:8000/admin/workers": Run("client", check=follows_zmq),
     "llmkern bench chaos --json chaos.json":
         Run("exit", add=("--model", TINY, "--num-requests", "20", "--kill-at", "6", "--max-tokens", "8"),
             check=lambda out, cwd: (output_contains("chaos: ok", '"lost": 0')(out, cwd),

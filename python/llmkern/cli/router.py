@@ -12,9 +12,11 @@ HELP = "KV-cache-aware router in front of llmkern serve replicas"
 def add_args(p: argparse.ArgumentParser) -> None:
     from ..router.policies import POLICIES
 
-    p.add_argument("--worker", action="append", default=None, metavar="URL",
+    p.add_argument("--worker", action="append", default=None, metavar="URL[,zmq=EP,replay=EP,topic=T]",
                    help="a replica (`llmkern serve`) base URL, e.g. http://10.0.0.5:8000; repeat for more; more "
-                        "can be added at run time with POST /admin/workers")
+                        "can be added at run time with POST /admin/workers. With zmq=EP its prefix cache is "
+                        "followed from vLLM-format KV events on that ZMQ endpoint (a replica started with "
+                        "--kv-events-config, or vLLM) instead of its /kv/events SSE stream")
     p.add_argument("--model", default=None, help="the replicas' model (its tokenizer is loaded to match prefixes)")
     p.add_argument("--pd", action="store_true",
                    help="prefill-decode mode: each request is prefilled on a --prefill replica and continued on "

@@ -59,9 +59,13 @@ class BlockPool:
         self.free: "OrderedDict[int, None]" = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: Dict[int, Block] = {}   # block hash -> registered block
         self._next_reg = ROOT_REG
-        # Called (kind, block hash) with kind "stored" when a block enters the prefix index and
-        # "removed" when it leaves it: the one place where a replica's KV state is published.
-        self.on_event: Optional[Callable[[str, int], None]] = None
+        # Called (kind, block hash, parent hash, tokens) with kind "stored" when a block enters the
+        # prefix index, "removed" when it leaves it (parent and tokens None) and "cleared" when a
+        # reset empties it (hash 0): the one place where a replica's KV state is published.
+        self.on_event: Optional[Callable[[str, int, Optional[int], Optional[tuple]], None]] = None
+        # reg -> hash of the indexed blocks: a stored event names its parent by hash (published
+        # KV events chain by hash), the pool links by reg.
+        self._reg_hash: Dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -130,22 +134,33 @@ class BlockPool:
         b.block_hash, b.tokens, b.parent_reg = block_hash, tokens, parent_reg
         b.reg = reg or self.new_reg()
         self.cached[block_hash] = b
+        self._reg_hash[b.reg] = block_hash
         if self.on_event is not None:
-            self.on_event("stored", block_hash)
+            # None for a first block, or a parent that left the index meanwhile
+            self.on_event("stored", block_hash, self.parent_hash(b), tokens)
         return b.reg
 
-    def _uncache(self, b: Block) -> None:
+    def parent_hash(self, b: Block) -> Optional[int]:
+        """The hash of an indexed block's parent, or None (a first block, or a parent that left
+        the index)."""
+        return self._reg_hash.get(b.parent_reg)
+
+    def _uncache(self, b: Block, quiet: bool = False) -> None:
         del self.cached[b.block_hash]
-        if self.on_event is not None:
-            self.on_event("removed", b.block_hash)
+        self._reg_hash.pop(b.reg, None)
+        if self.on_event is not None and not quiet:
+            self.on_event("removed", b.block_hash, None, None)
         b.block_hash, b.tokens, b.reg, b.parent_reg = None, None, 0, 0
 
     def evict_all_cached(self) -> None:
-        """Drop the prefix index of every free block (e.g. when prefix caching is reset)."""
-        for bid in list(self.free):
-            b = self.blocks[bid]
-            if b.block_hash is not None:
-                self._uncache(b)
+        """Drop the prefix index of every free block (e.g. when prefix caching is reset). When that
+        empties the index, one "cleared" event says so instead of a "removed" per block."""
+        drop = [self.blocks[bid] for bid in self.free if self.blocks[bid].block_hash is not None]
+        everything = len(drop) == len(self.cached)
+        for b in drop:
+            self._uncache(b, quiet=everything)
+        if everything and drop and self.on_event is not None:
+            self.on_event("cleared", 0, None, None)
 
 
 class HostEntry:

@@ -20,6 +20,7 @@ from typing import AsyncIterator, Dict, List, Optional, Tuple
 import httpx
 
 from ..serve.errors import APIError
+from .kv_zmq import parse_worker_spec
 from .policies import RouteRequest, make_policy
 from .supervisor import KILLED
 from .worker import Worker
@@ -69,10 +70,11 @@ class Router:
             self._make(url)
 
     # -- lifecycle and registry -------------------------------------------------------------------
-    def _make(self, url: str) -> Worker:
+    def _make(self, spec: str) -> Worker:
+        url, zmq_events = parse_worker_spec(spec)    # URL[,zmq=ENDPOINT,replay=ENDPOINT,topic=T]
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"worker: expected an http(s):// URL, got {url!r}")
-        w = Worker(url, health_interval_s=self.health_interval_s)
+        w = Worker(url, health_interval_s=self.health_interval_s, zmq_events=zmq_events)
         if w.url in self.workers:
             raise ValueError(f"worker: {w.url} is already registered")
         self.workers[w.url] = w

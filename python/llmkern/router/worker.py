@@ -1,12 +1,14 @@
 """Worker: one replica as the router sees it: its URL, health, the copy of its prefix cache and
 load (ReplicaKV), the requests this router has in flight there, and per-replica counters. Two
 background tasks keep it current: a health check, and the KV sync (snapshot, then the event
-stream from the snapshot's sequence number on; again from a snapshot after any gap or reset)."""
+stream from the snapshot's sequence number on; again from a snapshot after any gap or reset), or,
+for a worker given a ZMQ endpoint, the vLLM-format event stream (kv_zmq.py)."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+from typing import Optional
 
 import httpx
 
@@ -16,9 +18,11 @@ log = logging.getLogger("llmkern.router")
 
 
 class Worker:
-    def __init__(self, url: str, health_interval_s: float = 1.0, health_timeout_s: float = 2.0):
+    def __init__(self, url: str, health_interval_s: float = 1.0, health_timeout_s: float = 2.0,
+                 zmq_events: Optional[dict] = None):
         self.url = url.rstrip("/")
         self.kv = ReplicaKV()
+        self.zmq_events = zmq_events      # {"endpoint", "replay", "topic"}: KV from ZMQ, not SSE
         self.healthy = False          # until the first health check answers
         self.inflight = 0
         self.requests = 0             # requests sent here (attempts)
@@ -29,8 +33,13 @@ class Worker:
         self._tasks = []
 
     def start(self, client: httpx.AsyncClient) -> None:
-        self._tasks = [asyncio.ensure_future(self._health_loop(client)),
-                       asyncio.ensure_future(self._sync_loop(client))]
+        if self.zmq_events is not None:
+            from .kv_zmq import ZmqKVFollower
+
+            kv_sync = ZmqKVFollower(self.kv, **self.zmq_events).run()
+        else:
+            kv_sync = self._sync_loop(client)
+        self._tasks = [asyncio.ensure_future(self._health_loop(client)), asyncio.ensure_future(kv_sync)]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -94,4 +103,4 @@ class Worker:
         return {"url": self.url, "healthy": self.healthy, "synced": self.kv.synced, "kv_seq": self.kv.seq,
                 "cached_blocks": len(self.kv.hashes), "inflight": self.inflight, "load": self.kv.load,
                 "requests": self.requests, "retried": self.retried, "failed": self.failed,
-                "resyncs": self.kv.resyncs}
+                "resyncs": self.kv.resyncs, "kv_events": "zmq" if self.zmq_events else "sse"}

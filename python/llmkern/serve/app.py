@@ -46,8 +46,14 @@ class ServerState:
         self.created = int(time.time())
         kv = getattr(eng, "kv", None)       # an engine without a paged cache publishes nothing
         self.kv_events = KVEventPublisher(kv.block_size if kv is not None else 0)
+        self.kv_events_zmq = None
         if kv is not None:
             self.kv_events.attach(eng)
+            if cfg.kv_events_config is not None and cfg.kv_events_config.active:
+                from .kv_events_zmq import ZmqKVEventSink   # pyzmq and msgpack only when asked for
+
+                self.kv_events_zmq = ZmqKVEventSink(cfg.kv_events_config, kv.block_size)
+                self.kv_events.connect_sink(self.kv_events_zmq)
 
     def load(self) -> dict:
         """What a router weighs against cache hits: requests waiting and running, prompt tokens

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import List, Optional
 
+from .kv_events_config import KVEventsConfig, kv_events_arg
+
 
 @dataclass
 class ServeConfig:
@@ -25,6 +27,7 @@ class ServeConfig:
     max_tokens_limit: Optional[int] = None      # default: the model's context length
     cors_origins: Optional[List[str]] = None    # CORS off unless origins are given
     shutdown_grace_s: float = 30.0              # in-flight requests get this long on SIGTERM
+    kv_events_config: Optional[KVEventsConfig] = None   # vLLM-format KV events over ZMQ when active
 
     def __post_init__(self):
         def bad(name, expected):
@@ -52,6 +55,11 @@ class ServeConfig:
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "ServeConfig":
         names = {f.name for f in fields(cls)}
+        kv = getattr(a, "kv_events_config", None)
+        if kv is not None and kv.active and ((getattr(a, "data_parallel_size", 1) or 1) > 1 or getattr(a, "pd", None)):
+            # the replicas would all bind one endpoint: start them by hand, an endpoint each
+            raise ValueError("--kv-events-config: not with --data-parallel-size > 1 or --pd (start the "
+                             "replicas separately, each with its own endpoint)")
         return cls(**{k: v for k, v in vars(a).items() if k in names})
 
 
@@ -69,6 +77,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens accepted (default: context)")
     g.add_argument("--shutdown-grace-s", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, how long in-flight requests may run before they are aborted")
+    g.add_argument("--kv-events-config", type=kv_events_arg, default=None, metavar="JSON",
+                   help="publish prefix-cache events in vLLM's format over ZMQ, configured as vLLM's flag, e.g. "
+                        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+                        '"replay_endpoint": "tcp://*:5558", "topic": "kv"}\'')
     g.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     a = p.add_argument_group("batching and admission")
     a.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"],
