@@ -24,6 +24,10 @@ class EngineConfig:
                                             # shared prefixes grouped and computed once, biggest first)
     policy: str = "fcfs"                    # "fcfs" | "priority" (lower Request.priority first)
     max_wait_ms: float = 0.0                # dynamic: how long the oldest request may wait for a full batch
+    # continuous: a step that admits new prompts leaves the running decodes out (they run in the
+    # next step) at most this many steps in a row, so a new request's first token does not wait for
+    # them; 0 mixes them in every step (scheduler.py)
+    decode_defer_steps: int = 0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048      # token budget per step
     enable_chunked_prefill: bool = True
@@ -76,6 +80,9 @@ class EngineConfig:
             bad("scheduler", "'continuous', 'static' or 'dynamic'")
         if self.policy not in ("fcfs", "priority"):
             bad("policy", "'fcfs' or 'priority'")
+        if not isinstance(self.decode_defer_steps, int) or isinstance(self.decode_defer_steps, bool) \
+                or self.decode_defer_steps < 0:
+            bad("decode_defer_steps", "an integer >= 0")
         if not isinstance(self.max_wait_ms, (int, float)) or isinstance(self.max_wait_ms, bool) or \
                 not 0 <= self.max_wait_ms < float("inf"):
             bad("max_wait_ms", "a finite number of milliseconds >= 0")

@@ -10,6 +10,8 @@ Continuous policy, per step under a token budget (max_num_batched_tokens) and a 
      chunked prefill the last admitted one may get only part of its prompt. With
      schedule="throughput" (offline work) the queue is ordered and admitted by admission.py's
      rules instead: prefix groups together, biggest first, shared blocks computed once.
+With decode_defer_steps = n > 0, a step in which a prompt completes leaves the running decodes
+for the next step, at most n steps in a row (new requests' first tokens come sooner; _defer_decodes).
 Static policy: admit up to max_num_seqs, run that batch to completion, then admit the next.
 Dynamic policy: static, but a batch starts only when max_num_seqs sequences wait or the oldest
 has waited max_wait_ms (the batch forms while the previous one runs).
@@ -58,6 +60,7 @@ class Scheduler:
         # Sequences of micro-batches still in the pipeline (pipeline parallelism): their next token
         # is not known yet, so they are neither scheduled nor preempted until their step completes.
         self.busy: set = set()
+        self._deferred = 0   # steps in a row whose decodes were deferred (decode_defer_steps)
         self.budget = config.max_num_batched_tokens
         if not config.enable_chunked_prefill:
             # A whole prompt must fit in one step.
@@ -223,6 +226,24 @@ class Scheduler:
             batch.prefill_lens.append(n)
             if throughput and self.kv.enable_prefix_caching:
                 inflight.update(admission.prompt_hashes(seq, self.kv.block_size)[seq.num_cached_blocks:])
+        return self._defer_decodes(batch, pipelined=max_seqs is not None)
+
+    def _defer_decodes(self, batch: ScheduledBatch, pipelined: bool) -> ScheduledBatch:
+        """Bounded decode deferral (config.decode_defer_steps = n): a step in which some prompt
+        completes runs without the running decodes, at most n steps in a row. The new request's
+        first token then costs only its prefill, and the decodes lose nothing: mixed in, they would
+        have waited for the same prefill; alone after it they pay one more step's fixed cost (the
+        weight read). Their KV slots stay allocated for the next step."""
+        if not batch.decodes:
+            return batch
+        first_tokens = any(n == s.num_tokens - s.num_computed_tokens
+                           for s, n in zip(batch.prefills, batch.prefill_lens))
+        if (first_tokens and self._deferred < self.config.decode_defer_steps and not pipelined
+                and self.config.speculative is None):
+            batch.decodes = []
+            self._deferred += 1
+        else:
+            self._deferred = 0
         return batch
 
     def admit_loaded(self, seq: Sequence) -> None:

@@ -32,4 +32,5 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def serve_engine_kwargs(a) -> dict:
     """EngineConfig keyword arguments of a serve (or generate/embed) command, the role's included."""
-    return dict(engine_kwargs(a), kv_prefault=getattr(a, "kv_prefault", False), **role_kwargs(a))
+    return dict(engine_kwargs(a), kv_prefault=getattr(a, "kv_prefault", False),
+                decode_defer_steps=getattr(a, "decode_defer_steps", 0), **role_kwargs(a))
