@@ -10,17 +10,23 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..kvcache import Caches, KVTiers, LayerGroup, build_kv_tiers
+from ..kvcache.blocks import scatter_blocks
 from .config import EngineConfig
 from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool, block_hash
 from .sequence import Sequence
 
 
 def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
-                   device: torch.device) -> "KVCacheManager":
+                   device: torch.device, model=None) -> "KVCacheManager":
     """The engine's KV cache: the tiers sized from config (kvcache.build_kv_tiers) under the block
-    bookkeeping."""
-    return KVCacheManager.on_tiers(build_kv_tiers(config.kv_spec(), layers, dtype, device), config.block_size,
-                                   config.enable_prefix_caching)
+    bookkeeping, and the disk tier when config has a kv_disk_path (its files are `model`'s)."""
+    kv = KVCacheManager.on_tiers(build_kv_tiers(config.kv_spec(), layers, dtype, device), config.block_size,
+                                 config.enable_prefix_caching)
+    if config.kv_disk_path is not None:
+        from .kv_disk import open_disk_tier
+
+        kv.disk = open_disk_tier(config, layers, dtype, model, kv.caches, kv.live_regs)
+    return kv
 
 
 @dataclass
@@ -28,6 +34,7 @@ class CacheStats:
     prefix_query_tokens: int = 0     # prompt tokens looked up in the prefix cache
     prefix_hit_tokens: int = 0       # ... found (device or host tier)
     offload_hit_tokens: int = 0      # ... found in the host tier and brought back
+    disk_hit_tokens: int = 0         # ... found in the disk tier and read back
     blocks_offloaded: int = 0        # device -> host copies of evicted prefix blocks
     blocks_restored: int = 0         # host -> device copies on offload hits
     blocks_swapped_out: int = 0
@@ -49,6 +56,7 @@ class KVCacheManager:
         self.swap_pool = HostPool(swap_caches[0][0].shape[0]) if swap_caches else None
         self.stats = CacheStats()
         self.copy_log: Optional[list] = None  # set by a model-parallel engine: block copies to replay
+        self.disk = None  # the disk tier (kv_disk.DiskLink), set by build_kv_cache
 
     @classmethod
     def on_tiers(cls, tiers: KVTiers, block_size: int, enable_prefix_caching: bool) -> "KVCacheManager":
@@ -71,6 +79,8 @@ class KVCacheManager:
 
     def _allocate(self, n: int) -> List[int]:
         bids, evicted = self.pool.allocate(n)
+        if evicted and self.disk is not None:
+            self.disk.write(evicted)
         if evicted and self.offload is not None:
             self._offload(evicted)
         return bids
@@ -147,6 +157,7 @@ class KVCacheManager:
             parent = e.reg
         # Host-tier hits need device blocks; cut the plan where the pool runs short.
         n_host, cut = 0, len(plan)
+        walked = len(plan)  # blocks found before the first miss
         for j, (_, e) in enumerate(plan):
             if e is not None:
                 if n_host == self.pool.num_free:
@@ -174,6 +185,8 @@ class KVCacheManager:
             self.stats.offload_hit_tokens += len(host) * bs
         for bid, e in plan:
             regs.append(e.reg if e is not None else self.pool.blocks[bid].reg)
+        if self.disk is not None and cut == walked < max_blocks:  # a miss above, not a short pool: try the disk
+            self._from_disk(seq, bids, regs, max_blocks)
         seq.block_ids = bids
         seq.num_cached_blocks = len(bids)
         seq.block_regs = regs
@@ -184,6 +197,38 @@ class KVCacheManager:
             self.stats.prefix_query_tokens += seq.num_tokens
             self.stats.prefix_hit_tokens += n
         return n
+
+    def _from_disk(self, seq: Sequence, bids: List[int], regs: List[int], max_blocks: int) -> None:
+        """Extend the hit (bids, regs) with the blocks that follow it on disk, read into new
+        device blocks (as many as are free) and indexed like computed ones."""
+        start = len(bids)
+        found = self.disk.find(seq.token_ids, seq.block_hashes, start, min(max_blocks, start + self.pool.num_free))
+        if not found:
+            return
+        dev = self._allocate(len(found))
+        scatter_blocks(self.caches, dev, self.disk.tier.assemble([p for _, p in found]))
+        parent = regs[-1] if regs else ROOT_REG
+        for ((h, digest, toks), _), d in zip(found, dev):
+            parent = self.pool.register(d, h, toks, parent)
+            self.disk.digests[parent] = digest
+            regs.append(parent)
+        bids.extend(dev)
+        self.stats.disk_hit_tokens += len(found) * self.block_size
+
+    def live_regs(self) -> set:
+        """Reg ids of the blocks indexed in the device and host tiers."""
+        live = {b.reg for b in self.pool.cached.values()}
+        return live | ({e.reg for e in self.offload.cached.values()} if self.offload is not None else set())
+
+    def close(self) -> None:
+        """Stop the disk tier's writer once the device's cached blocks are written too."""
+        if self.disk is not None:
+            self.disk.close([Evicted(b) for b in self.pool.cached.values()])
+            self.disk = None
+
+    def stats_fields(self) -> dict:
+        """The disk tier's EngineStats fields."""
+        return self.disk.stats_fields(self.stats.disk_hit_tokens) if self.disk is not None else {}
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Blocks for the next num_new_tokens of seq; False (nothing changed) if the pool is short."""
@@ -208,6 +253,8 @@ class KVCacheManager:
             parent = regs[i - 1] if i else ROOT_REG
             toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             regs.append(self.pool.register(seq.block_ids[i], seq.block_hashes[i], toks, parent))
+            if self.disk is not None:
+                self.disk.registered(regs[-1], parent, toks)
         seq.num_cached_blocks = full
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:

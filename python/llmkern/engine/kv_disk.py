@@ -1,0 +1,113 @@
+"""The disk KV tier (kvcache.disk_tier) under the block bookkeeping: which model's blocks a
+directory holds (the fingerprint), the prefix digest of every registered block (what a file is
+checked against), evicted blocks staged for the writer thread, and a sequence's next blocks read
+back."""
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+from ..kvcache.blocks import gather_blocks
+from ..kvcache.disk_format import ROOT_DIGEST, VERSION, chain_digest
+from ..kvcache.disk_tier import BlockKey, DiskTier
+from .block_pool import ROOT_REG, Evicted
+
+_GiB = 1 << 30
+_STAGE_BLOCKS = 256  # blocks per staging buffer when many are written at once (shutdown)
+
+
+def model_fingerprint(model, layers, dtype: torch.dtype, block_size: int, extra: str = "") -> str:
+    """Hex digest naming what a block's bytes depend on: the model's architecture and a sample of
+    its weights (a fine-tune with the same config differs), the KV dtype, geometry and block size."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr((VERSION, getattr(model, "config", None), str(dtype), list(layers), block_size, extra)).encode())
+    params = list(model.named_parameters()) if hasattr(model, "named_parameters") else []
+    for name, p in params[:2] + params[-2:]:
+        h.update(name.encode())
+        h.update(p.detach().reshape(-1)[:4096].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def part_sizes(caches) -> List[int]:
+    """Bytes of one block in each K and V cache, layer-major (gather_blocks' order)."""
+    return [c[0].numel() * c.element_size() for k, v in caches for c in (k, v)]
+
+
+class DiskLink:
+    def __init__(self, tier: DiskTier, caches, block_size: int, live_regs: Callable[[], set]):
+        self.tier = tier
+        self.caches = caches
+        self.block_size = block_size
+        self.digests: Dict[int, bytes] = {}  # reg of a registered block -> its prefix digest
+        self._live_regs = live_regs
+        self._prune_at = 1024
+
+    def registered(self, reg: int, parent_reg: int, tokens: tuple) -> None:
+        parent = ROOT_DIGEST if parent_reg == ROOT_REG else self.digests.get(parent_reg)
+        if parent is None:  # the parent's digest is gone: this block is never written
+            return
+        self.digests[reg] = chain_digest(parent, tokens)
+        if len(self.digests) > self._prune_at:  # keep the digests of indexed blocks only
+            live = self._live_regs()
+            self.digests = {r: d for r, d in self.digests.items() if r in live}
+            self._prune_at = max(1024, 2 * len(self.digests))
+
+    def write(self, evicted: List[Evicted], wait: bool = False) -> None:
+        """Stage evicted blocks for the writer (before the device blocks are reused)."""
+        if not self.tier.writable:
+            return
+        todo = [(e.block_id, (e.block_hash, self.digests[e.reg], e.tokens)) for e in evicted
+                if e.reg in self.digests and not self.tier.known(e.block_hash)]
+        for i in range(0, len(todo), _STAGE_BLOCKS):
+            part = todo[i:i + _STAGE_BLOCKS]
+            data, ready = self._stage([bid for bid, _ in part])
+            self.tier.submit([k for _, k in part], data, ready, wait)
+
+    def _stage(self, block_ids: List[int]):
+        """The blocks' bytes on the CPU, and a CUDA event that completes once they are there."""
+        data = gather_blocks(self.caches, block_ids)
+        if data.device.type == "cpu":
+            return data, None
+        # The copy is queued on the stream ahead of whatever overwrites the blocks; the writer
+        # thread waits on the event, the engine thread does not.
+        host = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True)
+        host.copy_(data, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
+
+    def find(self, token_ids, hashes: List[int], start: int, stop: int) -> List[Tuple[BlockKey, memoryview]]:
+        """Blocks start.. of a prompt found on disk and verified, in order, stopping at the first
+        miss or at `stop`."""
+        bs = self.block_size
+        d = ROOT_DIGEST
+        for i in range(start):
+            d = chain_digest(d, token_ids[i * bs:(i + 1) * bs])
+        out = []
+        for i in range(start, stop):
+            toks = tuple(token_ids[i * bs:(i + 1) * bs])
+            d = chain_digest(d, toks)
+            payload = self.tier.read(hashes[i], d, toks)
+            if payload is None:
+                break
+            out.append(((hashes[i], d, toks), payload))
+        return out
+
+    def close(self, cached: List[Evicted]) -> None:
+        """Write what the device still caches (a restarted engine finds it), then stop the writer."""
+        self.write(cached[-max(1, self.tier.max_bytes // max(1, self.tier.block_bytes)):], wait=True)
+        self.tier.flush()
+        self.tier.close()
+
+    def stats_fields(self, hit_tokens: int) -> dict:
+        s = self.tier.stats
+        return dict(kv_disk_hit_tokens=hit_tokens, kv_disk_blocks_written=s.blocks_written,
+                    kv_disk_write_drops=s.write_drops, kv_disk_bad_files=s.bad_files)
+
+
+def open_disk_tier(config, layers, dtype: torch.dtype, model, caches, live_regs) -> DiskLink:
+    fp = model_fingerprint(model, layers, dtype, config.block_size, repr(config.speculative))
+    tier = DiskTier(config.kv_disk_path, int(config.kv_disk_gb * _GiB), fp, part_sizes(caches))
+    return DiskLink(tier, caches, config.block_size, live_regs)
