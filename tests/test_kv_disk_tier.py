@@ -92,7 +92,10 @@ def lookup(tmp_path, tokens=PROMPT, fp=FP):
 
 def test_evicted_blocks_come_back_from_disk_exactly(tmp_path):
     written(tmp_path)
-    kv, s, n = lookup(tmp_path)
+    kv = make_kv(tmp_path)
+    s = make_seq(PROMPT)
+    assert kv.cached_prefix_tokens(s) == 16  # what load reports count: the files are seen
+    n = kv.acquire_prefix(s)
     assert n == 16 and kv.stats.disk_hit_tokens == 16 and kv_ok(kv, s, 16)
     assert kv.disk.tier.stats.hit_blocks == 4
     # read-back blocks are indexed like computed ones: a second sequence hits them on the device
@@ -316,3 +319,19 @@ def test_another_process_reuses_the_blocks(tmp_path, reference):
     assert proc.returncode == 0, out[-2000:]
     outs, st = _run(tmp_path, [LONG])  # the other process shut down: its cached blocks were written
     assert outs[0] == reference and st.kv_disk_hit_tokens >= 64
+
+
+def test_the_docs_example_runs(tmp_path, monkeypatch, capsys):
+    import re
+
+    from serve_helpers import require_default_model
+
+    require_default_model()
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "runtime.md")) as f:
+        section = f.read().split("## The disk KV tier", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    monkeypatch.chdir(tmp_path)  # its DIR is relative
+    scope: dict = {}
+    exec(compile(code, "docs/runtime.md", "exec"), scope)
+    hits = int(capsys.readouterr().out.split()[0])
+    assert hits > 0 and scope["again"][0].outputs[0].token_ids == scope["first"][0].outputs[0].token_ids

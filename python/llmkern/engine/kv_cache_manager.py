@@ -114,18 +114,22 @@ class KVCacheManager:
             hashes.append(block_hash(hashes[i - 1] if i else 0, toks[i * bs:(i + 1) * bs]))
 
     def cached_prefix_tokens(self, seq: Sequence) -> int:
-        """Prompt tokens a waiting sequence would find cached (device or host tier) if it started
-        now, by block hash alone (an estimate for load reports: a colliding hash is caught when
-        acquire_prefix compares the tokens); takes nothing. Runs after every step for every
-        waiting sequence: dictionary lookups only, each block's hash computed once per sequence."""
+        """Prompt tokens a waiting sequence would find cached (device, host or disk tier) if it
+        started now, by block hash alone (an estimate for load reports: a colliding hash is caught
+        when acquire_prefix compares the tokens, a bad file when it reads it); takes nothing. Runs
+        after every step for every waiting sequence: set and dictionary lookups only, each block's
+        hash computed once per sequence."""
         if not self.enable_prefix_caching or seq.block_ids:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
         self._hash_blocks(seq, max_blocks)
         dev = self.pool.cached
         host = self.offload.cached if self.offload is not None else {}
+        disk = self.disk.tier.index if self.disk is not None else ()
         n = 0
         while n < max_blocks and (seq.block_hashes[n] in dev or seq.block_hashes[n] in host):
+            n += 1
+        while n < max_blocks and seq.block_hashes[n] in disk:
             n += 1
         return n * self.block_size
 
