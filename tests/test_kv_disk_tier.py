@@ -283,10 +283,21 @@ def _run(path, prompts, **kw):
         return outs, llm.engine.stats()
 
 
-def test_a_fresh_engine_loads_the_prefix_from_disk_with_identical_output(tmp_path, reference):
-    outs, st = _run(tmp_path, [LONG, OTHER])
-    assert outs[0] == reference and st.kv_disk_blocks_written > 0 and st.kv_disk_hit_tokens == 0
-    outs, st = _run(tmp_path, [LONG], num_cpu_offload_blocks=4)
+def test_the_same_engine_and_a_fresh_one_load_the_prefix_from_disk_with_identical_output(tmp_path, reference):
+    from llmkern import LLM
+
+    with LLM(**SMALL, kv_disk_path=str(tmp_path)) as llm:
+        def gen(p):
+            return llm.generate([p], SamplingParams(**GREEDY), use_tqdm=False)[0].outputs[0].token_ids
+
+        assert gen(LONG) == reference
+        gen(OTHER)  # evicts LONG's last blocks: written to disk
+        llm.engine.kv.disk.tier.flush()
+        st = llm.engine.stats()
+        assert st.kv_disk_blocks_written > 0 and st.kv_disk_hit_tokens == 0
+        assert gen(LONG) == reference  # its first blocks still on the device, the others from disk
+        assert llm.engine.stats().kv_disk_hit_tokens > 0
+    outs, st = _run(tmp_path, [LONG], num_cpu_offload_blocks=4)  # a restart
     assert outs[0] == reference
     assert st.kv_disk_hit_tokens >= 64 and st.prompt_tokens_computed < 20 and st.kv_disk_bad_files == 0
 
