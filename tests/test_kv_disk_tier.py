@@ -9,7 +9,9 @@ import errno
 import os
 import subprocess
 import sys
+import random
 import threading
+import time
 import zlib
 
 import pytest
@@ -174,6 +176,23 @@ def test_a_full_disk_turns_writes_off_and_the_engine_goes_on(tmp_path, monkeypat
     assert os.listdir(tmp_path / FP) == [] and lookup(tmp_path)[2] == 0
 
 
+def test_a_full_write_queue_drops_blocks_and_counts_them(tmp_path, monkeypatch):
+    kv = make_kv(tmp_path, n=4)
+    tier = kv.disk.tier
+    tier._q = __import__("queue").Queue(maxsize=1)
+    release = threading.Event()
+    write_job = tier._write_job
+    monkeypatch.setattr(tier, "_write_job", lambda *a: (release.wait(10), write_job(*a)))
+    for r in range(4):  # each prompt evicts the previous one's 4 blocks: 3 jobs of 4 blocks
+        s = make_seq(range(1000 * r, 1000 * r + 16))
+        fill(kv, s)
+        kv.free(s)
+    assert tier.stats.write_drops >= 4  # the writer is stuck on the first job, one more waits
+    release.set()
+    tier.flush()
+    assert tier.stats.blocks_written + tier.stats.write_drops == 12 and len(files(tmp_path)) == tier.stats.blocks_written
+
+
 def test_concurrent_writers_of_one_block_never_expose_a_partial_file(tmp_path):
     tiers = [DiskTier(str(tmp_path), 1 << 30, FP, [4096] * 8) for _ in range(4)]
     toks = (1, 2, 3, 4)
@@ -187,17 +206,20 @@ def test_concurrent_writers_of_one_block_never_expose_a_partial_file(tmp_path):
         chunks = [mv[i * 4096:(i + 1) * 4096] for i in range(8)]
         while not stop.is_set():
             t._write_block(77, digest, toks, chunks)
-            try:
-                os.unlink(path)  # so the next round writes again
-            except OSError:
-                pass
+            if random.random() < 0.5:
+                try:
+                    os.unlink(path)  # so a later round writes again
+                except OSError:
+                    pass
 
     threads = [threading.Thread(target=writer, args=(t,)) for t in tiers[1:]]
     for t in threads:
         t.start()
     reader, seen = tiers[0], 0
+    deadline = time.monotonic() + 20
     try:
-        for _ in range(300):
+        while (seen < 100 or reader.stats.blocks_written + sum(t.stats.blocks_written for t in tiers) < 100) \
+                and time.monotonic() < deadline:
             p = reader.read(77, digest, toks)
             if p is not None:
                 seen += 1

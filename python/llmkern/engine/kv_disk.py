@@ -15,7 +15,8 @@ from ..kvcache.disk_tier import BlockKey, DiskTier
 from .block_pool import ROOT_REG, Evicted
 
 _GiB = 1 << 30
-_STAGE_BLOCKS = 256  # blocks per staging buffer when many are written at once (shutdown)
+_STAGE_BLOCKS = 16  # blocks per staging buffer (more evicted at once take several)
+_KEEP_BUFFERS = 8   # staging buffers kept for reuse: a fresh one costs page faults on the engine thread
 
 
 def model_fingerprint(model, layers, dtype: torch.dtype, block_size: int, extra: str = "") -> str:
@@ -46,6 +47,7 @@ class DiskLink:
         self.digests: Dict[int, bytes] = {}  # reg of a registered block -> its prefix digest
         self._live_regs = live_regs
         self._prune_at = 1024
+        self._buffers: List[torch.Tensor] = []  # free staging buffers (the writer gives them back)
 
     def registered(self, reg: int, parent_reg: int, tokens: tuple) -> None:
         parent = ROOT_DIGEST if parent_reg == ROOT_REG else self.digests.get(parent_reg)
@@ -65,21 +67,35 @@ class DiskLink:
                 if e.reg in self.digests and not self.tier.known(e.block_hash)]
         for i in range(0, len(todo), _STAGE_BLOCKS):
             part = todo[i:i + _STAGE_BLOCKS]
-            data, ready = self._stage([bid for bid, _ in part])
-            self.tier.submit([k for _, k in part], data, ready, wait)
+            keys = [k for _, k in part]
+            if not wait and self.tier.full():  # dropped before anything is copied
+                self.tier.submit(keys, None)
+                continue
+            buf = self._buffers.pop() if self._buffers else self._new_buffer()
+            data, ready = self._stage([bid for bid, _ in part], buf)
+            if not self.tier.submit(keys, data, ready, wait, done=lambda b=buf: self._give_back(b)):
+                self._give_back(buf)
 
-    def _stage(self, block_ids: List[int]):
-        """The blocks' bytes on the CPU, and a CUDA event that completes once they are there."""
-        data = gather_blocks(self.caches, block_ids)
-        if data.device.type == "cpu":
-            return data, None
+    def _new_buffer(self) -> torch.Tensor:
+        pin = self.caches[0][0].is_cuda  # the device -> host copy is then asynchronous
+        with torch.inference_mode(False):  # a plain tensor: also written outside the engine's steps (shutdown)
+            return torch.empty(_STAGE_BLOCKS * self.tier.block_bytes, dtype=torch.uint8, pin_memory=pin)
+
+    def _give_back(self, buf: torch.Tensor) -> None:
+        if len(self._buffers) < _KEEP_BUFFERS:
+            self._buffers.append(buf)
+
+    def _stage(self, block_ids: List[int], buf: torch.Tensor):
+        """The blocks' bytes in (a prefix of) buf, and a CUDA event that completes once they are there."""
+        out = buf[:len(block_ids) * self.tier.block_bytes]
+        if not buf.is_pinned():
+            return gather_blocks(self.caches, block_ids, out=out), None
         # The copy is queued on the stream ahead of whatever overwrites the blocks; the writer
         # thread waits on the event, the engine thread does not.
-        host = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True)
-        host.copy_(data, non_blocking=True)
+        out.copy_(gather_blocks(self.caches, block_ids), non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return host, ready
+        return out, ready
 
     def find(self, token_ids, hashes: List[int], start: int, stop: int) -> List[Tuple[BlockKey, memoryview]]:
         """Blocks start.. of a prompt found on disk and verified, in order, stopping at the first

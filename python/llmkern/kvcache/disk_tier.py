@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -110,17 +110,22 @@ class DiskTier:
         return out
 
     # -- writes ---------------------------------------------------------------------------------
-    def submit(self, keys: List[BlockKey], data: torch.Tensor, ready=None, wait: bool = False) -> bool:
-        """Queue blocks for writing: data is their n-block buffer on the CPU; ready (a CUDA
-        event or None) completes once data is filled. Without wait, a full queue drops them."""
-        if not self.writable:
+    def full(self) -> bool:
+        return self._q.full()
+
+    def submit(self, keys: List[BlockKey], data: Optional[torch.Tensor], ready=None, wait: bool = False,
+               done: Optional[Callable[[], None]] = None) -> bool:
+        """Queue blocks for writing: data is their n-block buffer on the CPU (None: drop them);
+        ready (a CUDA event or None) completes once data is filled; done() is called once data is
+        no longer needed. Without wait, a full queue drops them. False when dropped."""
+        if not self.writable or data is None:
             self.stats.write_drops += len(keys)
             return False
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="llmkern-kv-disk", daemon=True)
             self._thread.start()
         try:
-            self._q.put((keys, data, ready), block=wait)
+            self._q.put((keys, data, ready, done), block=wait)
             return True
         except queue.Full:
             self.stats.write_drops += len(keys)
@@ -143,10 +148,12 @@ class DiskTier:
             try:
                 if job is None:
                     return
-                self._write_job(*job)
+                self._write_job(*job[:3])
             except Exception:  # the engine goes on without the blocks
                 log.exception("llmkern: disk KV tier: write failed")
             finally:
+                if job is not None and job[3] is not None:
+                    job[3]()
                 self._q.task_done()
 
     def _write_job(self, keys: List[BlockKey], data: torch.Tensor, ready) -> None:
@@ -181,9 +188,12 @@ class DiskTier:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 self.writable = False
                 log.warning("llmkern: disk KV tier: %s is full; writes are off from now on (%s)", self.dir, e)
-            else:
-                self.stats.write_errors += 1
-                log.warning("llmkern: disk KV tier: cannot write %s: %s", path, e)
+                return
+            if not self.stats.write_errors:  # once: a removed directory would fail every write
+                log.warning("llmkern: disk KV tier: cannot write %s: %s (further errors are only counted)", path, e)
+            self.stats.write_errors += 1
+            if isinstance(e, FileNotFoundError):  # the directory was removed: the next writes recreate it
+                os.makedirs(self.dir, exist_ok=True)
             return
         self.index.add(h)
         self._bytes += len(header) + self.block_bytes
@@ -209,7 +219,11 @@ class DiskTier:
         """Scan the directory (every engine sharing it writes there), then delete the least
         recently used files down to 90% of max_bytes once it is over."""
         files, now = [], time.time()
-        with os.scandir(self.dir) as it:
+        try:
+            it = os.scandir(self.dir)
+        except OSError:  # removed meanwhile: nothing to count
+            return
+        with it:
             for e in it:
                 try:
                     st = e.stat()
