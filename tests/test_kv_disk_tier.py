@@ -266,15 +266,11 @@ def test_bad_options_name_the_field(tmp_path, kwargs, field):
         EngineConfig(device="cpu", **kwargs)
 
 
-def test_the_command_line_options_reach_the_config(tmp_path):
-    import argparse
+def test_the_serve_options_reach_the_config(tmp_path):
+    from llmkern.serve.command_args import serve_engine_kwargs, serve_parser
 
-    from llmkern.engine.args import add_engine_args, engine_kwargs
-
-    p = argparse.ArgumentParser()
-    add_engine_args(p)
-    kw = engine_kwargs(p.parse_args(["--kv-disk-path", str(tmp_path), "--kv-disk-gb", "0.5", "--device", "cpu"]))
-    c = EngineConfig(**kw)
+    a = serve_parser().parse_args(["--kv-disk-path", str(tmp_path), "--kv-disk-gb", "0.5", "--device", "cpu"])
+    c = EngineConfig(**serve_engine_kwargs(a))
     assert (c.kv_disk_path, c.kv_disk_gb) == (str(tmp_path), 0.5)
 
 

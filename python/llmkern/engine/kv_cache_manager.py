@@ -32,7 +32,7 @@ def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.
 @dataclass
 class CacheStats:
     prefix_query_tokens: int = 0     # prompt tokens looked up in the prefix cache
-    prefix_hit_tokens: int = 0       # ... found (device or host tier)
+    prefix_hit_tokens: int = 0       # ... found (device, host or disk tier)
     offload_hit_tokens: int = 0      # ... found in the host tier and brought back
     disk_hit_tokens: int = 0         # ... found in the disk tier and read back
     blocks_offloaded: int = 0        # device -> host copies of evicted prefix blocks
@@ -293,7 +293,8 @@ class KVCacheManager:
         self.pool.release(reversed(block_ids))
 
     def reset_prefix_cache(self) -> None:
-        """Drop the index of every cached block not in use, on the device and in the host tier."""
+        """Drop the index of every cached block not in use, on the device and in the host tier
+        (not the disk tier's files: other engines share them)."""
         self.pool.evict_all_cached()
         if self.offload is not None:
             self.offload.give_back([e.block_id for e in self.offload.cached.values()])
