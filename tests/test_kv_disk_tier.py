@@ -105,6 +105,45 @@ def test_evicted_blocks_come_back_from_disk_exactly(tmp_path):
     assert kv.acquire_prefix(s2) == 16 and kv.stats.disk_hit_tokens == 16
 
 
+def test_staged_and_assembled_buffers_have_gather_blocks_layout(tmp_path):
+    from llmkern.kvcache.blocks import gather_blocks
+
+    kv = make_kv(tmp_path)
+    for i, (k, v) in enumerate(kv.caches):
+        k.copy_(torch.randn_like(k))
+        v.copy_(torch.randn_like(v))
+    bids = [5, 2, 3]
+    want = gather_blocks(kv.caches, bids)
+    buf = kv.disk._new_buffer()
+    staged, ready = kv.disk._stage(bids, buf)  # the CPU path: memoryview copies
+    assert ready is None and torch.equal(staged, want)
+    tier, mv = kv.disk.tier, memoryview(want.numpy())
+    payloads = []  # per block, as files hold them: each part of the block in turn
+    for j in range(3):
+        off, chunks = 0, []
+        for s in tier.parts:
+            chunks.append(bytes(mv[off + j * s:off + (j + 1) * s]))
+            off += 3 * s
+        payloads.append(memoryview(b"".join(chunks)))
+    assert torch.equal(tier.assemble(payloads), want)  # the GPU path's host buffer
+    kv.disk.load([7, 6, 0], payloads)
+    assert torch.equal(gather_blocks(kv.caches, [7, 6, 0]), want)
+
+
+def test_a_queued_prompt_is_read_ahead(tmp_path):
+    written(tmp_path)
+    kv = make_kv(tmp_path)
+    s = make_seq(PROMPT)
+    kv.prefetch(s)
+    deadline = time.monotonic() + 20
+    while len(kv.disk.ahead.held) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for p in files(tmp_path):  # admission now finds the blocks in memory
+        os.unlink(p)
+    assert kv.acquire_prefix(s) == 16 and kv_ok(kv, s, 16) and not kv.disk.ahead.held
+    kv.disk.ahead.close()
+
+
 def test_a_longer_prompt_takes_the_prefix_from_disk_and_computes_the_rest(tmp_path):
     written(tmp_path)
     kv, s, n = lookup(tmp_path, PROMPT[:9] + [7, 7, 7, 7, 7])
@@ -329,7 +368,7 @@ def test_corrupted_files_are_recomputed_with_identical_output(tmp_path, referenc
             data[-1] ^= 0xFF
             open(p, "wb").write(bytes(data))
     outs, st = _run(tmp_path, [LONG])
-    assert outs[0] == reference and st.kv_disk_hit_tokens == 0 and st.kv_disk_bad_files == 1
+    assert outs[0] == reference and st.kv_disk_hit_tokens == 0 and st.kv_disk_bad_files >= 1
 
 
 def test_another_process_reuses_the_blocks(tmp_path, reference):

@@ -221,6 +221,7 @@ class Engine:
             if kvp is not None:
                 pd.add_loading(seq, kvp)   # waits for its KV, then runs
             else:
+                self.kv.prefetch(seq)   # the disk KV tier reads ahead what it will look up
                 self.scheduler.add(seq)
         return request_id
 

@@ -10,7 +10,6 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..kvcache import Caches, KVTiers, LayerGroup, build_kv_tiers
-from ..kvcache.blocks import scatter_blocks
 from .config import EngineConfig
 from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool, block_hash
 from .sequence import Sequence
@@ -122,16 +121,27 @@ class KVCacheManager:
         if not self.enable_prefix_caching or seq.block_ids:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        self._hash_blocks(seq, max_blocks)
-        dev = self.pool.cached
-        host = self.offload.cached if self.offload is not None else {}
+        n = self._resident_blocks(seq, max_blocks)
         disk = self.disk.tier.index if self.disk is not None else ()
-        n = 0
-        while n < max_blocks and (seq.block_hashes[n] in dev or seq.block_hashes[n] in host):
-            n += 1
         while n < max_blocks and seq.block_hashes[n] in disk:
             n += 1
         return n * self.block_size
+
+    def _resident_blocks(self, seq: Sequence, max_blocks: int) -> int:
+        """Leading blocks of seq in the device or host tier, by hash."""
+        self._hash_blocks(seq, max_blocks)
+        dev = self.pool.cached
+        host = self.offload.cached if self.offload is not None else {}
+        n = 0
+        while n < max_blocks and (seq.block_hashes[n] in dev or seq.block_hashes[n] in host):
+            n += 1
+        return n
+
+    def prefetch(self, seq: Sequence) -> None:
+        """For a sequence just queued: start reading the blocks it will look up on disk."""
+        if self.disk is not None and not seq.block_ids:
+            max_blocks = (seq.num_tokens - 1) // self.block_size
+            self.disk.ahead.submit(seq.token_ids, seq.block_hashes, self._resident_blocks(seq, max_blocks), max_blocks)
 
     def acquire_prefix(self, seq: Sequence) -> int:
         """For a sequence about to start: take the longest cached prefix of full blocks (at least
@@ -210,7 +220,7 @@ class KVCacheManager:
         if not found:
             return
         dev = self._allocate(len(found))
-        scatter_blocks(self.caches, dev, self.disk.tier.assemble([p for _, p in found]))
+        self.disk.load(dev, [p for _, p in found])
         parent = regs[-1] if regs else ROOT_REG
         for ((h, digest, toks), _), d in zip(found, dev):
             parent = self.pool.register(d, h, toks, parent)

@@ -9,10 +9,11 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from ..kvcache.blocks import gather_blocks
+from ..kvcache.blocks import gather_blocks, scatter_blocks
 from ..kvcache.disk_format import ROOT_DIGEST, VERSION, chain_digest
 from ..kvcache.disk_tier import BlockKey, DiskTier
 from .block_pool import ROOT_REG, Evicted
+from .kv_disk_ahead import ReadAhead
 
 _GiB = 1 << 30
 _STAGE_BLOCKS = 16  # blocks per staging buffer (more evicted at once take several)
@@ -48,6 +49,11 @@ class DiskLink:
         self._live_regs = live_regs
         self._prune_at = 1024
         self._buffers: List[torch.Tensor] = []  # free staging buffers (the writer gives them back)
+        # CPU caches as flat byte views: blocks are copied with memoryview slices, one thread, no
+        # temporaries (torch's copies split over its threads stall when the other cores are busy)
+        self._rows = None if caches[0][0].is_cuda else [
+            memoryview(c.view(c.shape[0], -1).view(torch.uint8).numpy().reshape(-1)) for k, v in caches for c in (k, v)]
+        self.ahead = ReadAhead(self._walk, lambda key: tier.read(*key), tier.block_bytes)
 
     def registered(self, reg: int, parent_reg: int, tokens: tuple) -> None:
         parent = ROOT_DIGEST if parent_reg == ROOT_REG else self.digests.get(parent_reg)
@@ -87,9 +93,15 @@ class DiskLink:
 
     def _stage(self, block_ids: List[int], buf: torch.Tensor):
         """The blocks' bytes in (a prefix of) buf, and a CUDA event that completes once they are there."""
-        out = buf[:len(block_ids) * self.tier.block_bytes]
-        if not buf.is_pinned():
-            return gather_blocks(self.caches, block_ids, out=out), None
+        n = len(block_ids)
+        out = buf[:n * self.tier.block_bytes]
+        if self._rows is not None:
+            mv, off = memoryview(out.numpy()), 0
+            for rows, s in zip(self._rows, self.tier.parts):
+                for j, b in enumerate(block_ids):
+                    mv[off + j * s:off + (j + 1) * s] = rows[b * s:(b + 1) * s]
+                off += n * s
+            return out, None
         # The copy is queued on the stream ahead of whatever overwrites the blocks; the writer
         # thread waits on the event, the engine thread does not.
         out.copy_(gather_blocks(self.caches, block_ids), non_blocking=True)
@@ -97,9 +109,27 @@ class DiskLink:
         ready.record()
         return out, ready
 
+    def load(self, block_ids: List[int], payloads: List[memoryview]) -> None:
+        """Write blocks read from disk into the device blocks block_ids."""
+        if self._rows is None:
+            scatter_blocks(self.caches, block_ids, self.tier.assemble(payloads))
+            return
+        src = 0
+        for rows, s in zip(self._rows, self.tier.parts):
+            for b, p in zip(block_ids, payloads):
+                rows[b * s:(b + 1) * s] = p[src:src + s]
+            src += s
+
     def find(self, token_ids, hashes: List[int], start: int, stop: int) -> List[Tuple[BlockKey, memoryview]]:
-        """Blocks start.. of a prompt found on disk and verified, in order, stopping at the first
-        miss or at `stop`."""
+        """Blocks start.. of a prompt found on disk (read ahead, else read now) and verified, in
+        order, stopping at the first miss or at `stop`."""
+        return self._walk(token_ids, hashes, start, stop, self._take)
+
+    def _take(self, key: BlockKey):
+        payload = self.ahead.take(key)
+        return payload if payload is not None else self.tier.read(*key)
+
+    def _walk(self, token_ids, hashes: List[int], start: int, stop: int, read) -> List[Tuple[BlockKey, memoryview]]:
         bs = self.block_size
         d = ROOT_DIGEST
         for i in range(start):
@@ -108,14 +138,15 @@ class DiskLink:
         for i in range(start, stop):
             toks = tuple(token_ids[i * bs:(i + 1) * bs])
             d = chain_digest(d, toks)
-            payload = self.tier.read(hashes[i], d, toks)
+            payload = read((hashes[i], d, toks))
             if payload is None:
                 break
             out.append(((hashes[i], d, toks), payload))
         return out
 
     def close(self, cached: List[Evicted]) -> None:
-        """Write what the device still caches (a restarted engine finds it), then stop the writer."""
+        """Write what the device still caches (a restarted engine finds it), then stop the threads."""
+        self.ahead.close()
         self.write(cached[-max(1, self.tier.max_bytes // max(1, self.tier.block_bytes)):], wait=True)
         self.tier.flush()
         self.tier.close()
