@@ -109,7 +109,7 @@ def test_staged_and_assembled_buffers_have_gather_blocks_layout(tmp_path):
     from llmkern.kvcache.blocks import gather_blocks
 
     kv = make_kv(tmp_path)
-    for i, (k, v) in enumerate(kv.caches):
+    for k, v in kv.caches:
         k.copy_(torch.randn_like(k))
         v.copy_(torch.randn_like(v))
     bids = [5, 2, 3]
