@@ -69,10 +69,10 @@ def kv_ok(kv, seq, n):
 PROMPT = list(range(100, 117))  # 4 full blocks and one token
 
 
-def written(tmp_path, tokens=PROMPT):
+def written(tmp_path):
     """A tier's files holding PROMPT's blocks: computed by one manager, evicted by another prompt."""
     kv = make_kv(tmp_path)
-    s = make_seq(tokens)
+    s = make_seq(PROMPT)
     fill(kv, s)
     kv.free(s)
     fill(kv, make_seq(range(500, 532)))  # takes every block: PROMPT's are evicted, then written
@@ -86,7 +86,7 @@ def files(tmp_path):
 
 
 def lookup(tmp_path, tokens=PROMPT, fp=FP):
-    """A fresh manager on the same directory: (its sequence for tokens, tokens found cached)."""
+    """A fresh manager on the same directory: (the manager, its sequence for tokens, tokens found cached)."""
     kv = make_kv(tmp_path, fp=fp)
     s = make_seq(tokens)
     return kv, s, kv.acquire_prefix(s)
