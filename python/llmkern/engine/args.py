@@ -33,6 +33,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     g.add_argument("--no-chunked-prefill", action="store_true", help="run each prompt's prefill in one step")
     g.add_argument("--cpu-offload-gb", type=float, default=0.0, help="host tier for evicted prefix blocks, GiB")
+    g.add_argument("--kv-disk-path", default=None, metavar="DIR",
+                   help="disk tier for evicted prefix blocks, shared by the engines pointed at DIR and kept "
+                        "across restarts (default: off)")
+    g.add_argument("--kv-disk-gb", type=float, default=None, help="size bound of --kv-disk-path (default: 10 GiB)")
     g.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"],
                    help="what preemption does with a sequence's KV blocks")
     g.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "dynamic"],
@@ -60,6 +64,7 @@ def engine_kwargs(a) -> dict:
                 kv_cache_memory_gb=a.kv_cache_memory_gb, num_gpu_blocks=getattr(a, "num_gpu_blocks_override", None),
                 enable_prefix_caching=not a.no_prefix_caching,
                 enable_chunked_prefill=not a.no_chunked_prefill, cpu_offload_gb=a.cpu_offload_gb,
+                kv_disk_path=getattr(a, "kv_disk_path", None), kv_disk_gb=getattr(a, "kv_disk_gb", None),
                 preemption_mode=a.preemption_mode, scheduler=a.scheduler,
                 speculative=getattr(a, "speculative", None), policy=getattr(a, "policy", "fcfs"),
                 max_wait_ms=getattr(a, "max_wait_ms", 0.0),

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -41,6 +43,10 @@ class EngineConfig:
     cpu_offload_gb: float = 0.0             # host tier for evicted prefix blocks (0 = off)
     num_cpu_offload_blocks: Optional[int] = None
     swap_space_gb: float = 1.0              # host blocks for preemption by swap
+    # disk tier below the host one (kvcache.disk_tier): evicted prefix blocks as files under this
+    # directory, shared by the engines pointed at it and kept across restarts; None = off
+    kv_disk_path: Optional[str] = None
+    kv_disk_gb: Optional[float] = None      # its size bound (default with a path: 10 GiB)
     num_swap_blocks: Optional[int] = None
     kv_prefault: bool = False               # CPU: fault the KV pages in at idle priority (servers)
     seed: int = 0                           # sampling seed of requests without their own
@@ -135,6 +141,7 @@ class EngineConfig:
             bad("kv_transfer_fallback", "'fail' or 'recompute'")
         self._check_device()
         self._check_memory()
+        self._check_disk_tier()
         if not 0 < self.gpu_memory_utilization <= 1:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype is not None and self.dtype not in _DTYPES:
@@ -159,6 +166,28 @@ class EngineConfig:
                                  f"(torch.cuda.is_available() is False); use device 'cpu'")
             if dev.index is not None and dev.index >= torch.cuda.device_count():
                 raise ValueError(f"device: {self.device!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
+
+    def _check_disk_tier(self) -> None:
+        if self.kv_disk_gb is not None and (not _is_num(self.kv_disk_gb) or self.kv_disk_gb <= 0):
+            raise ValueError(f"kv_disk_gb: expected a size in GiB > 0, got {self.kv_disk_gb!r}")
+        if self.kv_disk_path is None:
+            if self.kv_disk_gb is not None:
+                raise ValueError("kv_disk_gb: needs kv_disk_path (the directory of the disk KV tier)")
+            return
+        if not isinstance(self.kv_disk_path, (str, os.PathLike)) or not os.fspath(self.kv_disk_path):
+            raise ValueError(f"kv_disk_path: expected a directory path, got {self.kv_disk_path!r}")
+        if not self.enable_prefix_caching:
+            raise ValueError("kv_disk_path: the disk KV tier needs prefix caching (enable_prefix_caching)")
+        if self.world_size > 1:
+            raise ValueError("kv_disk_path: the disk KV tier is not supported with tensor/pipeline parallelism")
+        self.kv_disk_path = os.path.abspath(os.fspath(self.kv_disk_path))
+        try:  # fail now, naming the option, rather than on the first eviction
+            os.makedirs(self.kv_disk_path, exist_ok=True)
+            tempfile.TemporaryFile(dir=self.kv_disk_path).close()
+        except OSError as e:
+            raise ValueError(f"kv_disk_path: cannot write to {self.kv_disk_path!r}: {e}") from None
+        if self.kv_disk_gb is None:
+            self.kv_disk_gb = 10.0
 
     def kv_spec(self) -> KVSpec:
         """The KV-cache settings (what kvcache sizes and allocates from)."""

@@ -93,7 +93,7 @@ class Engine:
             self.kv = KVCacheManager.on_tiers(self.executor.kv, config.block_size, config.enable_prefix_caching)
             self.kv.copy_log = self.executor.copy_log
         else:
-            self.kv = build_kv_cache(config, kv_layers, dtype, device)
+            self.kv = build_kv_cache(config, kv_layers, dtype, device, self.model)
         if self.spec is not None:
             self.spec.bind_caches(self.kv.caches, config.block_size)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
@@ -138,7 +138,7 @@ class Engine:
     def shutdown(self) -> None:
         """Release the worker processes of a model-parallel engine (no-op otherwise); idempotent."""
         self.structured.shutdown()   # the grammar-mask thread
-        self.kv.tiers.close()        # the KV prefault thread
+        self.kv.close()              # the KV prefault thread, the disk KV tier's writer
         if self.handover is not None:
             self.handover.close()
         if self.executor is not None:
@@ -221,6 +221,7 @@ class Engine:
             if kvp is not None:
                 pd.add_loading(seq, kvp)   # waits for its KV, then runs
             else:
+                self.kv.prefetch(seq)   # the disk KV tier reads ahead what it will look up
                 self.scheduler.add(seq)
         return request_id
 
@@ -262,7 +263,7 @@ class Engine:
             prefix_hit_tokens=kv.stats.prefix_hit_tokens,
             prompt_tokens_computed=self.metrics.prompt_tokens_computed,
             generation_tokens=self.metrics.generated_tokens, prefill_tok_s=self.metrics.prefill_tok_s,
-            **(self.handover.stats_fields() if self.handover is not None else {}))
+            **kv.stats_fields(), **(self.handover.stats_fields() if self.handover is not None else {}))
 
     # -- the step -------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -16,21 +16,26 @@ from .sequence import Sequence
 
 
 def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
-                   device: torch.device) -> "KVCacheManager":
+                   device: torch.device, model=None) -> "KVCacheManager":
     """The engine's KV cache: the tiers sized from config (kvcache.build_kv_tiers) under the block
-    bookkeeping."""
+    bookkeeping, and the disk tier when config has a kv_disk_path (its files are `model`'s)."""
     kv = KVCacheManager.on_tiers(build_kv_tiers(config.kv_spec(), layers, dtype, device), config.block_size,
                                  config.enable_prefix_caching)
     if config.kv_prefault:
         kv.tiers.start_prefault()
+    if config.kv_disk_path is not None:
+        from .kv_disk import open_disk_tier
+
+        kv.disk = open_disk_tier(config, layers, dtype, model, kv.caches, kv.live_regs)
     return kv
 
 
 @dataclass
 class CacheStats:
     prefix_query_tokens: int = 0     # prompt tokens looked up in the prefix cache
-    prefix_hit_tokens: int = 0       # ... found (device or host tier)
+    prefix_hit_tokens: int = 0       # ... found (device, host or disk tier)
     offload_hit_tokens: int = 0      # ... found in the host tier and brought back
+    disk_hit_tokens: int = 0         # ... found in the disk tier and read back
     blocks_offloaded: int = 0        # device -> host copies of evicted prefix blocks
     blocks_restored: int = 0         # host -> device copies on offload hits
     blocks_swapped_out: int = 0
@@ -52,6 +57,7 @@ class KVCacheManager:
         self.swap_pool = HostPool(swap_caches[0][0].shape[0]) if swap_caches else None
         self.stats = CacheStats()
         self.copy_log: Optional[list] = None  # set by a model-parallel engine: block copies to replay
+        self.disk = None  # the disk tier (kv_disk.DiskLink), set by build_kv_cache
 
     @classmethod
     def on_tiers(cls, tiers: KVTiers, block_size: int, enable_prefix_caching: bool) -> "KVCacheManager":
@@ -74,6 +80,8 @@ class KVCacheManager:
 
     def _allocate(self, n: int) -> List[int]:
         bids, evicted = self.pool.allocate(n)
+        if evicted and self.disk is not None:
+            self.disk.write(evicted)
         if evicted and self.offload is not None:
             self._offload(evicted)
         return bids
@@ -107,20 +115,35 @@ class KVCacheManager:
             hashes.append(block_hash(hashes[i - 1] if i else 0, toks[i * bs:(i + 1) * bs]))
 
     def cached_prefix_tokens(self, seq: Sequence) -> int:
-        """Prompt tokens a waiting sequence would find cached (device or host tier) if it started
-        now, by block hash alone (an estimate for load reports: a colliding hash is caught when
-        acquire_prefix compares the tokens); takes nothing. Runs after every step for every
-        waiting sequence: dictionary lookups only, each block's hash computed once per sequence."""
+        """Prompt tokens a waiting sequence would find cached (device, host or disk tier) if it
+        started now, by block hash alone (an estimate for load reports: a colliding hash is caught
+        when acquire_prefix compares the tokens, a bad file when it reads it); takes nothing. Runs
+        after every step for every waiting sequence: set and dictionary lookups only, each block's
+        hash computed once per sequence."""
         if not self.enable_prefix_caching or seq.block_ids:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
+        n = self._resident_blocks(seq, max_blocks)
+        disk = self.disk.tier.index if self.disk is not None else ()
+        while n < max_blocks and seq.block_hashes[n] in disk:
+            n += 1
+        return n * self.block_size
+
+    def _resident_blocks(self, seq: Sequence, max_blocks: int) -> int:
+        """Leading blocks of seq in the device or host tier, by hash."""
         self._hash_blocks(seq, max_blocks)
         dev = self.pool.cached
         host = self.offload.cached if self.offload is not None else {}
         n = 0
         while n < max_blocks and (seq.block_hashes[n] in dev or seq.block_hashes[n] in host):
             n += 1
-        return n * self.block_size
+        return n
+
+    def prefetch(self, seq: Sequence) -> None:
+        """For a sequence just queued: start reading the blocks it will look up on disk."""
+        if self.disk is not None and not seq.block_ids:
+            max_blocks = (seq.num_tokens - 1) // self.block_size
+            self.disk.ahead.submit(seq.token_ids, seq.block_hashes, self._resident_blocks(seq, max_blocks), max_blocks)
 
     def acquire_prefix(self, seq: Sequence) -> int:
         """For a sequence about to start: take the longest cached prefix of full blocks (at least
@@ -150,6 +173,7 @@ class KVCacheManager:
             parent = e.reg
         # Host-tier hits need device blocks; cut the plan where the pool runs short.
         n_host, cut = 0, len(plan)
+        walked = len(plan)  # blocks found before the first miss
         for j, (_, e) in enumerate(plan):
             if e is not None:
                 if n_host == self.pool.num_free:
@@ -177,6 +201,8 @@ class KVCacheManager:
             self.stats.offload_hit_tokens += len(host) * bs
         for bid, e in plan:
             regs.append(e.reg if e is not None else self.pool.blocks[bid].reg)
+        if self.disk is not None and cut == walked < max_blocks:  # a miss above, not a short pool: try the disk
+            self._from_disk(seq, bids, regs, max_blocks)
         seq.block_ids = bids
         seq.num_cached_blocks = len(bids)
         seq.block_regs = regs
@@ -187,6 +213,40 @@ class KVCacheManager:
             self.stats.prefix_query_tokens += seq.num_tokens
             self.stats.prefix_hit_tokens += n
         return n
+
+    def _from_disk(self, seq: Sequence, bids: List[int], regs: List[int], max_blocks: int) -> None:
+        """Extend the hit (bids, regs) with the blocks that follow it on disk, read into new
+        device blocks (as many as are free) and indexed like computed ones."""
+        start = len(bids)
+        found = self.disk.find(seq.token_ids, seq.block_hashes, start, min(max_blocks, start + self.pool.num_free))
+        if not found:
+            return
+        dev = self._allocate(len(found))
+        self.disk.load(dev, [p for _, p in found])
+        parent = regs[-1] if regs else ROOT_REG
+        for ((h, digest, toks), _), d in zip(found, dev):
+            parent = self.pool.register(d, h, toks, parent)
+            self.disk.digests[parent] = digest
+            regs.append(parent)
+        bids.extend(dev)
+        self.stats.disk_hit_tokens += len(found) * self.block_size
+
+    def live_regs(self) -> set:
+        """Reg ids of the blocks indexed in the device and host tiers."""
+        live = {b.reg for b in self.pool.cached.values()}
+        return live | ({e.reg for e in self.offload.cached.values()} if self.offload is not None else set())
+
+    def close(self) -> None:
+        """Stop the prefault thread, and the disk tier's writer once the device's cached blocks are
+        written too."""
+        self.tiers.close()
+        if self.disk is not None:
+            self.disk.close([Evicted(b) for b in self.pool.cached.values()])
+            self.disk = None
+
+    def stats_fields(self) -> dict:
+        """The disk tier's EngineStats fields."""
+        return self.disk.stats_fields(self.stats.disk_hit_tokens) if self.disk is not None else {}
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Blocks for the next num_new_tokens of seq; False (nothing changed) if the pool is short."""
@@ -211,6 +271,8 @@ class KVCacheManager:
             parent = regs[i - 1] if i else ROOT_REG
             toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             regs.append(self.pool.register(seq.block_ids[i], seq.block_hashes[i], toks, parent))
+            if self.disk is not None:
+                self.disk.registered(regs[-1], parent, toks)
         seq.num_cached_blocks = full
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
@@ -245,7 +307,8 @@ class KVCacheManager:
         self.pool.release(reversed(block_ids))
 
     def reset_prefix_cache(self) -> None:
-        """Drop the index of every cached block not in use, on the device and in the host tier."""
+        """Drop the index of every cached block not in use, on the device and in the host tier
+        (not the disk tier's files: other engines share them)."""
         self.pool.evict_all_cached()
         if self.offload is not None:
             self.offload.give_back([e.block_id for e in self.offload.cached.values()])

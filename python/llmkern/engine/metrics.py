@@ -40,6 +40,11 @@ class EngineStats:
     kv_transfers_failed: int = 0
     kv_blocks_pinned: int = 0     # prefill: blocks held for hand-overs not finished yet
     num_waiting_for_kv: int = 0   # decode: requests whose KV is still arriving
+    # disk KV tier (kvcache.disk_tier)
+    kv_disk_hit_tokens: int = 0   # prompt tokens read back from disk instead of computed
+    kv_disk_blocks_written: int = 0
+    kv_disk_write_drops: int = 0  # blocks not written (the writer's queue was full, or the disk)
+    kv_disk_bad_files: int = 0    # files that failed verification: deleted, never loaded
 
     @property
     def kv_usage(self) -> float:
