@@ -32,6 +32,12 @@ def add_optimize_args(p: argparse.ArgumentParser) -> None:
                         "each estimate uses the median of the measurements so far")
     p.add_argument("--machine-notes", default=None, help="free text stored with the machine description")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--framework", default="llmkern", choices=["llmkern", "vllm", "sglang"],
+                   help="the server to sweep: llmkern's, vLLM's (`vllm serve`) or SGLang's, each with its own "
+                        "flags for the knobs")
+    p.add_argument("--vllm-exe", default=None, help="the vllm executable (default: $LLMKERN_VLLM_EXE, else on PATH)")
+    p.add_argument("--sglang-python", default=None, help="a python that has sglang (default: this one)")
+    p.add_argument("--max-model-len", type=int, default=2048, help="context length given to vLLM/SGLang servers")
     p.add_argument("--report", action="store_true",
                    help="run nothing: print the picks, Pareto fronts and estimate errors of every sweep in --db")
 

@@ -1,9 +1,9 @@
 """The runs database: one SQLite file holding every optimiser sweep, its measurements and the
 estimate made next to each measurement. `llmkern optimize` writes it; `llmkern explore` reads it.
 
-Schema (version 1; later versions only add tables/columns, and `open_db` migrates older files):
+Schema (version 2; later versions only add tables/columns, and `open_db` migrates older files):
 
-    meta(key, value)                      'schema_version' -> '1'
+    meta(key, value)                      'schema_version' -> '2'
     machines(id, key, cpu_model, cpu_cores, gpu, memory_gb, limits_json, notes, created_at)
         limits_json: measured limits, e.g. {"bandwidth_gbs": 12.3, "gemm_gflops": {"float32": 95.0},
         "attention_gflops": {...}, "calibrated": true}. `key` is the canonical JSON of cpu_model,
@@ -12,8 +12,9 @@ Schema (version 1; later versions only add tables/columns, and `open_db` migrate
     workloads(id, key, name, kind, spec_json, num_requests, created_at)
         kind: 'serve' (open-loop client against a server) or 'offline' (in-process LLM.generate).
     sweeps(id, started_at, finished_at, status, model, model_config_json, machine_id, workload_id,
-           llmkern_version, sweep_spec, constraints, argv_json, notes)
-        status: 'running' | 'done' | 'interrupted' | 'failed'.
+           llmkern_version, sweep_spec, constraints, argv_json, notes, framework, framework_version)
+        status: 'running' | 'done' | 'interrupted' | 'failed'. framework: the server swept
+        ('llmkern', 'vllm', 'sglang'; version 2) and its version.
     configurations(id, key, knobs_json)
         knobs_json: {"max_num_seqs": 8, "speculative": "ngram:4", ...}; key = canonical_key(knobs).
     results(id, sweep_id, config_id, status, error, started_at, finished_at, serve_command)
@@ -38,7 +39,7 @@ import sqlite3
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS machines (
@@ -71,8 +72,13 @@ CREATE TABLE IF NOT EXISTS latencies (
 CREATE INDEX IF NOT EXISTS results_sweep ON results(sweep_id);
 """
 
+_SCHEMA_V2 = """
+ALTER TABLE sweeps ADD COLUMN framework TEXT NOT NULL DEFAULT 'llmkern';
+ALTER TABLE sweeps ADD COLUMN framework_version TEXT NOT NULL DEFAULT '';
+"""
+
 # version -> SQL that brings a file at version-1 up to it (1 creates everything).
-_MIGRATIONS = {1: _SCHEMA_V1}
+_MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 
 UNITS = {"output_throughput": "tok/s", "total_throughput": "tok/s", "request_throughput": "req/s",
          "goodput": "req/s", "duration": "s", "requests": "count", "completed": "count", "failed": "count",
@@ -184,6 +190,9 @@ class RunsDB:
             self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
                               (str(SCHEMA_VERSION),))
 
+    def _has_column(self, table: str, column: str) -> bool:
+        return any(r[1] == column for r in self.conn.execute(f"PRAGMA table_info({table})"))
+
     @property
     def schema_version(self) -> int:
         return int(self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
@@ -254,13 +263,16 @@ class RunsDB:
 
     def start_sweep(self, model: str, machine_id: int, workload_id: int, llmkern_version: str,
                     sweep_spec: str = "", constraints: str = "", argv: Optional[List[str]] = None,
-                    model_config: Optional[dict] = None, notes: str = "") -> int:
+                    model_config: Optional[dict] = None, notes: str = "", framework: str = "llmkern",
+                    framework_version: str = "") -> int:
         with self.transaction():
             cur = self.conn.execute(
                 "INSERT INTO sweeps(started_at, status, model, model_config_json, machine_id, workload_id, "
-                "llmkern_version, sweep_spec, constraints, argv_json, notes) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "llmkern_version, sweep_spec, constraints, argv_json, notes, framework, framework_version) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (time.time(), "running", model, canonical_key(model_config or {}), machine_id, workload_id,
-                 llmkern_version, sweep_spec, constraints, json.dumps(argv or []), notes))
+                 llmkern_version, sweep_spec, constraints, json.dumps(argv or []), notes, framework,
+                 framework_version))
             return int(cur.lastrowid)
 
     def finish_sweep(self, sweep_id: int, status: str = "done") -> None:
@@ -272,10 +284,13 @@ class RunsDB:
         with self.transaction():
             self.conn.execute("UPDATE sweeps SET status='running', finished_at=NULL WHERE id=?", (sweep_id,))
 
-    def latest_sweep(self, model: str, workload_id: int, sweep_spec: str) -> Optional[dict]:
-        """The newest sweep with this model, workload and sweep grammar (what --continue resumes)."""
-        row = self.conn.execute("SELECT * FROM sweeps WHERE model=? AND workload_id=? AND sweep_spec=? "
-                                "ORDER BY id DESC LIMIT 1", (model, workload_id, sweep_spec)).fetchone()
+    def latest_sweep(self, model: str, workload_id: int, sweep_spec: str,
+                     framework: str = "llmkern") -> Optional[dict]:
+        """The newest sweep of this framework with this model, workload and sweep grammar (what
+        --continue resumes)."""
+        row = self.conn.execute("SELECT * FROM sweeps WHERE model=? AND workload_id=? AND sweep_spec=? AND "
+                                "framework=? ORDER BY id DESC LIMIT 1",
+                                (model, workload_id, sweep_spec, framework)).fetchone()
         return None if row is None else self._sweep_dict(row)
 
     def finished_config_keys(self, sweep_id: int) -> set:
@@ -367,15 +382,20 @@ class RunsDB:
                      status: Optional[str] = "ok", knobs: Optional[dict] = None) -> Iterator[dict]:
         """Results matching every given filter (None = any; knobs: each given knob equal), oldest
         first, each as {id, sweep_id, status, error, started_at, finished_at, serve_command, model,
-        machine_id, workload_id, workload_name, workload_kind, llmkern_version, config_id,
-        config_key, knobs: dict, metrics: {name: value}, estimate: {name: value}}."""
+        machine_id, workload_id, workload_name, workload_kind, llmkern_version, framework,
+        framework_version, config_id, config_key, knobs: dict, metrics: {name: value},
+        estimate: {name: value}}."""
         where, args = [], []
         for col, val in (("s.model", model), ("s.machine_id", machine_id), ("s.workload_id", workload_id),
                          ("r.sweep_id", sweep_id), ("r.status", status)):
             if val is not None:
                 where.append(f"{col}=?")
                 args.append(val)
-        sql = ("SELECT r.*, s.model, s.machine_id, s.workload_id, s.llmkern_version, w.name AS workload_name, "
+        # A version-1 file opened read-only (not migrated) has no framework columns: all llmkern.
+        fw = ("s.framework, s.framework_version" if self._has_column("sweeps", "framework")
+              else "'llmkern' AS framework, '' AS framework_version")
+        sql = (f"SELECT r.*, s.model, s.machine_id, s.workload_id, s.llmkern_version, {fw}, "
+               "w.name AS workload_name, "
                "w.kind AS workload_kind, c.key AS config_key, c.knobs_json FROM results r "
                "JOIN sweeps s ON s.id=r.sweep_id JOIN workloads w ON w.id=s.workload_id "
                "JOIN configurations c ON c.id=r.config_id"

@@ -33,8 +33,9 @@ def _serve_options() -> Dict[str, Tuple[str, Any]]:
     return out
 
 
-def canonical(knobs: Dict[str, Any]) -> Dict[str, Any]:
-    """Aliases resolved and every key checked: ValueError naming an unknown or reserved knob."""
+def canonical(knobs: Dict[str, Any], framework: str = "llmkern") -> Dict[str, Any]:
+    """Aliases resolved and every key checked: ValueError naming an unknown or reserved knob. For
+    another framework only the client knobs are checked here (frameworks.check does the rest)."""
     opts = _serve_options()
     out: Dict[str, Any] = {}
     for k, v in knobs.items():
@@ -47,6 +48,8 @@ def canonical(knobs: Dict[str, Any]) -> Dict[str, Any]:
                 raise ValueError(f"sweep key {k!r}: expected on/off, got {v!r}")
         elif name in _RESERVED:
             raise ValueError(f"sweep key {k!r}: set by the optimiser itself, not sweepable")
+        elif framework != "llmkern":
+            pass
         elif name not in opts:
             import difflib
 

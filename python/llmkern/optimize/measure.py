@@ -4,6 +4,7 @@ Both return the database's metric names and one latency row per request."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -57,12 +58,16 @@ def _rows(results: Sequence[loadgen.Result], prompt_tokens: Sequence[int]) -> Li
 
 def measure_serve(model: Optional[str], server_knobs: dict, client_knobs: dict, reqs: List[loadgen.Req],
                   prompt_tokens: Sequence[int], constraints: Sequence[Constraint], timeout: float,
-                  extra_serve_args: Sequence[str] = ()) -> Tuple[Dict, List[dict]]:
-    """Start `llmkern serve` with the configuration's flags, warm it with one request, run the
-    workload, stop the server. RuntimeError (with the server's log tail) when it fails to start."""
-    argv = llmkern_serve_argv(["--served-model-name", SERVED_NAME] + list(extra_serve_args)
-                                + knobs_mod.serve_flags(server_knobs), model)
-    srv = ServerProcess("llmkern serve", argv, timeout=min(timeout, 300))
+                  extra_serve_args: Sequence[str] = (), server=None) -> Tuple[Dict, List[dict]]:
+    """Start `llmkern serve` with the configuration's flags (or `server`, a frameworks.Server: another
+    framework's), warm it with one request, run the workload, stop the server. RuntimeError (with
+    the server's log tail) when it fails to start."""
+    if server is None:
+        argv = llmkern_serve_argv(["--served-model-name", SERVED_NAME] + list(extra_serve_args)
+                                    + knobs_mod.serve_flags(server_knobs), model)
+        srv = ServerProcess("llmkern serve", argv, timeout=min(timeout, 300))
+    else:
+        srv = ServerProcess(server.argv[0], server.argv, env=dict(os.environ, **server.env), timeout=server.timeout)
     try:
         # ignore_eos: every request produces exactly its max_tokens
         asyncio.run(loadgen.drive(srv.base, SERVED_NAME, [loadgen.Req(0.0, "Hello", 4)], timeout,

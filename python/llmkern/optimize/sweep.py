@@ -7,15 +7,19 @@ model, workload and sweep spec, skipping configurations that already have a resu
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import tempfile
 import time
 from typing import List, Optional
 
 from . import db as dbm
+from . import frameworks
 from . import knobs as knobs_mod
 from . import profiles, report, workloads
 from .estimate import EngineKnobs, ModelShape, SimRequest, kv_cache_tokens, model_config, simulate
 from .grammar import parse_constraints, parse_sweep
-from .measure import log, measure_offline, measure_serve
+from .measure import SERVED_NAME, log, measure_offline, measure_serve
 
 MACHINE_NOTE_ENV = "LLMKERN_MACHINE_NOTES"   # free text stored with the machine (e.g. "shared with other jobs")
 
@@ -65,11 +69,15 @@ def run(a) -> int:
     from ..models.loader import DEFAULT_MODEL_NAME, load_tokenizer
 
     constraints = parse_constraints(a.constraints)
-    configs = [knobs_mod.canonical(c) for c in parse_sweep(a.sweep)] if a.sweep else [{}]
+    fw = getattr(a, "framework", None) or "llmkern"
+    configs = [knobs_mod.canonical(c, fw) for c in parse_sweep(a.sweep)] if a.sweep else [{}]
     wl = workloads.load(a.workload, a.num_requests, a.request_rate, a.seed, offline=a.offline)
     if wl.kind == "offline" and any(knobs_mod.split(c)[1] for c in configs):
         raise ValueError("--sweep: request_rate / max_concurrency do not apply to an offline workload")
-    for c in configs:   # engine knobs are checked before anything runs
+    if wl.kind == "offline" and fw != "llmkern":
+        raise ValueError(f"--framework {fw}: an offline workload runs llmkern in-process; sweep a serving workload")
+    for c in configs:   # knobs are checked before anything runs
+        frameworks.split_framework_knobs(fw, c)
         if wl.kind == "offline":
             knobs_mod.engine_kwargs(knobs_mod.split(c)[0])
     cfg = model_config(a.model)
@@ -91,7 +99,7 @@ def run(a) -> int:
         wl_id = db.add_workload(wl.name, wl.kind, dict(wl.spec, prompt_tokens=sum(prompt_tokens),
                                                        output_tokens=sum(r.max_tokens for r in wl.requests)),
                                 len(wl.requests))
-        sweep = db.latest_sweep(model_name, wl_id, a.sweep or "") if a.resume else None
+        sweep = db.latest_sweep(model_name, wl_id, a.sweep or "", fw) if a.resume else None
         if sweep is not None:
             sweep_id = sweep["id"]
             done = db.finished_config_keys(sweep_id)
@@ -103,22 +111,39 @@ def run(a) -> int:
             sweep_id = db.start_sweep(model_name, machine_id, wl_id, __version__, a.sweep or "", a.constraints or "",
                                       list(getattr(a, "argv", []) or []),
                                       {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
-                                       "vocab_size": cfg.vocab_size, "dtype": dtype}, notes)
+                                       "vocab_size": cfg.vocab_size, "dtype": dtype}, notes, fw,
+                                      frameworks.version(fw, a.vllm_exe, a.sglang_python))
             done = set()
         todo = [c for c in configs if dbm.canonical_key(c) not in done]
         status = "interrupted"
+        tmp = tempfile.mkdtemp(prefix="llmkern-optimize-")
         try:
+            model_dir = a.model
+            if fw != "llmkern" and model_dir is None:   # the peers load a HF directory
+                from ..bench.serving import hf_model_dir
+
+                model_dir = hf_model_dir(tmp)
             _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_tokens, shape, hw,
-                         constraints)
+                         constraints, fw, model_dir)
             status = "done"
         finally:
             db.finish_sweep(sweep_id, status)
+            shutil.rmtree(tmp, ignore_errors=True)
         points = [p for p in db.iter_results(sweep_id=sweep_id)]
     print(report.render(points, constraints))
     return 0
 
 
-def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_tokens, shape, hw, constraints):
+def _peer_server(a, fw: str, model_dir: str, server_knobs: dict) -> frameworks.Server:
+    srv = frameworks.server(fw, model_dir, server_knobs, a.dtype or "float32", SERVED_NAME, a.max_model_len,
+                            a.vllm_exe, a.sglang_python)
+    if a.kv_cache_memory_gb and fw == "vllm":   # vLLM's CPU backend sizes its KV cache from this (GiB)
+        srv.env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(a.kv_cache_memory_gb)))
+    return srv
+
+
+def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_tokens, shape, hw, constraints,
+                 fw: str = "llmkern", model_dir: Optional[str] = None):
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(todo), desc="optimize", unit="config", dynamic_ncols=True, disable=a.quiet)
@@ -134,11 +159,13 @@ def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_to
             hw_now = profiles.median_of(probes)
         else:
             hw_now = hw
-        sim = simulate(_sim_requests(cwl, prompt_tokens, prefix_tokens), shape, hw_now, ek)
-        sim.pop("requests")
-        sim["profile_bandwidth_gbs"] = hw_now.bandwidth / 1e9       # the rates this estimate used
-        sim["profile_gemm_gflops"] = hw_now.gemm(shape.dtype) / 1e9
-        sim["profile_attn_decode_gbs"] = hw_now.attn_decode_bw / 1e9
+        sim, srv = None, None
+        if fw == "llmkern":   # the estimate models llmkern's engine
+            sim = simulate(_sim_requests(cwl, prompt_tokens, prefix_tokens), shape, hw_now, ek)
+            sim.pop("requests")
+            sim["profile_bandwidth_gbs"] = hw_now.bandwidth / 1e9       # the rates this estimate used
+            sim["profile_gemm_gflops"] = hw_now.gemm(shape.dtype) / 1e9
+            sim["profile_attn_decode_gbs"] = hw_now.attn_decode_bw / 1e9
         extra = (["--kv-cache-memory-gb", str(a.kv_cache_memory_gb)] if a.kv_cache_memory_gb else []) + \
                 (["--dtype", a.dtype] if a.dtype else [])
         cmd = knobs_mod.serve_command(a.model, server_knobs, extra)
@@ -150,8 +177,11 @@ def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_to
                 metrics, rows = measure_offline(a.model, server_knobs, prompt_ids, [r.max_tokens for r in wl.requests],
                                                 constraints, extra_engine={k: v for k, v in eng.items() if v})
             else:
+                if fw != "llmkern":
+                    srv = _peer_server(a, fw, model_dir, server_knobs)
+                    cmd = shlex.join(srv.argv)
                 metrics, rows = measure_serve(a.model, server_knobs, client_knobs, cwl.requests, prompt_tokens,
-                                              constraints, a.timeout, extra)
+                                              constraints, a.timeout, extra, server=srv)
             status, err = ("ok" if metrics["completed"] else "failed"), None
         except (RuntimeError, ValueError, OSError) as e:
             metrics, rows, status, err = {}, [], "failed", f"{type(e).__name__}: {e}"[-2000:]
