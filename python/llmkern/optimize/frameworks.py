@@ -7,6 +7,7 @@ anything starts. The model must be a Hugging Face directory for vLLM and SGLang 
 the embedded model is written out as one)."""
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -89,8 +90,9 @@ def version(framework: str, vllm_exe: Optional[str] = None, sglang_python: Optio
     cmd = cmds[framework]()
     if cmd is None:
         return ""
+    env = dict(os.environ, **(peers_serving.vllm_env() if framework == "vllm" else {}))   # its CPU backend
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     except (OSError, subprocess.SubprocessError):
         return ""
     lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
