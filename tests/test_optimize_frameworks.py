@@ -140,3 +140,23 @@ def test_sweep_vllm_cpu_server(tmp_path):
         assert res["framework"] == "vllm" and res["framework_version"][:1].isdigit()
         assert res["metrics"]["completed"] == 4 and "--max-num-seqs 4" in res["serve_command"]
     shutil.rmtree(str(tmp_path / "hf"), ignore_errors=True)
+
+
+def test_explorer_shows_the_framework_as_a_facet(tmp_path):
+    from llmkern.explore import data
+
+    path = str(tmp_path / "mixed.sqlite")
+    with dbm.open_db(path) as d:
+        m = d.add_machine("cpu", 2, None, 8.0, {}, "")
+        w = d.add_workload("chat", "serve", {}, 1)
+        for fw, tput in (("llmkern", 30.0), ("vllm", 20.0)):
+            s = d.start_sweep("m", m, w, "0.1", "max_num_seqs=[8]", framework=fw, framework_version="1")
+            d.record_result(s, {"max_num_seqs": 8}, "ok", {"output_throughput": tput, "ttft_p95": 0.2},
+                            None, [{"ok": True, "ttft": 0.2, "e2e_latency": 1.0, "itls": [0.01]}], "cmd")
+            d.finish_sweep(s)
+    page = data.load(path)
+    assert "framework" in page["knobs"]
+    assert sorted((r["knobs"]["framework"], r["metrics"]["throughput"]) for r in page["runs"]) == [
+        ("llmkern", 30.0), ("vllm", 20.0)]
+    only = data.load(path, only=data.parse_only(["framework=vllm"]))
+    assert [r["knobs"]["framework"] for r in only["runs"]] == ["vllm"]

@@ -164,7 +164,11 @@ def load(path: str, allow_empty: bool = False, only: Optional[Dict[str, str]] = 
                                "pick": None if pick is None else str(pick["id"]),
                                "sweep": sw.get("sweep_spec") or "", "notes": sw.get("notes") or ""})
     runs = []
+    # Sweeps of other servers (optimize --framework): the framework is a facet like a knob.
+    mixed = any((r.get("framework") or "llmkern") != "llmkern" for r in results)
     for r in results:
+        if mixed:
+            r["knobs"] = dict(framework=r.get("framework") or "llmkern", **r["knobs"])
         cons = slo.get(r["sweep_id"])
         meets = "no SLO" if not cons else ("meets" if all(c.ok(r["metrics"]) for c in cons) else "misses")
         est = page_metrics(r.get("estimate") or {})
@@ -173,7 +177,8 @@ def load(path: str, allow_empty: bool = False, only: Optional[Dict[str, str]] = 
                "workload_kind": r.get("workload_kind"), "knobs": r["knobs"], "metrics": page_metrics(r["metrics"]),
                "estimate": {k: v for k, v in est.items() if k in ESTIMATED}, "command": r.get("serve_command") or "",
                "sweep": r["sweep_id"], "constraints": ";".join(str(c) for c in cons or ()), "slo": meets,
-               "best": r["id"] in best_ids, "requests": requests[r["id"]], "llmkern_version": r.get("llmkern_version")}
+               "best": r["id"] in best_ids, "requests": requests[r["id"]], "llmkern_version": r.get("llmkern_version"),
+               "framework_version": r.get("framework_version") or ""}
         label = machines.get(run["machine"], {}).get("label")
         if not only or _matches(dict(run, model_path=r["model"], machine_label=label), only):
             runs.append(run)
