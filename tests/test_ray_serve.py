@@ -2,12 +2,14 @@
 HTTP on a loopback port: the OpenAI routes (plain, chat, streaming) answer what an in-process LLM
 gives for the same greedy request; requests sharing a prefix stay on one replica (the answer's
 x-llmkern-replica header); autoscaling goes 1 -> 2 under load and back; a killed replica is
-replaced while requests keep being served. Bad settings fail naming the field, without a cluster.
+replaced while requests keep being served (deployed by the recipe of docs/scale-out.md). Bad
+settings fail naming the field, without a cluster.
 Serve and Ray are shut down in teardown, even after a failure."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 
@@ -27,7 +29,7 @@ from llmkern.integrations.ray_serve import REPLICA_HEADER, build_app
 from serve_helpers import free_port, tiny_model_dir
 
 ENGINE = {"kv_cache_memory_gb": 0.05, "max_num_seqs": 8}
-FAST_SCALE = {"upscale_delay_s": 0.5, "downscale_delay_s": 2.0, "metrics_interval_s": 0.5, "look_back_period_s": 1.0}
+FAST_SCALE = {"upscale_delay_s": 0.5, "downscale_delay_s": 2.0, "look_back_period_s": 1.0}
 
 
 @pytest.mark.parametrize("cfg, field", [
@@ -50,6 +52,8 @@ def test_bad_replica_settings_name_the_field():
         build_app(num_replicas=2, autoscaling_config={"max_replicas": 2})
     with pytest.raises(ValueError, match="max_ongoing_requests"):
         build_app(max_ongoing_requests=0)
+    with pytest.raises(ValueError, match="engine_kwargs"):
+        build_app(engine_kwargs=[("max_num_seqs", 8)])
 
 
 # -- on a local cluster -----------------------------------------------------------------------------
@@ -106,6 +110,7 @@ def wait_for(cond, timeout_s, what):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+@pytest.mark.slow
 def test_openai_routes_answer_what_the_in_process_llm_does(cluster, model):
     from llmkern import LLM
 
@@ -135,6 +140,7 @@ def test_openai_routes_answer_what_the_in_process_llm_does(cluster, model):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"   # llmkern's own validation
 
 
+@pytest.mark.slow
 def test_requests_sharing_a_prefix_stay_on_one_replica(cluster, model):
     deploy(model, num_replicas=2)
     wait_for(lambda: running_replicas() == 2, 60, "two replicas")
@@ -158,6 +164,8 @@ def _load(url, stop: threading.Event, seen: set):
             pass
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`look_back_period_s`")   # a short window is the point here
 def test_autoscaling_goes_up_under_load_and_back_down(cluster, model):
     deploy(model, autoscaling_config=dict(min_replicas=1, max_replicas=2, target_ongoing_requests=1, **FAST_SCALE),
            max_ongoing_requests=4)
@@ -177,8 +185,21 @@ def test_autoscaling_goes_up_under_load_and_back_down(cluster, model):
     post(cluster, "/v1/completions", {"prompt": "still here", "max_tokens": 2})
 
 
-def test_a_killed_replica_is_replaced(cluster, model):
-    deploy(model, num_replicas=1)
+def docs_recipe(model: str) -> str:
+    """The Python block of docs/scale-out.md's Ray Serve section, with the tiny model and a small KV pool."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "scale-out.md")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    code = re.search(r"```python\n(.*?)```", text[text.index("## Ray Serve"):], flags=re.S).group(1)
+    code, n = re.subn(r"model=None", f"model={model!r}", code)
+    code, m = re.subn(r"engine_kwargs=\{[^}]*\}", f"engine_kwargs={ENGINE!r}", code)
+    assert n == m == 1 and "serve.run(app, name=\"llm\"" in code, code
+    return code
+
+
+@pytest.mark.slow
+def test_the_docs_recipe_serves_and_a_killed_replica_is_replaced(cluster, model):
+    exec(compile(docs_recipe(model), "docs/scale-out.md", "exec"), {})
     first = post(cluster, "/v1/completions", {"prompt": "before", "max_tokens": 2}).headers[REPLICA_HEADER]
     ray.kill(ray.get_actor(f"SERVE_REPLICA::llm#LLMServer#{first}", namespace="serve"), no_restart=True)
     answers = []

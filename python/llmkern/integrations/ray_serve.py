@@ -19,7 +19,6 @@ carries `x-llmkern-replica` (the replica's id). Recipe (see docs/scale-out.md):
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Optional
 
@@ -111,7 +110,9 @@ def build_app(model: Optional[str] = None, engine_kwargs: Optional[dict] = None,
         raise ValueError(f"num_replicas: expected an integer >= 1, got {num_replicas!r}")
     if not isinstance(max_ongoing_requests, int) or max_ongoing_requests < 1:
         raise ValueError(f"max_ongoing_requests: expected an integer >= 1, got {max_ongoing_requests!r}")
-    json.dumps(engine_kwargs or {})   # replicas get them through Ray: plain data only (raises naming the type)
+    for what, kw in (("engine_kwargs", engine_kwargs), ("serve_kwargs", serve_kwargs), ("router_kwargs", router_kwargs)):
+        if kw is not None and not isinstance(kw, dict):
+            raise ValueError(f"{what}: expected a dict of keyword arguments, got {type(kw).__name__}")
     router = RequestRouterConfig(request_router_class=CacheAwareRequestRouter,
                                  request_router_kwargs=dict(router_kwargs or {}),
                                  request_routing_stats_period_s=routing_stats_period_s)
