@@ -215,3 +215,89 @@ def test_the_docs_recipe_serves_and_a_killed_replica_is_replaced(cluster, model)
     wait_for(served_by_a_new_one, 120, "a replacement replica to answer")
     for _ in range(3):    # and it keeps serving
         post(cluster, "/v1/completions", {"prompt": "again", "max_tokens": 2})
+
+
+# -- the request router and the replica without a cluster ---------------------------------------------
+def _stats(at, hashes, block_size=4, **load):
+    return {"at": at, "kv": {"seq": 1, "block_size": block_size, "hashes": list(hashes)},
+            "load": dict({"num_waiting": 0, "num_running": 0, "prefill_tokens_pending": 0, "kv_usage": 0.0}, **load)}
+
+
+def _replica(rid, stats):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=rid), routing_stats=stats)
+
+
+def _pending(ids, rid="req"):
+    from types import SimpleNamespace
+
+    from llmkern.integrations.ray_serve_router import ROUTE_KWARG
+
+    return SimpleNamespace(args=(), kwargs={ROUTE_KWARG: ids}, routing_context=SimpleNamespace(should_backoff=False),
+                           metadata=SimpleNamespace(internal_request_id=rid))
+
+
+def test_the_request_router_ranks_by_the_replicas_reported_caches():
+    import asyncio
+
+    from llmkern.integrations.ray_serve_router import CacheAwareRequestRouter
+    from llmkern.router.kv_index import request_hashes
+
+    router = CacheAwareRequestRouter.__new__(CacheAwareRequestRouter)   # Ray's constructor needs a controller
+    router.initialize_state()
+    prompt = list(range(40))
+    a = _replica("a", _stats(1.0, []))
+    b = _replica("b", _stats(1.0, request_hashes(prompt, 4)))      # b reports the prompt's blocks
+    pending = _pending(prompt)
+    ranks = asyncio.run(router.choose_replicas([a, b], pending))
+    assert [r[0].replica_id.unique_id for r in ranks] == ["b", "a"] and pending.routing_context.should_backoff
+    # Without token ids (a body the ingress could not read): the least loaded replica first.
+    a.routing_stats, b.routing_stats = _stats(2.0, [], num_running=3), _stats(2.0, [], num_running=0)
+    ranks = asyncio.run(router.choose_replicas([a, b], _pending(None)))
+    assert ranks[0][0].replica_id.unique_id == "b"
+
+
+def test_a_finished_requests_blocks_count_until_a_later_snapshot():
+    from llmkern.integrations.ray_serve_router import ReplicaView
+    from llmkern.router.core import Router
+    from llmkern.router.policies import RouteRequest
+
+    v = ReplicaView("a")
+    v.refresh(_stats(10.0, []))
+    req = RouteRequest(list(range(40)), "")
+    Router.note_sent(v, req)                      # sent: its blocks are about to be cached there
+    assert req.cached_fraction(v) > 0.8
+    v.ended.append((20.0, req.hashes(4)))         # it ended at t=20
+    v.refresh(_stats(15.0, []))                   # a snapshot taken before the end: still counted
+    assert req.cached_fraction(v) > 0.8
+    v.refresh(_stats(9.0, req.hashes(4)))         # an older snapshot than the last one: ignored
+    assert not v.kv.hashes
+    v.refresh(_stats(21.0, req.hashes(4)[:3]))    # taken after: the replica's word (3 blocks) counts
+    assert req.cached_fraction(v) == pytest.approx(12 / 40)
+
+
+def test_a_replica_aborts_a_stream_its_client_left(model):
+    import asyncio
+
+    from llmkern.integrations.ray_serve import LLMServer
+
+    srv = LLMServer(model, ENGINE)
+    try:
+        async def go():
+            body = json.dumps({"prompt": "abc", "max_tokens": 400, "ignore_eos": True, "stream": True}).encode()
+            gen = srv.handle("POST", "/v1/completions", b"", [("content-type", "application/json")], body)
+            head = await gen.__anext__()
+            assert head["status"] == 200 and (REPLICA_HEADER, "local") in head["headers"]
+            assert (await gen.__anext__()).startswith(b"data: ")
+            await gen.aclose()                    # the client left
+            end = time.monotonic() + 10
+            while srv.loop.num_active and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+            return srv.loop.num_active
+
+        assert asyncio.run(go()) == 0
+        aborted = srv.state.metrics.success.labels(srv.state.model_name, "abort")._value.get()
+        assert aborted == 1                           # ended by the abort, not by running to max_tokens
+    finally:
+        srv.loop.stop()
