@@ -200,8 +200,14 @@ def docs_recipe(model: str) -> str:
 @pytest.mark.slow
 def test_the_docs_recipe_serves_and_a_killed_replica_is_replaced(cluster, model):
     exec(compile(docs_recipe(model), "docs/scale-out.md", "exec"), {})
-    first = post(cluster, "/v1/completions", {"prompt": "before", "max_tokens": 2}).headers[REPLICA_HEADER]
-    ray.kill(ray.get_actor(f"SERVE_REPLICA::llm#LLMServer#{first}", namespace="serve"), no_restart=True)
+    long = {"prompt": "before", "max_tokens": 480, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", cluster + "/v1/completions", json=long, timeout=60) as r:
+        first = r.headers[REPLICA_HEADER]
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::llm#LLMServer#{first}", namespace="serve"), no_restart=True)
+        events = [line[6:] for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "replica_failed", events[-3:]
     answers = []
 
     def served_by_a_new_one():

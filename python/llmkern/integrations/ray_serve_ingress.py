@@ -12,9 +12,11 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
+from ray.exceptions import RayError
 
 from ..models.loader import load_tokenizer
-from ..router.core import Router
+from ..router.core import Router, replica_failed
+from ..serve.errors import json_response
 from .ray_serve_router import ROUTE_KWARG
 
 _KINDS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
@@ -46,16 +48,22 @@ class OpenAIIngress:
         headers.append(("content-length", str(len(body))))
         gen = self.server.handle.remote(request.method, path, request.url.query.encode(), headers, body,
                                         **{ROUTE_KWARG: self._route_ids(path, body)})
-        head = await gen.__anext__()
-        media = dict((k.lower(), v) for k, v in head["headers"]).get("content-type", "")
-        if not media.startswith("text/event-stream"):
-            chunks = [c async for c in gen]
-            return Response(b"".join(chunks), status_code=head["status"], headers=dict(head["headers"]))
+        try:
+            head = await gen.__anext__()
+            media = dict((k.lower(), v) for k, v in head["headers"]).get("content-type", "")
+            if not media.startswith("text/event-stream"):
+                chunks = [c async for c in gen]
+                return Response(b"".join(chunks), status_code=head["status"], headers=dict(head["headers"]))
+        except RayError as e:      # the replica died (or its actor failed) under the request
+            return json_response(replica_failed(type(e).__name__))
 
         async def relay():
             try:
                 async for chunk in gen:
                     yield chunk
+            except RayError as e:  # as llmkern's router does: the error as the last event, then [DONE]
+                err = replica_failed(f"{type(e).__name__} mid-stream; the output is incomplete")
+                yield f"\n\ndata: {json.dumps(err.body())}\n\ndata: [DONE]\n\n".encode()
             finally:
                 gen.cancel()        # the client left mid-stream: the replica aborts the request
 
