@@ -54,6 +54,12 @@ def test_bad_replica_settings_name_the_field():
         build_app(max_ongoing_requests=0)
     with pytest.raises(ValueError, match="engine_kwargs"):
         build_app(engine_kwargs=[("max_num_seqs", 8)])
+    from llmkern.integrations.ray_serve import app_builder
+
+    with pytest.raises(ValueError, match=r"args\.max_replicas: not a build_app argument"):
+        app_builder({"max_replicas": 2})
+    with pytest.raises(ValueError, match=r"autoscaling_config\.max_replicas"):
+        app_builder({"autoscaling_config": {"max_replicas": 0}})
 
 
 # -- on a local cluster -----------------------------------------------------------------------------

@@ -124,3 +124,15 @@ def build_app(model: Optional[str] = None, engine_kwargs: Optional[dict] = None,
         opts["num_replicas"] = num_replicas or 1
     server = serve.deployment(LLMServer).options(**opts).bind(model, engine_kwargs, serve_kwargs, load_format)
     return OpenAIIngress.bind(server, model)
+
+
+def app_builder(args: dict):
+    """build_app for Ray Serve's config files and `serve run`: `import_path:
+    llmkern.integrations.ray_serve:app_builder`, `args:` build_app's keywords."""
+    import inspect
+
+    known = set(inspect.signature(build_app).parameters)
+    unknown = sorted(set(args or {}) - known)
+    if unknown:
+        raise ValueError(f"args.{unknown[0]}: not a build_app argument (known: {', '.join(sorted(known))})")
+    return build_app(**dict(args or {}))
