@@ -25,9 +25,9 @@ LAYERS: List[Set[str]] = [
     {"optimize"},                  #   the optimiser calibrates with the benchmarks' timers,
     {"bench"},                     #   and both drive servers with the load generator
     {"loadgen"},
+    {"integrations"},              # Ray: Data over offline jobs, Serve over the router's policy and serve's app
     {"router"},                    # HTTP fronts: the router (and the launchers) over serve
     {"serve"},
-    {"integrations"},              # Ray over offline jobs
     {"offline"},
     {"llmkern"},                   # the public facade (llmkern.LLM, llmkern.<op>)
     {"engine"},
