@@ -30,6 +30,9 @@ class EngineConfig:
     # next step) at most this many steps in a row, so a new request's first token does not wait for
     # them; 0 mixes them in every step (scheduler.py)
     decode_defer_steps: int = 0
+    # continuous, chunked: while a long prompt is prefilled in chunks, waiting prompts that fit whole
+    # into this share of the token budget join the step beside its next chunk (0: strict arrival order)
+    short_prompt_share: float = 0.5
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048      # token budget per step
     enable_chunked_prefill: bool = True
@@ -86,6 +89,8 @@ class EngineConfig:
             bad("scheduler", "'continuous', 'static' or 'dynamic'")
         if self.policy not in ("fcfs", "priority"):
             bad("policy", "'fcfs' or 'priority'")
+        if not _is_num(self.short_prompt_share) or not 0 <= self.short_prompt_share <= 1:
+            bad("short_prompt_share", "a fraction of the token budget in [0, 1]")
         if not isinstance(self.decode_defer_steps, int) or isinstance(self.decode_defer_steps, bool) \
                 or self.decode_defer_steps < 0:
             bad("decode_defer_steps", "an integer >= 0")

@@ -10,6 +10,8 @@ Continuous policy, per step under a token budget (max_num_batched_tokens) and a 
      chunked prefill the last admitted one may get only part of its prompt. With
      schedule="throughput" (offline work) the queue is ordered and admitted by admission.py's
      rules instead: prefix groups together, biggest first, shared blocks computed once.
+While a long prompt is prefilled in chunks, short waiting prompts (together within
+short_prompt_share of the budget) join each step beside its next chunk (_short_prompt_reserve).
 With decode_defer_steps = n > 0, a step in which a prompt completes leaves the running decodes
 for the next step, at most n steps in a row (new requests' first tokens come sooner; _defer_decodes).
 Static policy: admit up to max_num_seqs, run that batch to completion, then admit the next.
@@ -127,9 +129,10 @@ class Scheduler:
                 and self.ready_in(time.perf_counter()) == 0):
             self._admit_static_batch()
 
-        # 1. running: decodes first, then partial prefills.
+        # 1. running: decodes first, then partial prefills (leaving `reserve` for short new prompts).
         order = ([s for s in self.running if s.num_computed_tokens >= s.num_tokens - 1]
                  + [s for s in self.running if s.num_computed_tokens < s.num_tokens - 1])
+        reserve = self._short_prompt_reserve() if chunked else 0
         for seq in order:
             if budget <= 0 or len(batch.decodes) + len(batch.prefills) >= cap:
                 break
@@ -144,6 +147,8 @@ class Scheduler:
                     k = 0
                 del seq.spec_token_ids[k:]
                 n += k
+            if reserve and n > budget - reserve and seq.num_computed_tokens < seq.num_tokens - 1:
+                n = max(1, budget - reserve)   # a long prompt's next chunk leaves room for short ones
             if n > budget:
                 if not chunked:
                     continue
@@ -227,6 +232,23 @@ class Scheduler:
             if throughput and self.kv.enable_prefix_caching:
                 inflight.update(admission.prompt_hashes(seq, self.kv.block_size)[seq.num_cached_blocks:])
         return self._defer_decodes(batch, pipelined=max_seqs is not None)
+
+    def _short_prompt_reserve(self) -> int:
+        """While a long prompt is prefilled in chunks, the waiting prompts at the head of the queue
+        that fit whole into config.short_prompt_share of the budget (together) are admitted in this
+        step beside its next chunk, rather than after its last: a chat turn does not wait seconds
+        behind a document. Returns the tokens to keep for them (0: nothing to keep)."""
+        share = int(self.budget * self.config.short_prompt_share)
+        if not share or self.config.schedule != "arrival" or not self.waiting or not any(
+                s.num_computed_tokens < s.num_tokens - 1 for s in self.running):
+            return 0
+        total = 0
+        for seq in self.waiting:
+            n = seq.num_tokens - seq.num_computed_tokens
+            if total + n > share:
+                break
+            total += n
+        return total
 
     def _defer_decodes(self, batch: ScheduledBatch, pipelined: bool) -> ScheduledBatch:
         """Bounded decode deferral (config.decode_defer_steps = n): a step in which some prompt
