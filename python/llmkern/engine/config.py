@@ -51,7 +51,7 @@ class EngineConfig:
     kv_disk_path: Optional[str] = None
     kv_disk_gb: Optional[float] = None      # its size bound (default with a path: 10 GiB)
     num_swap_blocks: Optional[int] = None
-    kv_prefault: bool = False               # CPU: fault the KV pages in at idle priority (servers)
+    kv_prefault: bool = False               # CPU: fault the KV cache's pages in at start-up (servers)
     seed: int = 0                           # sampling seed of requests without their own
     enforce_eager: bool = False             # GPU: no CUDA graphs for decode steps
     # speculative decoding: None (off), a dict {"method": "ngram" | "draft" | "early_exit", ...}

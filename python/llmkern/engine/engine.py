@@ -138,7 +138,7 @@ class Engine:
     def shutdown(self) -> None:
         """Release the worker processes of a model-parallel engine (no-op otherwise); idempotent."""
         self.structured.shutdown()   # the grammar-mask thread
-        self.kv.close()              # the KV prefault thread, the disk KV tier's writer
+        self.kv.close()              # the disk KV tier's writer
         if self.handover is not None:
             self.handover.close()
         if self.executor is not None:

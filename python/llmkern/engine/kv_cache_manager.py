@@ -22,7 +22,7 @@ def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.
     kv = KVCacheManager.on_tiers(build_kv_tiers(config.kv_spec(), layers, dtype, device), config.block_size,
                                  config.enable_prefix_caching)
     if config.kv_prefault:
-        kv.tiers.start_prefault()
+        kv.tiers.prefault()
     if config.kv_disk_path is not None:
         from .kv_disk import open_disk_tier
 
@@ -237,9 +237,7 @@ class KVCacheManager:
         return live | ({e.reg for e in self.offload.cached.values()} if self.offload is not None else set())
 
     def close(self) -> None:
-        """Stop the prefault thread, and the disk tier's writer once the device's cached blocks are
-        written too."""
-        self.tiers.close()
+        """Stop the disk tier's writer once the device's cached blocks are written too."""
         if self.disk is not None:
             self.disk.close([Evicted(b) for b in self.pool.cached.values()])
             self.disk = None

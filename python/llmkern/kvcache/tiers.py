@@ -9,7 +9,7 @@ import torch
 
 from ..models.hugepages import zeros_on_hugepages
 from ..ops.kvcache import swap_blocks
-from .prefault import Prefault
+from .prefault import populate
 from .sizing import check_kv_memory, kv_block_bytes, kv_block_counts
 from .spec import Caches, KVSpec, LayerGroup
 
@@ -33,16 +33,12 @@ class KVTiers:
         self.caches = caches
         self.offload_caches = offload_caches
         self.swap_caches = swap_caches
-        self.prefault: Optional[Prefault] = None
 
-    def start_prefault(self) -> None:
-        """Fault the device tier's pages in ahead of use (CPU; kvcache/prefault.py)."""
-        if self.prefault is None and self.caches and self.caches[0][0].device.type == "cpu":
-            self.prefault = Prefault([t for kv in self.caches for t in kv]).start()
-
-    def close(self) -> None:
-        if self.prefault is not None:
-            self.prefault.stop()
+    def prefault(self) -> Optional[str]:
+        """Fault the device tier's pages in now (CPU; kvcache/prefault.py): why not, or None."""
+        if not self.caches or self.caches[0][0].device.type != "cpu":
+            return "not a CPU cache"
+        return populate([t for kv in self.caches for t in kv])
 
     def tier(self, name: str) -> Caches:
         """The caches of one tier: "device", "offload" or "swap"."""

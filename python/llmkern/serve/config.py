@@ -96,7 +96,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "them into every step")
     a.add_argument("--no-kv-prefault", dest="kv_prefault", action="store_false",
                    help="leave the CPU KV cache's pages to be faulted in at first use, on requests' critical "
-                        "path (default: a background thread at idle priority faults them in after start-up)")
+                        "path (default: faulted in before the server answers /health)")
     a.add_argument("--max-queued-requests", type=int, default=None, help="429 beyond this many waiting requests")
     a.add_argument("--max-queued-tokens", type=int, default=None, help="429 beyond this many waiting prompt tokens")
     a.add_argument("--queue-timeout-s", type=float, default=None, help="fail requests not started by then (503)")
