@@ -150,9 +150,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         if p.kv_lens_host.numel() != self._lens_q.numel():
             raise ValueError(f"qo_indptr: batch {self._lens_q.numel()} differs from paged_kv_indptr's "
                              f"{p.kv_lens_host.numel()}")
-        if self._opt.causal and (self._lens_q > p.kv_lens_host).any():
-            raise ValueError("qo_indptr: a sequence has more queries than keys, which a causal mask "
-                             "does not allow (as in FlashInfer)")
+        # Causal with more queries than keys is allowed (as FlashInfer now does): the first
+        # qo_len - kv_len rows see no key and come out 0 with lse -inf.
         keep = self._use_cuda_graph
         p.block_table = keep_storage(self._slots, "block_table", p.block_table, keep)
         p.cu_kv = keep_storage(self._slots, "cu_kv", p.cu_kv, keep)
