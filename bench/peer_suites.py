@@ -96,9 +96,19 @@ def _vllm_scope(fn: str, params: Dict[str, str], line: str, error: str) -> Optio
     return None
 
 
+# CUDA-only machinery the tests drive around the API under test: streams and graph capture, or a
+# fresh interpreter (which has none of the conftest's aliases) running torch.compile + CUDA graphs.
+_CUDA_ONLY = re.compile(r"torch\.cuda\.(Stream|CUDAGraph|graph)|requires CUDA support|"
+                        r"No module named 'flashinfer'")
+
+
 def _flashinfer_scope(fn: str, params: Dict[str, str], line: str, error: str) -> Optional[str]:
-    if any(_FP8.search(v) for v in params.values()) or _FP8.search(error):
+    if any(_FP8.search(v) for v in params.values()) or _FP8.search(error) or "nvfp4" in fn:
         return "fp8 / fp4 KV cache"
+    if "custom_mask" in error:
+        return "custom masks (llmkern's attention kernels take causal / window masks only)"
+    if _CUDA_ONLY.search(line) or _CUDA_ONLY.search(error):
+        return "CUDA streams / graph capture / torch.compile in a subprocess (no CUDA device in the run)"
     if "head_dim must be a multiple of 8 in [8, 256]" in error:
         return "head_dim > 256 (llmkern's attention kernels stop at 256)"
     if "head_dim_vo" in error or "mla" in fn.lower():
