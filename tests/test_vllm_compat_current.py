@@ -24,6 +24,15 @@ def test_swap_blocks_new_and_old_signatures():
     assert torch.equal(half[3].flatten()[:32], src[0].flatten()[:32]) and half[3].flatten()[32:].abs().sum() == 0
 
 
+def test_swap_blocks_is_a_custom_op():
+    # vLLM's tests opcheck torch.ops._C_cache_ops.swap_blocks: schema, fake tensor, in-place dst.
+    src, dst = torch.randn(5, 3, 16, dtype=torch.bfloat16), torch.zeros(5, 3, 16, dtype=torch.bfloat16)
+    mapping = torch.tensor([[4, 0], [1, 2]])
+    torch.library.opcheck(ops.swap_blocks.op, (src, dst, src.element_size() * src.stride(0), mapping))
+    ops.swap_blocks.op(src, dst, src.element_size() * src.stride(0), mapping)
+    assert torch.equal(dst[0], src[4]) and torch.equal(dst[2], src[1]) and not dst[[1, 3, 4]].any()
+
+
 def test_reshape_and_cache_5d(backend):
     nb, h, d, bs, x = 5, 2, 16, 4, 8
     key, value = torch.randn(7, h, d), torch.randn(7, h, d)
