@@ -79,6 +79,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 reshape_and_cache.op.register_fake(lambda *args: None)  # in place: nothing to return when traced
 
 
+@kernel_op("vllm_rotary_embedding", mutates_args=("query", "key"))
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor], head_size: int,
                      cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     """vLLM's ``rotary_embedding``. fp32 runs llmkern's kernel. fp16 / bf16 round as vLLM does:
@@ -96,6 +97,9 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     for t in (query, key):
         if t is not None:
             _rotate_rows(t, pos.numel(), hs, rot, cos, sin, is_neox)
+
+
+rotary_embedding.op.register_fake(lambda *args: None)  # in place: nothing to return when traced
 
 
 def _rotate_rows(t, n: int, hs: int, rot: int, cos, sin, is_neox: bool) -> None:
