@@ -130,7 +130,11 @@ SUITES: Dict[str, Suite] = {
         files=["tests/utils/test_sampling.py|tests/test_sampling.py",
                "tests/attention/test_batch_decode_kernels.py|tests/test_batch_decode_kernels.py",
                "tests/attention/test_batch_prefill_kernels.py|tests/test_batch_prefill_kernels.py",
-               "tests/attention/test_single_prefill.py|tests/test_single_prefill.py"],
+               "tests/attention/test_single_prefill.py|tests/test_single_prefill.py",
+               # single decode / prefill (and batch) with soft cap, sliding window, ALiBi
+               "tests/attention/test_logits_cap.py|tests/test_logits_cap.py",
+               "tests/attention/test_sliding_window.py|tests/test_sliding_window.py",
+               "tests/attention/test_alibi.py|tests/test_alibi.py"],
         # Sampling: 5M draws over a 128k vocabulary -> 200k over 1k (about 200 draws a bin, so
         # the frequency checks keep their power); attention: 16k-key contexts -> 1k.
         size_subs=[(r"\b5_?000_?000\b", "200000"), (r"\b128256\b", "1024"), (r"\b32000\b", "512"),

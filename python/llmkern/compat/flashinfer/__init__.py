@@ -12,13 +12,15 @@ base 2 (``log2 sum exp``), ``[tokens, heads]``, -inf for a query that sees no ke
 behaviour differs from FlashInfer's:
 
 - Not supported (NotImplementedError): fp8 caches and q/kv of different dtypes, custom masks,
-  ``head_dim_vo != head_dim_qk`` (MLA), attention sinks, ALIBI on a non-causal multi-query
-  prefill (FlashInfer's bias there is signed, the kernels' is not). head_dim above 256 is
-  beyond the kernels (ValueError).
+  ``head_dim_vo != head_dim_qk`` (MLA), attention sinks. head_dim above 256 is beyond the
+  kernels (ValueError).
+- ALIBI on a non-causal multi-query prefill runs in fp32 torch (``_signed_alibi``), not the
+  kernels: FlashInfer's bias there is signed, the kernels' is not. Same results, slower.
 - ROPE_LLAMA is applied around the kernels: q and a gathered copy of the keys are rotated in
   fp32 and rounded once to the input dtype, so run() allocates that copy.
 - The workspace buffers are accepted and unused; ``backend``, ``use_tensor_cores``,
-  ``use_fp16_qk_reduction`` and the JIT arguments change nothing.
+  ``use_fp16_qk_reduction`` and the JIT arguments change nothing (except for multi-token
+  decode, which takes FlashInfer's conditions on them).
 """
 from . import cascade, decode, page, prefill, sampling
 from .cascade import *  # noqa: F401,F403
