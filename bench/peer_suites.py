@@ -105,7 +105,7 @@ _CUDA_ONLY = re.compile(r"torch\.cuda\.(Stream|CUDAGraph|graph)|requires CUDA su
 def _flashinfer_scope(fn: str, params: Dict[str, str], line: str, error: str) -> Optional[str]:
     if any(_FP8.search(v) for v in params.values()) or _FP8.search(error) or "nvfp4" in fn:
         return "fp8 / fp4 KV cache"
-    if "custom_mask" in error:
+    if "custom_mask" in error or "prefix_len_ptr" in error:  # multi-item scoring is a mask too
         return "custom masks (llmkern's attention kernels take causal / window masks only)"
     if _CUDA_ONLY.search(line) or _CUDA_ONLY.search(error):
         return "CUDA streams / graph capture / torch.compile in a subprocess (no CUDA device in the run)"

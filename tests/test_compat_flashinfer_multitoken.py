@@ -81,3 +81,15 @@ def test_causal_prefill_more_queries_than_keys(backend, dtype):
         fin = torch.isfinite(rl)
         torch.testing.assert_close(lse[rows][fin].double(), rl[fin], atol=LSE_TOL[dtype], rtol=1e-3)
     assert torch.isneginf(lse[:3]).all() and torch.equal(o[:3], torch.zeros_like(o[:3]))
+
+
+def test_multi_item_scoring_is_refused_not_ignored():
+    # FlashInfer's multi-item scoring masks keys between items; ignoring it would be a wrong answer.
+    i32 = dict(dtype=torch.int32)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws())
+    with pytest.raises(NotImplementedError, match="prefix_len_ptr"):
+        w.plan(torch.tensor([0, 4], **i32), torch.tensor([0, 1], **i32), torch.tensor([0], **i32),
+               torch.tensor([4], **i32), 2, 1, 16, 4, prefix_len_ptr=torch.tensor([2]))
+    r = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws())
+    with pytest.raises(NotImplementedError, match="token_pos_in_items_len"):
+        r.plan(torch.tensor([0, 4], **i32), torch.tensor([0, 4], **i32), 2, 1, 16, token_pos_in_items_len=3)

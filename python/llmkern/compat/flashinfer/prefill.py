@@ -85,6 +85,9 @@ def _finish(res, want: bool, return_lse: bool, v_scale):
     return res[0]
 
 
+_MULTI_ITEM = ("prefix_len_ptr", "token_pos_in_items_ptr", "token_pos_in_items_len", "max_item_len_ptr")
+
+
 class _Wrapper:
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False):
         self._kv_layout = check_layout(kv_layout)
@@ -101,8 +104,11 @@ class _Wrapper:
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer=None) -> None:
         self._workspace = float_workspace_buffer
 
-    def _plan_queries(self, qo_indptr, num_qo_heads, num_kv_heads, *opts) -> None:
-        """What both prefill plans share: the options and the queries' indptr."""
+    def _plan_queries(self, qo_indptr, num_qo_heads, num_kv_heads, *opts, extra=None) -> None:
+        """What both prefill plans share: the options and the queries' indptr. ``extra``: the
+        plan's other keywords; FlashInfer's multi-item scoring ones change the mask, so they are
+        refused rather than ignored."""
+        unsupported(**{k: (extra or {}).get(k) for k in _MULTI_ITEM})
         check_heads(int_arg(num_qo_heads, "num_qo_heads", 1), int_arg(num_kv_heads, "num_kv_heads", 1))
         self._opt = _prefill_options(*opts)
         host = host_ints(qo_indptr, "qo_indptr")
@@ -144,7 +150,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
              kv_data_type=None, o_data_type=None, non_blocking: bool = True, **_ignored) -> None:
         self._plan_queries(qo_indptr, num_qo_heads, num_kv_heads, causal, pos_encoding_mode, sm_scale, head_dim_qk,
                            window_left, logits_soft_cap, rope_scale, rope_theta, head_dim_vo, custom_mask,
-                           packed_custom_mask)
+                           packed_custom_mask, extra=_ignored)
         p = plan_paged(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, self._device,
                        self._indices_capacity)
         if p.kv_lens_host.numel() != self._lens_q.numel():
@@ -210,7 +216,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
              kv_data_type=None, o_data_type=None, non_blocking: bool = True, **_ignored) -> None:
         self._plan_queries(qo_indptr, num_qo_heads, num_kv_heads, causal, pos_encoding_mode, sm_scale, head_dim_qk,
                            window_left, logits_soft_cap, rope_scale, rope_theta, head_dim_vo, custom_mask,
-                           packed_custom_mask)
+                           packed_custom_mask, extra=_ignored)
         kv_host = host_ints(kv_indptr, "kv_indptr")
         self._lens_kv = indptr_lengths(kv_host, "kv_indptr")
         if self._lens_kv.numel() != self._lens_q.numel():
