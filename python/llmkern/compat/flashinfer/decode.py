@@ -149,7 +149,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
             return_lse: bool = False, enable_pdl=None, window_left: Optional[int] = None,
             sinks=None, **_ignored):
-        """``q [batch, Hq, D]`` -> ``out [batch, Hq, D]``, or ``(out, lse [batch, Hq])`` (base-2)."""
+        """``q [batch * q_len_per_req, Hq, D]`` -> ``out`` of that shape, or ``(out, lse [rows, Hq])``
+        (base-2)."""
         if self._plan is None:
             raise RuntimeError("plan() must be called before run()")
         unsupported(sinks=sinks)
