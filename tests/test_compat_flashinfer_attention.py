@@ -215,8 +215,8 @@ def test_errors():
         flashinfer.single_decode_with_kv_cache(q, k, k, pos_encoding_mode="ROPE")
     with pytest.raises(NotImplementedError, match="fp8"):
         flashinfer.single_decode_with_kv_cache(q.to(torch.float8_e4m3fn), k, k)
-    with pytest.raises(NotImplementedError, match="custom_mask"):
-        flashinfer.single_prefill_with_kv_cache(rand(2, 1, 16), k, k, custom_mask=torch.ones(2, 5, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="packed_custom_mask"):
+        flashinfer.single_prefill_with_kv_cache(rand(2, 1, 16), k, k, packed_custom_mask=torch.ones(2, dtype=torch.uint8))
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8))
     with pytest.raises(RuntimeError, match="plan"):
         w.run(rand(1, 2, 16), torch.zeros(1, 2, 4, 1, 16))
