@@ -1,6 +1,6 @@
 """Makes the imports of vLLM's kernel tests (tests/kernels/attention/test_cache.py,
-tests/kernels/core/test_layernorm.py, tests/kernels/core/test_pos_encoding.py) resolve without an
-installed vLLM: ``vllm._custom_ops`` is llmkern.compat.vllm_ops, ``torch.ops._C_cache_ops`` /
+tests/kernels/core/test_layernorm.py, test_pos_encoding.py, test_rotary_embedding.py and the MoE
+routing / alignment files) resolve without an installed vLLM: ``vllm._custom_ops`` is llmkern.compat.vllm_ops, ``torch.ops._C_cache_ops`` /
 ``torch.ops._C`` name llmkern's registered ops (their opcheck targets), and the small pieces of
 vLLM's test scaffolding those files use are written here from vLLM's documented behaviour:
 ``current_platform.seed_everything``, ``tests.kernels.utils.opcheck``, the default tolerances,
