@@ -116,7 +116,7 @@ def test_sizes_are_shrunk(vocab_size):
 '''
 
 # The current suite's helpers come from the checkout itself (tests/test_helpers/test_helpers.py);
-# CUDA streams and custom masks are classified out of scope, each with its reason.
+# CUDA streams and bit-packed masks are classified out of scope, each with its reason.
 FAKE_FLASHINFER_SINGLE = {
     "tests/test_helpers/test_helpers.py": "from flashinfer.utils import GPUArchitectureError\n"
                                           "def ref_scale():\n    return 0.5\n",
@@ -134,9 +134,9 @@ def test_uses_the_checkouts_helper():
 def test_stream():
     torch.cuda.Stream()
 
-def test_custom_mask():
+def test_packed_custom_mask():
     q = torch.randn(3, 2, 16, device="cuda")
-    flashinfer.single_prefill_with_kv_cache(q, q, q, custom_mask=torch.ones(3, 3, dtype=torch.bool))
+    flashinfer.single_prefill_with_kv_cache(q, q, q, packed_custom_mask=torch.ones(2, dtype=torch.uint8))
 ''',
 }
 
