@@ -106,7 +106,7 @@ def _flashinfer_scope(fn: str, params: Dict[str, str], line: str, error: str) ->
     if any(_FP8.search(v) for v in params.values()) or _FP8.search(error) or "nvfp4" in fn:
         return "fp8 / fp4 KV cache"
     if "custom_mask" in error or "prefix_len_ptr" in error:  # multi-item scoring is a mask too
-        return "custom masks (llmkern's attention kernels take causal / window masks only)"
+        return "multi-item scoring / bit-packed custom masks (boolean custom_mask runs)"
     if _CUDA_ONLY.search(line) or _CUDA_ONLY.search(error):
         return "CUDA streams / graph capture / torch.compile in a subprocess (no CUDA device in the run)"
     if "head_dim must be a multiple of 8 in [8, 256]" in error:

@@ -228,7 +228,7 @@ def test_runner_flashinfer_checkout_helpers_and_scope(tmp_path):
     rep = _run_files("flashinfer", FAKE_FLASHINFER_SINGLE, tmp_path)
     t = rep["totals"]
     assert t["failed"] == 0 and t["passed"] == 1 and t["out_of_scope"] == 2, rep["failures"] or rep["pytest_tail"]
-    assert {r.split(" ")[0] for r in rep["out_of_scope_reasons"]} == {"CUDA", "custom"}
+    assert {r.split(" ")[0] for r in rep["out_of_scope_reasons"]} == {"CUDA", "multi-item"}
 
 
 def test_runner_current_vllm_moe_and_rotary(tmp_path):
