@@ -25,8 +25,9 @@ def slopes(n):
     return torch.tensor(out + [2.0 ** (-4.0 * (2 * i + 1) / p) for i in range(n - p)], dtype=torch.float64)
 
 
-def attend(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0, mode="NONE"):
-    """One sequence: q [sq, Hq, D], k/v [sk, Hkv, D] -> (out [sq, Hq, D] fp64, lse2 [sq, Hq])."""
+def attend(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0, mode="NONE", mask=None):
+    """One sequence: q [sq, Hq, D], k/v [sk, Hkv, D] -> (out [sq, Hq, D] fp64, lse2 [sq, Hq]).
+    ``mask`` [sq, sk] bool (True = attend) replaces the causal mask, as FlashInfer's custom_mask."""
     sq, hq, d = q.shape
     sk, hkv = k.shape[0], k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
@@ -43,8 +44,8 @@ def attend(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0, m
     dist = (kpos[None, :] - qpos[:, None]).double()  # key minus query position
     if mode == "ALIBI":
         s = s + slopes(hq)[:, None, None] * dist[None]
-    allowed = torch.ones(sq, sk, dtype=torch.bool)
-    if causal:
+    allowed = torch.ones(sq, sk, dtype=torch.bool) if mask is None else mask.clone()
+    if causal and mask is None:
         allowed &= dist <= 0
     if window_left >= 0:
         allowed &= dist >= -window_left

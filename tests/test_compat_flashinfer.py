@@ -142,3 +142,27 @@ def test_empty_batches(backend):
         assert flashinfer.sampling.top_k_renorm_probs(x, 5).shape == (0, V)
         assert flashinfer.sampling.top_p_renorm_probs(x, 0.5).shape == (0, V)
         assert flashinfer.sampling.top_k_mask_logits(x, 5).shape == (0, V)
+
+
+@pytest.mark.parametrize("fn,name,value", [("top_p_renorm_probs", "top_p", 0.5), ("top_k_renorm_probs", "top_k", 3),
+                                           ("min_p_sampling_from_probs", "min_p", 0.1),
+                                           ("top_k_mask_logits", "top_k", 3)])
+def test_row_parameter_checks_use_flashinfers_wording(fn, name, value):
+    # The regexes are FlashInfer's own (tests/utils/test_sampling.py), which ports may match too.
+    f = getattr(flashinfer.sampling, fn)
+    probs = torch.softmax(torch.randn(4, 10), -1)
+    dt = torch.int32 if name == "top_k" else torch.float32
+    with pytest.raises(ValueError, match=r"Expected a 1D tensor of shape \(batch_size,\) or scalar.*got a 0-dimensional tensor"):
+        f(probs, torch.tensor(value, dtype=dt))
+    with pytest.raises(ValueError, match=r"Expected a 1D tensor or scalar.*got a 2D tensor"):
+        f(probs, torch.full((4, 10), value, dtype=dt))
+    with pytest.raises(ValueError, match="Sampling parameter.*batch size mismatch"):
+        f(probs, torch.tensor([value], dtype=dt))
+    if fn != "min_p_sampling_from_probs":  # deterministic: one value per row equals the scalar
+        assert torch.equal(f(probs, torch.full((4,), value, dtype=dt)), f(probs, value))
+    # with indices, one value per output row (not per probs row)
+    idx = torch.tensor([0, 0, 1], dtype=torch.int32)
+    out = flashinfer.sampling.top_p_sampling_from_probs(probs, torch.full((3,), 0.9), indices=idx)
+    assert out.shape == (3,)
+    with pytest.raises(ValueError, match="batch size mismatch"):
+        flashinfer.sampling.top_p_sampling_from_probs(probs, torch.full((4,), 0.9), indices=idx)

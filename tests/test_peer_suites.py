@@ -115,6 +115,31 @@ def test_sizes_are_shrunk(vocab_size):
     assert num_trials == 200000 and vocab_size in (111, 512, 1024)
 '''
 
+# The current suite's helpers come from the checkout itself (tests/test_helpers/test_helpers.py);
+# CUDA streams and bit-packed masks are classified out of scope, each with its reason.
+FAKE_FLASHINFER_SINGLE = {
+    "tests/test_helpers/test_helpers.py": "from flashinfer.utils import GPUArchitectureError\n"
+                                          "def ref_scale():\n    return 0.5\n",
+    "tests/attention/test_single_prefill.py": '''
+import torch
+import flashinfer
+from tests.test_helpers.test_helpers import ref_scale
+
+def test_uses_the_checkouts_helper():
+    q, k = torch.randn(3, 2, 16, device="cuda"), torch.randn(5, 2, 16, device="cuda")
+    o = flashinfer.single_prefill_with_kv_cache(q, k, k, sm_scale=ref_scale())
+    ref = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * ref_scale(), -1)
+    torch.testing.assert_close(o, torch.einsum("hqk,khd->qhd", ref, k), atol=1e-4, rtol=1e-4)
+
+def test_stream():
+    torch.cuda.Stream()
+
+def test_packed_custom_mask():
+    q = torch.randn(3, 2, 16, device="cuda")
+    flashinfer.single_prefill_with_kv_cache(q, q, q, packed_custom_mask=torch.ones(2, dtype=torch.uint8))
+''',
+}
+
 FAKE_VLLM = {
     "tests/kernels/moe/test_fused_topk.py": '''
 import pytest
@@ -167,6 +192,15 @@ def test_rotary_embedding(dtype, is_neox_style):
     out_q, out_k = rope.forward(pos, q.clone(), k.clone())
     torch.testing.assert_close(out_q, ref_q, atol=get_default_atol(out_q), rtol=get_default_rtol(out_q))
     torch.testing.assert_close(out_k, ref_k, atol=get_default_atol(out_k), rtol=get_default_rtol(out_k))
+
+def test_current_get_rope():  # vLLM's current signature: theta and the rotary fraction in a dict
+    params = {"rope_type": "default", "rope_theta": 10000, "partial_rotary_factor": 0.5}
+    rope = get_rope(64, 4096, False, params).to(dtype=torch.bfloat16)
+    assert rope.rotary_dim == 32
+    pos, q = torch.randint(0, 4096, (7,)), torch.randn(7, 3, 64, dtype=torch.bfloat16)
+    ref_q, _ = rope.forward_native(pos, q, None)
+    out_q, _ = rope.forward(pos, q.clone(), None)
+    torch.testing.assert_close(out_q, ref_q, atol=get_default_atol(out_q), rtol=get_default_rtol(out_q))
 ''',
 }
 
@@ -183,10 +217,21 @@ def test_runner_flashinfer_attention_and_sizes(tmp_path):
     assert set(rep["out_of_scope_reasons"]) == {"fp8 / fp4 KV cache"}
 
 
-def test_runner_current_vllm_moe_and_rotary(tmp_path):
-    for rel, text in FAKE_VLLM.items():
+def _run_files(suite, files, tmp_path):
+    for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    rep = _load_runner().run("vllm", tmp_path, "cpu", 0, 0, "", 600.0, [])
+    return _load_runner().run(suite, tmp_path, "cpu", 0, 0, "", 600.0, [])
+
+
+def test_runner_flashinfer_checkout_helpers_and_scope(tmp_path):
+    rep = _run_files("flashinfer", FAKE_FLASHINFER_SINGLE, tmp_path)
     t = rep["totals"]
-    assert t["failed"] == 0 and t["passed"] == 4 + 1 + 4, rep["failures"] or rep["pytest_tail"]
+    assert t["failed"] == 0 and t["passed"] == 1 and t["out_of_scope"] == 2, rep["failures"] or rep["pytest_tail"]
+    assert {r.split(" ")[0] for r in rep["out_of_scope_reasons"]} == {"CUDA", "multi-item"}
+
+
+def test_runner_current_vllm_moe_and_rotary(tmp_path):
+    rep = _run_files("vllm", FAKE_VLLM, tmp_path)
+    t = rep["totals"]
+    assert t["failed"] == 0 and t["passed"] == 4 + 1 + 4 + 1, rep["failures"] or rep["pytest_tail"]

@@ -24,6 +24,26 @@ def test_swap_blocks_new_and_old_signatures():
     assert torch.equal(half[3].flatten()[:32], src[0].flatten()[:32]) and half[3].flatten()[32:].abs().sum() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_embedding_is_a_custom_op(dtype):
+    # vLLM's test_rotary_embedding.py opchecks torch.ops._C.rotary_embedding on strided views.
+    pos = torch.randint(0, 64, (1, 9))
+    q = torch.randn(1, 9, 3, 40 + 64, dtype=dtype)[..., :40]
+    k = torch.randn(1, 9, 3, 40 + 64, dtype=dtype)[..., :40]
+    cache = torch.randn(64, 32, dtype=dtype)
+    torch.library.opcheck(ops.rotary_embedding.op, (pos, q, k, 40, cache, False))
+    torch.library.opcheck(ops.rotary_embedding.op, (pos, q, None, 40, cache, True))
+
+
+def test_swap_blocks_is_a_custom_op():
+    # vLLM's tests opcheck torch.ops._C_cache_ops.swap_blocks: schema, fake tensor, in-place dst.
+    src, dst = torch.randn(5, 3, 16, dtype=torch.bfloat16), torch.zeros(5, 3, 16, dtype=torch.bfloat16)
+    mapping = torch.tensor([[4, 0], [1, 2]])
+    torch.library.opcheck(ops.swap_blocks.op, (src, dst, src.element_size() * src.stride(0), mapping))
+    ops.swap_blocks.op(src, dst, src.element_size() * src.stride(0), mapping)
+    assert torch.equal(dst[0], src[4]) and torch.equal(dst[2], src[1]) and not dst[[1, 3, 4]].any()
+
+
 def test_reshape_and_cache_5d(backend):
     nb, h, d, bs, x = 5, 2, 16, 4, 8
     key, value = torch.randn(7, h, d), torch.randn(7, h, d)

@@ -6,9 +6,12 @@ full product, which --sample then draws from; fp4 helpers: fp4 is out of scope).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import itertools
+import os
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +37,24 @@ def parametrize_product(axes, values=None, *, regular=None, ids=None):
     return pytest.mark.parametrize(",".join(names), list(itertools.product(*values)))
 
 
+def _peer_helper(name: str, rel: str) -> None:
+    """Loads one of the checkout's own pure-torch test helpers (references such as
+    ref_single_prefill, closeness checks) under its package name: the tests' comparisons stay the
+    peer's. Absent in older checkouts, which did not import it."""
+    path = Path(os.environ.get("PEER_SUITE_CHECKOUT", ".")) / rel
+    if not path.exists():
+        return
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    setattr(sys.modules[name.rpartition(".")[0]], name.rpartition(".")[2], mod)
+
+
+class GPUArchitectureError(RuntimeError):
+    """flashinfer.utils' error for a kernel the GPU cannot run (never raised here)."""
+
+
 def _none(*a, **k):
     return []
 
@@ -53,7 +74,8 @@ def install() -> None:
     fi.jit = _module("flashinfer.jit", build_jit_specs=_none, parallel_load_modules=_none, has_prebuilt_ops=True)
     fi.utils = _module("flashinfer.utils", get_compute_capability=lambda *a, **k: (9, 0),
                        has_flashinfer_jit_cache=lambda: True, is_sm90a_supported=lambda *a: False,
-                       is_sm100a_supported=lambda *a: False, determine_attention_backend=lambda *a: "fa2")
+                       is_sm100a_supported=lambda *a: False, determine_attention_backend=lambda *a: "fa2",
+                       GPUArchitectureError=GPUArchitectureError)
     _module("flashinfer.cutile.cutile_common", is_cuda_tile_available=lambda: False)
     _module("tests.test_helpers.jit_utils", gen_decode_attention_modules=_none, gen_prefill_attention_modules=_none,
             jit_decode_attention_func_args=_none, jit_prefill_attention_func_args=_none)
@@ -61,3 +83,5 @@ def install() -> None:
     _module("tests.test_helpers.parametrize", parametrize_product=parametrize_product,
             pairwise_product_cases=None)
     _module("tests.test_helpers.utils_fp4", create_nvfp4_kv=_fp4, nvfp4_to_float=_fp4)
+    for helper in ("test_helpers", "rope_reference", "alibi_reference"):
+        _peer_helper(f"tests.test_helpers.{helper}", f"tests/test_helpers/{helper}.py")

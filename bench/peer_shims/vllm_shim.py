@@ -1,6 +1,6 @@
 """Makes the imports of vLLM's kernel tests (tests/kernels/attention/test_cache.py,
-tests/kernels/core/test_layernorm.py, tests/kernels/core/test_pos_encoding.py) resolve without an
-installed vLLM: ``vllm._custom_ops`` is llmkern.compat.vllm_ops, ``torch.ops._C_cache_ops`` /
+tests/kernels/core/test_layernorm.py, test_pos_encoding.py, test_rotary_embedding.py and the MoE
+routing / alignment files) resolve without an installed vLLM: ``vllm._custom_ops`` is llmkern.compat.vllm_ops, ``torch.ops._C_cache_ops`` /
 ``torch.ops._C`` name llmkern's registered ops (their opcheck targets), and the small pieces of
 vLLM's test scaffolding those files use are written here from vLLM's documented behaviour:
 ``current_platform.seed_everything``, ``tests.kernels.utils.opcheck``, the default tolerances,
@@ -209,12 +209,28 @@ class RotaryEmbedding(torch.nn.Module):
         return query, key
 
 
-def get_rope(head_size, rotary_dim, max_position, base, is_neox_style=True, rope_scaling=None,
-             dtype=None, partial_rotary_factor=1.0, dual_chunk_attention_config=None):
-    if rope_scaling is not None:
+def get_rope(head_size, *args, **kwargs):
+    """Both of vLLM's signatures: the current ``get_rope(head_size, max_position, is_neox_style,
+    rope_parameters, dtype)`` (rotary_dim = head_size * partial_rotary_factor, theta inside the
+    dict) and the older ``get_rope(head_size, rotary_dim, max_position, base, is_neox_style,
+    rope_scaling, dtype, partial_rotary_factor)``."""
+    current = "rope_parameters" in kwargs or (len(args) >= 2 and isinstance(args[1], bool)) \
+        or (len(args) >= 3 and isinstance(args[2], dict))
+    if current:
+        names = ("max_position", "is_neox_style", "rope_parameters", "dtype")
+        a = dict(zip(names, args), **kwargs)
+        params = dict(a.get("rope_parameters") or {})
+        if params.get("rope_type", "default") != "default":
+            raise NotImplementedError(f"rope_type={params['rope_type']!r}: not part of the shim")
+        rotary_dim = int(head_size * params.get("partial_rotary_factor", 1.0))
+        return RotaryEmbedding(head_size, rotary_dim, a["max_position"], params.get("rope_theta", 10000),
+                               a.get("is_neox_style", True), a.get("dtype") or torch.get_default_dtype())
+    names = ("rotary_dim", "max_position", "base", "is_neox_style", "rope_scaling", "dtype")
+    a = dict(zip(names, args), **kwargs)
+    if a.get("rope_scaling") is not None:
         raise NotImplementedError("rope_scaling: not part of the shim")
-    return RotaryEmbedding(head_size, rotary_dim, max_position, base, is_neox_style,
-                           dtype or torch.get_default_dtype())
+    return RotaryEmbedding(head_size, a["rotary_dim"], a["max_position"], a["base"], a.get("is_neox_style", True),
+                           a.get("dtype") or torch.get_default_dtype())
 
 
 def _random_caches_flash(num_blocks, block_size, num_layers, num_heads, head_size, cache_dtype,

@@ -29,16 +29,27 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_size_in_bytes, block
     ``swap_blocks(src, dst, block_mapping)`` runs llmkern's kernel."""
     if isinstance(block_size_in_bytes, torch.Tensor) and block_mapping is None:
         return _kv.swap_blocks(src, dst, block_size_in_bytes)
+    require_tensor(block_mapping, "block_mapping", 2, "[num_pairs, 2]")
+    _swap_block_bytes(src, dst, int_arg(block_size_in_bytes, "block_size_in_bytes", 0), block_mapping)
+
+
+@kernel_op("vllm_swap_blocks", mutates_args=("dst",))
+def _swap_block_bytes(src: torch.Tensor, dst: torch.Tensor, block_size_in_bytes: int,
+                      block_mapping: torch.Tensor) -> None:
+    # A custom op of its own (vLLM's schema) so that torch.compile traces it and opcheck sees it.
     require_tensor(src, "src")
     require_tensor(dst, "dst")
-    require_tensor(block_mapping, "block_mapping", 2, "[num_pairs, 2]")
-    nbytes = int_arg(block_size_in_bytes, "block_size_in_bytes", 0)
+    nbytes = block_size_in_bytes
     for t, name in ((src, "src"), (dst, "dst")):
         if t.dim() and nbytes > t.stride(0) * t.element_size():
             raise ValueError(f"block_size_in_bytes: {nbytes} is more than one block of {name}")
     pairs = block_mapping.to("cpu", torch.int64)
     s_b, d_b = _blocks_as_bytes(src, nbytes), _blocks_as_bytes(dst, nbytes)
     d_b[pairs[:, 1].to(dst.device)] = s_b[pairs[:, 0].to(src.device)].to(dst.device)
+
+
+_swap_block_bytes.op.register_fake(lambda *args: None)  # in place: nothing to return when traced
+swap_blocks.op = _swap_block_bytes.op  # what torch.ops._C_cache_ops.swap_blocks names
 
 
 @kernel_op("vllm_reshape_and_cache", mutates_args=("key_cache", "value_cache"))
@@ -68,6 +79,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 reshape_and_cache.op.register_fake(lambda *args: None)  # in place: nothing to return when traced
 
 
+@kernel_op("vllm_rotary_embedding", mutates_args=("query", "key"))
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor], head_size: int,
                      cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     """vLLM's ``rotary_embedding``. fp32 runs llmkern's kernel. fp16 / bf16 round as vLLM does:
@@ -85,6 +97,9 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     for t in (query, key):
         if t is not None:
             _rotate_rows(t, pos.numel(), hs, rot, cos, sin, is_neox)
+
+
+rotary_embedding.op.register_fake(lambda *args: None)  # in place: nothing to return when traced
 
 
 def _rotate_rows(t, n: int, hs: int, rot: int, cos, sin, is_neox: bool) -> None:

@@ -11,14 +11,17 @@ base 2 (``log2 sum exp``), ``[tokens, heads]``, -inf for a query that sees no ke
 ``plan()`` works on the host (it may synchronise); ``run()`` only queues device work. Where
 behaviour differs from FlashInfer's:
 
-- Not supported (NotImplementedError): fp8 caches and q/kv of different dtypes, custom masks,
-  ``head_dim_vo != head_dim_qk`` (MLA), attention sinks, ALIBI on a non-causal multi-query
-  prefill (FlashInfer's bias there is signed, the kernels' is not). head_dim above 256 is
-  beyond the kernels (ValueError).
+- Not supported (NotImplementedError): fp8 caches and q/kv of different dtypes, bit-packed
+  custom masks (``packed_custom_mask``), multi-item scoring, ``head_dim_vo != head_dim_qk``
+  (MLA), attention sinks. head_dim above 256 is beyond the kernels (ValueError).
+- ``custom_mask`` (boolean) and ALIBI on a non-causal multi-query prefill run in fp32 torch
+  (``_torch_path``), not the kernels, which cannot express them (FlashInfer's ALiBi bias is
+  signed there, the kernels' is not). Same results, slower.
 - ROPE_LLAMA is applied around the kernels: q and a gathered copy of the keys are rotated in
   fp32 and rounded once to the input dtype, so run() allocates that copy.
 - The workspace buffers are accepted and unused; ``backend``, ``use_tensor_cores``,
-  ``use_fp16_qk_reduction`` and the JIT arguments change nothing.
+  ``use_fp16_qk_reduction`` and the JIT arguments change nothing (except for multi-token
+  decode, which takes FlashInfer's conditions on them).
 """
 from . import cascade, decode, page, prefill, sampling
 from .cascade import *  # noqa: F401,F403

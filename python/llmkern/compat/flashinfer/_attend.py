@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ...ops.attention import flash_attn_varlen_func, flash_attn_with_kvcache
+from . import _torch_path
 from ._common import alibi_slopes, lse_out, rope_llama
 
 
@@ -32,21 +33,26 @@ class Options:
     def alibi(self, num_heads: int, device, multi_query: bool) -> Optional[torch.Tensor]:
         if self.pos_encoding != "ALIBI":
             return None
-        # FlashInfer's bias is slope * (key - query position): signed, so it equals flash-attn's
-        # -slope * |distance| only where no key lies after the query.
-        if multi_query and not self.causal:
-            raise NotImplementedError("pos_encoding_mode='ALIBI' without causal: FlashInfer's signed "
-                                      "bias on keys after the query is not supported by llmkern")
         return alibi_slopes(num_heads, device)
+
+    def signed_alibi(self, multi_query: bool) -> bool:
+        # FlashInfer's bias is slope * (key - query position): signed, so it equals flash-attn's
+        # -slope * |distance| only where no key lies after the query (causal, or one last query).
+        return self.pos_encoding == "ALIBI" and multi_query and not self.causal
 
 
 def ragged(q, k, v, cu_q, cu_kv, max_q: int, max_kv: int, opt: Options, out, lse, return_lse: bool,
-           q_pos: Optional[torch.Tensor] = None, k_pos: Optional[torch.Tensor] = None, block_table=None):
+           q_pos: Optional[torch.Tensor] = None, k_pos: Optional[torch.Tensor] = None, block_table=None,
+           custom_mask: Optional[torch.Tensor] = None):
     """``q [total_q, Hq, D]`` against dense ragged ``k``/``v [total_kv, Hkv, D]`` (or paged caches
-    with ``block_table``). ``q_pos``/``k_pos``: token positions for ROPE_LLAMA (dense k only)."""
+    with ``block_table``). ``q_pos``/``k_pos``: token positions for ROPE_LLAMA (dense k only).
+    ``custom_mask``: FlashInfer's flat boolean mask (runs on the torch path)."""
     if opt.pos_encoding == "ROPE_LLAMA":
         q = rope_llama(q, q_pos, opt.rope_scale, opt.rope_theta)
         k = rope_llama(k, k_pos, opt.rope_scale, opt.rope_theta)
+    if custom_mask is not None or opt.signed_alibi(max_q > 1):
+        res = _torch_path.attention(q, k, v, cu_q, cu_kv, opt, out, return_lse, block_table, custom_mask)
+        return res if not return_lse else (res[0], lse_out(res[1], lse))
     res = flash_attn_varlen_func(
         q, k, v, cu_q, cu_kv, max_q, max_kv, softmax_scale=opt.sm_scale, causal=opt.causal,
         window_size=opt.window(), softcap=opt.soft_cap,

@@ -32,7 +32,7 @@ def single_prefill_with_kv_cache(
     require_tensor(q, "q", 3, "[qo_len, num_qo_heads, head_dim]")
     require_tensor(k, "k", 3, "[kv_len, num_kv_heads, head_dim]")
     require_tensor(v, "v", 3, "[kv_len, num_kv_heads, head_dim]")
-    unsupported(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, scale_q=scale_q,
+    unsupported(packed_custom_mask=packed_custom_mask, scale_q=scale_q,
                 scale_k=scale_k, scale_v=scale_v)
     check_dtypes(q, k)
     layout = check_layout(kv_layout)
@@ -45,7 +45,9 @@ def single_prefill_with_kv_cache(
     cu_k = torch.tensor([0, kv_len], dtype=torch.int32, device=q.device)
     q_pos = torch.arange(kv_len - qo_len, kv_len, device=q.device)
     k_pos = torch.arange(kv_len, device=q.device)
-    res = _attend.ragged(q, k, v, cu_q, cu_k, qo_len, kv_len, opt, None, None, bool(return_lse), q_pos, k_pos)
+    mask = _flat_mask(custom_mask, qo_len * kv_len)
+    res = _attend.ragged(q, k, v, cu_q, cu_k, qo_len, kv_len, opt, None, None, bool(return_lse), q_pos, k_pos,
+                         custom_mask=mask)
     if o_dtype is not None:
         res = (res[0].to(o_dtype), res[1]) if return_lse else res.to(o_dtype)
     return res
@@ -59,9 +61,20 @@ def _prefill_options(causal, pos_encoding_mode, sm_scale, head_dim, window_left,
     head_dim = int_arg(head_dim, "head_dim_qk", 1)
     if head_dim_vo is not None and int(head_dim_vo) != head_dim:
         raise NotImplementedError("head_dim_vo: llmkern's kernels need head_dim_vo == head_dim_qk")
-    unsupported(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+    unsupported(packed_custom_mask=packed_custom_mask)
     return Options(bool(causal), sm_scale_of(sm_scale, head_dim), window_of(window_left),
                    soft_cap_of(logits_soft_cap), check_pos_encoding(pos_encoding_mode), rope_scale, rope_theta)
+
+
+def _flat_mask(custom_mask, size: int) -> Optional[torch.Tensor]:
+    """FlashInfer's boolean ``custom_mask`` (True = attend) flattened; ``size`` = the sum of the
+    requests' ``qo_len * kv_len``. It replaces the causal mask (the torch path applies it)."""
+    if custom_mask is None:
+        return None
+    require_tensor(custom_mask, "custom_mask")
+    if custom_mask.numel() != size:
+        raise ValueError(f"custom_mask: {custom_mask.numel()} entries, expected {size} (qo_len * kv_len per request)")
+    return custom_mask.reshape(-1).to(torch.bool)
 
 
 def _run_options(opt: Options, q_scale, k_scale, window_left) -> Options:
@@ -85,6 +98,9 @@ def _finish(res, want: bool, return_lse: bool, v_scale):
     return res[0]
 
 
+_MULTI_ITEM = ("prefix_len_ptr", "token_pos_in_items_ptr", "token_pos_in_items_len", "max_item_len_ptr")
+
+
 class _Wrapper:
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False):
         self._kv_layout = check_layout(kv_layout)
@@ -101,8 +117,11 @@ class _Wrapper:
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer=None) -> None:
         self._workspace = float_workspace_buffer
 
-    def _plan_queries(self, qo_indptr, num_qo_heads, num_kv_heads, *opts) -> None:
-        """What both prefill plans share: the options and the queries' indptr."""
+    def _plan_queries(self, qo_indptr, num_qo_heads, num_kv_heads, *opts, extra=None) -> None:
+        """What both prefill plans share: the options and the queries' indptr. ``extra``: the
+        plan's other keywords; FlashInfer's multi-item scoring ones change the mask, so they are
+        refused rather than ignored."""
+        unsupported(**{k: (extra or {}).get(k) for k in _MULTI_ITEM})
         check_heads(int_arg(num_qo_heads, "num_qo_heads", 1), int_arg(num_kv_heads, "num_kv_heads", 1))
         self._opt = _prefill_options(*opts)
         host = host_ints(qo_indptr, "qo_indptr")
@@ -144,15 +163,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
              kv_data_type=None, o_data_type=None, non_blocking: bool = True, **_ignored) -> None:
         self._plan_queries(qo_indptr, num_qo_heads, num_kv_heads, causal, pos_encoding_mode, sm_scale, head_dim_qk,
                            window_left, logits_soft_cap, rope_scale, rope_theta, head_dim_vo, custom_mask,
-                           packed_custom_mask)
+                           packed_custom_mask, extra=_ignored)
         p = plan_paged(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, self._device,
                        self._indices_capacity)
         if p.kv_lens_host.numel() != self._lens_q.numel():
             raise ValueError(f"qo_indptr: batch {self._lens_q.numel()} differs from paged_kv_indptr's "
                              f"{p.kv_lens_host.numel()}")
-        if self._opt.causal and (self._lens_q > p.kv_lens_host).any():
-            raise ValueError("qo_indptr: a sequence has more queries than keys, which a causal mask "
-                             "does not allow (as in FlashInfer)")
+        self._mask = _flat_mask(custom_mask, int((self._lens_q * p.kv_lens_host).sum()))
+        # Causal with more queries than keys is allowed (as FlashInfer now does): the first
+        # qo_len - kv_len rows see no key and come out 0 with lse -inf.
         keep = self._use_cuda_graph
         p.block_table = keep_storage(self._slots, "block_table", p.block_table, keep)
         p.cu_kv = keep_storage(self._slots, "cu_kv", p.cu_kv, keep)
@@ -180,11 +199,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         max_kv = max(p.max_kv, 1)
         if self._rope is None:
             res = _attend.ragged(q, k_cache, v_cache, self._cu_q, p.cu_kv, self._max_q, max_kv, opt, out, lse,
-                                 want, block_table=p.block_table)
+                                 want, block_table=p.block_table, custom_mask=self._mask)
         else:
             page, off, q_pos, k_pos = self._rope
             res = _attend.ragged(q, k_cache[page, off], v_cache[page, off], self._cu_q, p.cu_kv, self._max_q,
-                                 max_kv, opt, out, lse, want, q_pos=q_pos, k_pos=k_pos)
+                                 max_kv, opt, out, lse, want, q_pos=q_pos, k_pos=k_pos, custom_mask=self._mask)
         return _finish(res, want, return_lse, v_scale)
 
     forward = run
@@ -211,7 +230,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
              kv_data_type=None, o_data_type=None, non_blocking: bool = True, **_ignored) -> None:
         self._plan_queries(qo_indptr, num_qo_heads, num_kv_heads, causal, pos_encoding_mode, sm_scale, head_dim_qk,
                            window_left, logits_soft_cap, rope_scale, rope_theta, head_dim_vo, custom_mask,
-                           packed_custom_mask)
+                           packed_custom_mask, extra=_ignored)
         kv_host = host_ints(kv_indptr, "kv_indptr")
         self._lens_kv = indptr_lengths(kv_host, "kv_indptr")
         if self._lens_kv.numel() != self._lens_q.numel():
@@ -220,6 +239,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         self._cu_kv = keep_storage(self._slots, "kv_indptr", (kv_host - kv_host[0]).to(self._device, torch.int32),
                                    self._use_cuda_graph)
         self._max_kv = int(self._lens_kv.max()) if self._lens_kv.numel() else 0
+        self._mask = _flat_mask(custom_mask, int((self._lens_q * self._lens_kv).sum()))
         self._pos = (_attend.positions(self._lens_q, self._lens_kv, self._device)
                      if self._opt.pos_encoding == "ROPE_LLAMA" else (None, None))
         self._planned = True
@@ -242,7 +262,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         want = bool(return_lse) or lse is not None
         k, v = k[self._kv0:self._kv_end], v[self._kv0:self._kv_end]
         res = _attend.ragged(q, k, v, self._cu_q, self._cu_kv, self._max_q, max(self._max_kv, 1), opt, out, lse,
-                             want, q_pos=self._pos[0], k_pos=self._pos[1])
+                             want, q_pos=self._pos[0], k_pos=self._pos[1], custom_mask=self._mask)
         return _finish(res, want, return_lse, v_scale)
 
     forward = run

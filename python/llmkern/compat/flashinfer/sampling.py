@@ -14,27 +14,24 @@ differs from FlashInfer's:
 - ``seed`` / ``offset`` may mix a tensor and an int (FlashInfer requires both of one kind).
 - ``deterministic`` / ``is_deterministic`` / ``enable_pdl`` are accepted; every path is
   deterministic and PDL is a CUDA launch detail.
-- Per-row parameter tensors may also be 0-d or of shape ``(1,)`` (one value for every row);
-  FlashInfer rejects both.
-- Error messages name the argument in llmkern's words (ValueError / TypeError), not FlashInfer's;
-  its tests that match its wording by regex fail here although the same input is rejected.
+- Per-row parameters (``top_p``, ``top_k``, ``min_p``) are checked as FlashInfer checks them and
+  with its messages (:mod:`._params`): a number or a 1-D tensor of one value per output row; a 0-d
+  tensor, a 2-D one or a wrong length is a ValueError. (``llmkern.ops.sampling`` itself also takes
+  a 0-d or ``(1,)`` tensor as one value for every row.) Other errors name the argument in
+  llmkern's words (ValueError / TypeError).
 """
-from ...ops.sampling import (
-    chain_speculative_sampling,
-    min_p_sampling_from_probs,
-    sampling_from_logits,
-    sampling_from_probs,
-    softmax,
-    top_k_mask_logits,
-    top_k_renorm_prob,
-    top_k_renorm_probs,
-    top_k_sampling_from_probs,
-    top_k_top_p_sampling_from_logits,
-    top_k_top_p_sampling_from_probs,
-    top_p_renorm_prob,
-    top_p_renorm_probs,
-    top_p_sampling_from_probs,
-)
+from ...ops import sampling as _ops
+from ...ops.sampling import chain_speculative_sampling, sampling_from_logits, sampling_from_probs, softmax
+from ._params import flashinfer_row_params
+
+top_p_sampling_from_probs = flashinfer_row_params(_ops.top_p_sampling_from_probs)
+top_k_sampling_from_probs = flashinfer_row_params(_ops.top_k_sampling_from_probs)
+min_p_sampling_from_probs = flashinfer_row_params(_ops.min_p_sampling_from_probs)
+top_k_top_p_sampling_from_logits = flashinfer_row_params(_ops.top_k_top_p_sampling_from_logits)
+top_k_top_p_sampling_from_probs = flashinfer_row_params(_ops.top_k_top_p_sampling_from_probs)
+top_p_renorm_probs = top_p_renorm_prob = flashinfer_row_params(_ops.top_p_renorm_probs)
+top_k_renorm_probs = top_k_renorm_prob = flashinfer_row_params(_ops.top_k_renorm_probs)
+top_k_mask_logits = flashinfer_row_params(_ops.top_k_mask_logits)
 
 __all__ = [
     "softmax",
