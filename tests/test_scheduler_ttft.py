@@ -72,6 +72,7 @@ def test_config_and_serve_flag():
         with pytest.raises(ValueError, match="decode_defer_steps"):
             EngineConfig(decode_defer_steps=bad)
     assert serve_engine_kwargs(serve_parser().parse_args(["--decode-defer-steps", "2"]))["decode_defer_steps"] == 2
+    assert serve_engine_kwargs(serve_parser().parse_args([]))["decode_defer_steps"] == 1
 
 
 def _long_then_short(share: float):

@@ -90,10 +90,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="static/dynamic: sequences per batch (sets --max-num-seqs)")
     a.add_argument("--max-wait-ms", type=float, default=50.0,
                    help="dynamic: the longest the oldest request waits for a full batch")
-    a.add_argument("--decode-defer-steps", type=int, default=0,
+    a.add_argument("--decode-defer-steps", type=int, default=1,
                    help="a step that completes a prompt runs without the running decodes, at most this many "
                         "steps in a row (a new request's first token then waits only for its prefill); 0: mix "
-                        "them into every step")
+                        "them into every step, as vLLM does (default 1: measured better TTFT and TPOT here)")
     a.add_argument("--no-kv-prefault", dest="kv_prefault", action="store_false",
                    help="leave the CPU KV cache's pages to be faulted in at first use, on requests' critical "
                         "path (default: faulted in before the server answers /health)")
