@@ -30,7 +30,24 @@ def serve_parser() -> argparse.ArgumentParser:
     return p
 
 
+# A server's token budget per step on a CPU: a burst of 32 x 256-token prompts, SmolLM2 in-process
+# on 2 Zen 4 cores, reached its median first token 25-30% sooner at 512 than at 2048 (fp32 and bf16)
+# for the same throughput; 256 lost throughput. (Big steps' activations leave the caches.)
+CPU_SERVE_BUDGET = 512
+
+
 def serve_engine_kwargs(a) -> dict:
     """EngineConfig keyword arguments of a serve (or generate/embed) command, the role's included."""
-    return dict(engine_kwargs(a), kv_prefault=getattr(a, "kv_prefault", False),
-                decode_defer_steps=getattr(a, "decode_defer_steps", 0), **role_kwargs(a))
+    kw = dict(engine_kwargs(a), kv_prefault=getattr(a, "kv_prefault", False),
+              decode_defer_steps=getattr(a, "decode_defer_steps", 0), **role_kwargs(a))
+    if hasattr(a, "kv_prefault") and a.max_num_batched_tokens is None and _on_cpu(a.device):
+        kw["max_num_batched_tokens"] = CPU_SERVE_BUDGET
+    return kw
+
+
+def _on_cpu(device) -> bool:
+    if device is not None:
+        return str(device).startswith("cpu")
+    import torch
+
+    return not torch.cuda.is_available()
