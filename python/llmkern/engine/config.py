@@ -221,9 +221,7 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
-        if self.device is None:
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        return resolve_device(self.device)
 
     @property
     def torch_dtype(self) -> Optional[torch.dtype]:
@@ -246,3 +244,10 @@ def _is_num(x) -> bool:
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(device) -> torch.device:
+    """The device an engine runs on: `device`, else cuda when present, else cpu."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 FRAMEWORKS = ("llmkern", "vllm", "sglang")
 
@@ -82,27 +83,20 @@ def version(framework: str, vllm_exe: Optional[str] = None, sglang_python: Optio
     from .. import __version__
     from ..bench import peers_serving
 
-    cmds: Dict[str, Callable[[], Optional[List[str]]]] = {
-        "vllm": lambda: [e, "--version"] if (e := peers_serving.find_vllm(vllm_exe)) else None,
-        "sglang": lambda: [sglang_python or "python", "-c", "import sglang; print(sglang.__version__)"]}
     if framework == "llmkern":
         return __version__
-    cmd = cmds[framework]()
-    if cmd is None:
-        return ""
-    env = dict(os.environ, **(peers_serving.vllm_env() if framework == "vllm" else {}))   # its CPU backend
+    env = dict(os.environ)
+    if framework == "vllm":
+        exe = peers_serving.find_vllm(vllm_exe)
+        if exe is None:
+            return ""
+        cmd = [exe, "--version"]
+        env.update(peers_serving.vllm_env())   # its CLI needs the CPU backend named
+    else:
+        cmd = [sglang_python or sys.executable, "-c", "import sglang; print(sglang.__version__)"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     except (OSError, subprocess.SubprocessError):
         return ""
     lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
     return lines[-1] if out.returncode == 0 and lines else ""
-
-
-def split_framework_knobs(framework: str, knobs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(server knobs checked for the framework, client knobs)."""
-    from . import knobs as knobs_mod
-
-    server_knobs, client = knobs_mod.split(knobs)
-    check(framework, server_knobs)
-    return server_knobs, client

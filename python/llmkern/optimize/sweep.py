@@ -77,7 +77,7 @@ def run(a) -> int:
     if wl.kind == "offline" and fw != "llmkern":
         raise ValueError(f"--framework {fw}: an offline workload runs llmkern in-process; sweep a serving workload")
     for c in configs:   # knobs are checked before anything runs
-        frameworks.split_framework_knobs(fw, c)
+        frameworks.check(fw, knobs_mod.split(c)[0])
         if wl.kind == "offline":
             knobs_mod.engine_kwargs(knobs_mod.split(c)[0])
     cfg = model_config(a.model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..engine.args import HelpFormatter, add_engine_args, engine_kwargs
+from ..engine.config import resolve_device
 from .config import add_serve_args
 from .pd import add_pd_args, engine_kwargs as role_kwargs
 
@@ -40,14 +41,6 @@ def serve_engine_kwargs(a) -> dict:
     """EngineConfig keyword arguments of a serve (or generate/embed) command, the role's included."""
     kw = dict(engine_kwargs(a), kv_prefault=getattr(a, "kv_prefault", False),
               decode_defer_steps=getattr(a, "decode_defer_steps", 0), **role_kwargs(a))
-    if hasattr(a, "kv_prefault") and a.max_num_batched_tokens is None and _on_cpu(a.device):
+    if hasattr(a, "kv_prefault") and a.max_num_batched_tokens is None and resolve_device(a.device).type == "cpu":
         kw["max_num_batched_tokens"] = CPU_SERVE_BUDGET
     return kw
-
-
-def _on_cpu(device) -> bool:
-    if device is not None:
-        return str(device).startswith("cpu")
-    import torch
-
-    return not torch.cuda.is_available()
