@@ -11,6 +11,7 @@
 #include "attention/paged_kv.h"
 #include "common/device_memory.h"
 #include "common/elem_device.cuh"
+#include "common/kv_quant.h"
 #include "common/simt.h"
 #include "rotary/rotary_math.h"
 
@@ -108,6 +109,27 @@ __global__ void append_kv_rotary_kernel(const AppendGeom g, const RotaryGeom r) 
   }
 }
 
+// Quantised caches: one CTA per (sequence, new row), one thread per feature; K rotated (when
+// rotary_dim > 0) and rounded to T as the unquantised path stores it, then both encoded.
+template <typename T>
+__global__ void append_kv_quant_kernel(const AppendGeom g, const RotaryGeom r) {
+  const int b = blockIdx.x / g.seqlen_new, i = blockIdx.x % g.seqlen_new;
+  const int64_t j = int64_t(g.cache_seqlens[b]) + i;
+  const KvOffsets rows = cache_rows(g, b, j);
+  const int64_t kn_row = b * g.kn_b + i * g.kn_r, vn_row = b * g.vn_b + i * g.vn_r;
+  const KvGeom& c = g.cache;
+  for (int e = threadIdx.x; e < g.heads * r.head_dim; e += blockDim.x) {
+    const int h = e / r.head_dim, d = e % r.head_dim;
+    const T* kn = reinterpret_cast<const T*>(g.kn + kn_row + h * g.kn_h);
+    const float kx = ld(rotated(r, kn, d, j));
+    const float vx = ld(reinterpret_cast<const T*>(g.vn + vn_row + h * g.vn_h)[d]);
+    g.kc[rows.k + h * c.k_head_stride + d] =
+        char(kvq::quantize(kx, kvq::head_scale(c.k_scale, c.k_scale_stride, h), c.kv_quant));
+    g.vc[rows.v + h * c.v_head_stride + d] =
+        char(kvq::quantize(vx, kvq::head_scale(c.v_scale, c.v_scale_stride, h), c.kv_quant));
+  }
+}
+
 // One CTA per query row b * s_q + i: all its heads rotated into q_rot (contiguous).
 template <typename T>
 __global__ void rotate_q_kernel(const RotaryGeom r, const int32_t* cache_seqlens) {
@@ -143,12 +165,13 @@ void append_kv(const AppendKvParams& p, int64_t stream) {
   g.vc = static_cast<char*>(p.v_cache);
   g.kn_b = p.kn_batch_stride * es, g.kn_r = p.kn_row_stride * es, g.kn_h = p.kn_head_stride * es;
   g.vn_b = p.vn_batch_stride * es, g.vn_r = p.vn_row_stride * es, g.vn_h = p.vn_head_stride * es;
-  g.cache = in_bytes(p, es);
+  const bool quant = p.kv_quant != KvQuant::None;
+  g.cache = in_bytes(p, quant ? 1 : es);  // quantised caches hold 1-byte codes
   g.cache_seqlens = p.cache_seqlens;
   g.cache_batch_idx = p.cache_batch_idx;
   g.seqlen_new = p.seqlen_new;
   g.heads = p.num_kv_heads;
-  if (p.rotary_dim > 0) {
+  if (p.rotary_dim > 0 || quant) {
     RotaryGeom r;
     r.cos = static_cast<const char*>(p.rotary_cos);
     r.sin = static_cast<const char*>(p.rotary_sin);
@@ -162,11 +185,14 @@ void append_kv(const AppendKvParams& p, int64_t stream) {
     r.pos_per_row = p.q_pos_per_row;
     by_dtype(p.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      if (p.seqlen_new > 0) {
+      if (p.seqlen_new > 0 && quant) {
+        auto append_kv_quant = &append_kv_quant_kernel<T>;
+        LLMK_LAUNCH(append_kv_quant, unsigned(int64_t(p.batch) * p.seqlen_new), 128, 0, stream)(g, r);
+      } else if (p.seqlen_new > 0) {
         auto append_kv_rotary = &append_kv_rotary_kernel<T>;
         LLMK_LAUNCH(append_kv_rotary, unsigned(int64_t(p.batch) * p.seqlen_new), 128, 0, stream)(g, r);
       }
-      if (r.q_rot && r.seqlen_q > 0 && r.heads_q > 0) {
+      if (p.rotary_dim > 0 && r.q_rot && r.seqlen_q > 0 && r.heads_q > 0) {
         auto rotate_q = &rotate_q_kernel<T>;
         LLMK_LAUNCH(rotate_q, unsigned(int64_t(p.batch) * r.seqlen_q), 128, 0, stream)(r, p.cache_seqlens);
       }

@@ -11,6 +11,7 @@
 #include "attention/flash_attn_front.h"
 #include "common/checks.h"
 #include "common/overlap.h"
+#include "kvcache/kv_quant_front.h"
 
 namespace llmk {
 namespace {
@@ -136,10 +137,12 @@ void check_blocks_used(const TensorView& bt, int b, int64_t len, int64_t block_s
 }
 
 void check_kv_pair(const TensorView& k, const char* kn, const TensorView& v, const char* vn,
-                   const TensorView& q) {
-  check_float(k, kn);
-  check_same_dtype(q, "q", k, kn);
-  check_same_dtype(q, "q", v, vn);
+                   const TensorView& q, bool quantised) {
+  if (!quantised) {
+    check_float(k, kn);
+    check_same_dtype(q, "q", k, kn);
+    check_same_dtype(q, "q", v, vn);
+  }
   check_same_device(q, "q", k, kn);
   check_same_device(q, "q", v, vn);
   LLMK_CHECK(v.ndim == k.ndim, ValueError, vn, ": expected shape ", shape_str(k), " (as ", kn,
@@ -167,8 +170,13 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
                            int64_t window_right, double softcap,
                            std::optional<TensorView> alibi_slopes,
                            std::optional<TensorView> block_table, TensorView out,
-                           std::optional<TensorView> softmax_lse, int64_t stream) {
+                           std::optional<TensorView> softmax_lse,
+                           const std::string& kv_cache_dtype, std::optional<TensorView> k_scale,
+                           std::optional<TensorView> v_scale, int64_t stream) {
   const bool paged = block_table.has_value();
+  const KvQuant quant = parse_kv_cache_dtype(kv_cache_dtype);
+  LLMK_CHECK(quant == KvQuant::None || paged, ValueError, "kv_cache_dtype: '", kv_cache_dtype,
+             "' applies to a paged cache (block_table given); dense k/v are in q's dtype");
   check_ndim(q, "q", 3, "[total_q, num_heads, head_dim]");
   check_float(q, "q");
   check_last_dim_contiguous(q, "q");
@@ -177,7 +185,7 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
   } else {
     check_ndim(k, "k", 3, "[total_k, num_kv_heads, head_dim]");
   }
-  check_kv_pair(k, "k", v, "v", q);
+  check_kv_pair(k, "k", v, "v", q, quant != KvQuant::None);
   const int64_t D = q.size(2), hq = q.size(1), hkv = k.size(-2);
   check_head_dim(D, "q");
   check_dim(k, "k", k.ndim - 1, D, "head_dim, from q");
@@ -201,6 +209,7 @@ void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView 
                                   arg(block_table, "block_table")});
 
   AttnParams p = front_params(q, k, v, batch, hq, hkv, D, softmax_scale, softcap, alibi_slopes);
+  set_kv_quant(p, quant, kv_cache_dtype, k, "k", v, "v", k_scale, v_scale, hkv);
   int64_t capacity = 0;
   if (paged) {
     capacity = set_paged(p, k, v, *block_table, batch, q, "k", "v");

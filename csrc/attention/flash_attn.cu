@@ -4,6 +4,7 @@
 //   fp32                          -> CUDA-core kernel (flash_fp32.cu)
 //   fp16/bf16, few rows per kv head (decode, verification, short varlen queries)
 //                                 -> flash_decode.cu (tensor cores, warps split the keys)
+//   a quantised (fp8 / int8) cache -> flash_quant_kv.cu (CUDA cores, codes dequantised in registers)
 //   fp16/bf16 otherwise           -> flash_prefill_hd*.cu (tensor cores, rows split over warps),
 //                                    or on sm_90 flash_prefill_sm90.cu (wgmma + TMA) where it applies
 // then, when the caller supplied a split-KV workspace, the combine kernel. Nothing here touches
@@ -108,6 +109,7 @@ void flash_attn_check(const AttnParams& p) {
   const size_t es = dtype_size(p.dtype);
   attn::check_rows_aligned("q", p.q, es, {p.q_row_stride, p.q_head_stride});
   attn::check_rows_aligned("out", p.out, es, {p.o_row_stride, p.o_head_stride});
+  if (p.kv_quant != KvQuant::None) return;  // the quantised-cache kernel reads bytes: any alignment
   attn::check_rows_aligned("k", p.k, es,
                            {p.k_row_stride, p.k_head_stride, p.k_block_stride, p.k_batch_stride});
   attn::check_rows_aligned("v", p.v, es,
@@ -120,6 +122,11 @@ void flash_attn(const AttnParams& p, int64_t stream) {
   a.p = p;
   if (!p.cu_seqlens_q && a.p.max_seqlen_q < p.seqlen_q) a.p.max_seqlen_q = p.seqlen_q;
   if (p.batch == 0 || a.p.max_seqlen_q == 0 || p.num_heads == 0) return;
+  if (p.kv_quant != KvQuant::None) {
+    attn::launch_quant_kv(a.p, stream);
+    check_launch("flash_attn (quantised KV cache)");
+    return;
+  }
   a.group = p.num_heads / p.num_kv_heads;
   a.page = attn::FastDiv::make(uint32_t(p.block_table ? p.block_size : 1));
   a.num_splits = p.num_splits > 1 && p.split_out && p.split_lse ? p.num_splits : 1;

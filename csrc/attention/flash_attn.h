@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "attention/paged_kv.h"
 #include "common/dispatch.h"
@@ -137,13 +138,17 @@ namespace llmk {
 // Front ends (flash_attn.cpp): check every argument, build the params, dispatch. The Python
 // wrapper allocates out / lse, fills defaults and converts int64 index tensors to int32.
 // window_left/right: -1 = unbounded. lse: float32 [Hq, total_q] (varlen) / [b, Hq, s] (kvcache).
+// kv_cache_dtype / k_scale / v_scale (kvcache front and paged varlen): vLLM's quantised caches,
+// read as they are (kvcache/kv_quant_front.h); "auto" = caches in q's dtype.
 void flash_attn_varlen_fwd(TensorView q, TensorView k, TensorView v, TensorView cu_seqlens_q,
                            TensorView cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                            double softmax_scale, bool causal, int64_t window_left,
                            int64_t window_right, double softcap,
                            std::optional<TensorView> alibi_slopes,
                            std::optional<TensorView> block_table, TensorView out,
-                           std::optional<TensorView> softmax_lse, int64_t stream);
+                           std::optional<TensorView> softmax_lse,
+                           const std::string& kv_cache_dtype, std::optional<TensorView> k_scale,
+                           std::optional<TensorView> v_scale, int64_t stream);
 // cache_seqlens is required here (the wrapper fills it with the cache length when None).
 // split_workspace: float32, at least num_splits * b * s * Hq * (D + 1) elements: the split-KV
 // partials of the CUDA kernels (which never allocate). The wrapper passes it, with a concrete
@@ -171,6 +176,9 @@ void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_c
                                 std::optional<TensorView> alibi_slopes, int64_t num_splits,
                                 TensorView out, std::optional<TensorView> softmax_lse,
                                 std::optional<TensorView> split_workspace,
-                                std::optional<TensorView> q_rot, int64_t stream);
+                                std::optional<TensorView> q_rot,
+                                const std::string& kv_cache_dtype,
+                                std::optional<TensorView> k_scale,
+                                std::optional<TensorView> v_scale, int64_t stream);
 
 }  // namespace llmk

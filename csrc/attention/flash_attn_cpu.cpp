@@ -12,6 +12,7 @@
 #include "attention/attn_vec_cpu.h"
 #include "attention/flash_attn_cpu.h"
 #include "attention/paged_kv.h"
+#include "common/kv_quant.h"
 #include "common/vec_cpu.h"
 #include "common/parallel.h"
 #include "rotary/rotary_math.h"
@@ -203,6 +204,24 @@ void rotate_row(const AppendKvParams& p, const E* src, E* dst, int64_t pos) {
   }
 }
 
+// Quantised caches: a new K/V head row (K rotated and rounded to the attention dtype first, as
+// the unquantised cache would hold it) encoded with the head's scale.
+template <DType DT, typename E = vec::elem_t<DT>>
+void append_quant_head(const AppendKvParams& p, const E* kn, const E* vn, uint8_t* kc, uint8_t* vc,
+                       int64_t j, int h) {
+  E rot[256];  // head_dim <= 256 (checked by the front)
+  if (p.rotary_dim > 0) {
+    rotate_row<DT>(p, kn, rot, j);
+    kn = rot;
+  }
+  const float ks = kvq::head_scale(p.k_scale, p.k_scale_stride, h);
+  const float vs = kvq::head_scale(p.v_scale, p.v_scale_stride, h);
+  for (int d = 0; d < p.head_dim; ++d) {
+    kc[d] = kvq::quantize(vec::to_f32<DT>(kn[d]), ks, p.kv_quant);
+    vc[d] = kvq::quantize(vec::to_f32<DT>(vn[d]), vs, p.kv_quant);
+  }
+}
+
 template <DType DT, typename E = vec::elem_t<DT>>
 void append_rows(const AppendKvParams& p) {
   const int64_t rows = int64_t(p.batch) * p.seqlen_new;
@@ -224,6 +243,13 @@ void append_rows(const AppendKvParams& p) {
       }
       const E* kn = static_cast<const E*>(p.k_new) + b * p.kn_batch_stride + i * p.kn_row_stride;
       const E* vn = static_cast<const E*>(p.v_new) + b * p.vn_batch_stride + i * p.vn_row_stride;
+      if (p.kv_quant != KvQuant::None) {
+        for (int h = 0; h < p.num_kv_heads; ++h)
+          append_quant_head<DT>(p, kn + h * p.kn_head_stride, vn + h * p.vn_head_stride,
+                                static_cast<uint8_t*>(p.k_cache) + kbase + h * p.k_head_stride,
+                                static_cast<uint8_t*>(p.v_cache) + vbase + h * p.v_head_stride, j, h);
+        continue;
+      }
       E* kc = static_cast<E*>(p.k_cache) + kbase;
       E* vc = static_cast<E*>(p.v_cache) + vbase;
       for (int h = 0; h < p.num_kv_heads; ++h) {

@@ -98,5 +98,22 @@ LLMK_ALWAYS_INLINE void row_to_f32(const E<T>* src, int d, float scale, float* d
   if (c < d) storeu(dst + c, load_tail<T>(src + c, d - c) * scale);
 }
 
+// Value of every 1-byte code of a quantised cache kind (before the scale).
+const float* kv_code_table(KvQuant q);
+
+// Row j of kv head h as fp32 in dst[0..dp), zero padded: converted from the attention dtype, or
+// dequantised (code value * the head's scale) from a quantised cache.
+template <DType T>
+LLMK_ALWAYS_INLINE void kv_row_to_f32(const AttnParams& p, bool is_v, int b, int j, int h, float* dst) {
+  const int d = p.head_dim;
+  if (p.kv_quant == KvQuant::None) return row_to_f32<T>(kv_row<T>(p, is_v, b, j, h), d, 1.f, dst);
+  const uint8_t* src = static_cast<const uint8_t*>(is_v ? p.v : p.k) + attn_kv_offset(p, is_v, b, j, h);
+  const float scale = is_v ? p.v_scale[p.v_scale_stride * h] : p.k_scale[p.k_scale_stride * h];
+  const float* table = kv_code_table(p.kv_quant);
+  int c = 0;
+  for (; c < d; ++c) dst[c] = table[src[c]] * scale;
+  for (; c % VL; ++c) dst[c] = 0.f;
+}
+
 }  // namespace attn
 LLMK_NS_END

@@ -47,8 +47,9 @@ int64_t set_paged(AttnParams& p, const TensorView& kc, const TensorView& vc, con
 void check_blocks_used(const TensorView& bt, int b, int64_t len, int64_t block_size,
                        int64_t num_blocks);
 
+// quantised: k / v are 1-byte code caches (their dtype is checked by set_kv_quant).
 void check_kv_pair(const TensorView& k, const char* kn, const TensorView& v, const char* vn,
-                   const TensorView& q);
+                   const TensorView& q, bool quantised = false);
 void check_heads(int64_t hq, int64_t hkv, const char* kname);
 
 }  // namespace attn_front

@@ -160,8 +160,8 @@ void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
     const int nk = std::min(kBK, R.khi - j0);
     for (int jj = 0; jj < nk; ++jj) {
-      row_to_f32<T>(kv_row<T>(p, false, t.b, j0 + jj, t.kvh), D, 1.f, Kf + jj * dp);
-      row_to_f32<T>(kv_row<T>(p, true, t.b, j0 + jj, t.kvh), D, 1.f, Vf + jj * dp);
+      kv_row_to_f32<T>(p, false, t.b, j0 + jj, t.kvh, Kf + jj * dp);
+      kv_row_to_f32<T>(p, true, t.b, j0 + jj, t.kvh, Vf + jj * dp);
     }
     // S^T[jj][r] = k_j . q_r
     for (int rv = 0; rv < Mp; rv += kNR * VL) {
@@ -326,7 +326,8 @@ LLMK_BF16_TARGET void gemm_bf16(const AttnParams& p, const Task& t, Scratch& sc)
 
 void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc) {
 #if defined(__AVX512F__)
-  if (p.dtype == DType::BF16 && cpu_bf16_dot()) return gemm_bf16(p, t, sc);
+  if (p.dtype == DType::BF16 && cpu_bf16_dot() && p.kv_quant == KvQuant::None)
+    return gemm_bf16(p, t, sc);
 #endif
   switch (p.dtype) {
     case DType::F16: gemm_impl<DType::F16>(p, t, sc); break;

@@ -11,6 +11,7 @@
 #include "attention/flash_attn_front.h"
 #include "common/checks.h"
 #include "common/overlap.h"
+#include "kvcache/kv_quant_front.h"
 
 namespace llmk {
 using namespace attn_front;
@@ -121,7 +122,8 @@ void flash_attn_kvcache_fwd(TensorView q, TensorView k_cache, TensorView v_cache
   flash_attn_kvcache_fwd_ext(q, k_cache, v_cache, k, v, std::nullopt, std::nullopt, cache_seqlens,
                              std::nullopt, std::nullopt, block_table, softmax_scale, causal,
                              window_left, window_right, softcap, false, alibi_slopes, num_splits,
-                             out, softmax_lse, split_workspace, std::nullopt, stream);
+                             out, softmax_lse, split_workspace, std::nullopt, "auto", std::nullopt,
+                             std::nullopt, stream);
 }
 
 void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_cache,
@@ -136,15 +138,18 @@ void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_c
                                 std::optional<TensorView> alibi_slopes, int64_t num_splits,
                                 TensorView out, std::optional<TensorView> softmax_lse,
                                 std::optional<TensorView> split_workspace,
-                                std::optional<TensorView> q_rot, int64_t stream) {
+                                std::optional<TensorView> q_rot, const std::string& kv_cache_dtype,
+                                std::optional<TensorView> k_scale,
+                                std::optional<TensorView> v_scale, int64_t stream) {
   const bool paged = block_table.has_value();
+  const KvQuant quant = parse_kv_cache_dtype(kv_cache_dtype);
   check_ndim(q, "q", 4, "[batch, seqlen_q, num_heads, head_dim]");
   check_float(q, "q");
   check_last_dim_contiguous(q, "q");
   check_ndim(k_cache, "k_cache", 4,
              paged ? "[num_blocks, block_size, num_kv_heads, head_dim] (paged, block_table given)"
                    : "[batch, seqlen_cache, num_kv_heads, head_dim]");
-  check_kv_pair(k_cache, "k_cache", v_cache, "v_cache", q);
+  check_kv_pair(k_cache, "k_cache", v_cache, "v_cache", q, quant != KvQuant::None);
   const int64_t batch = q.size(0), sq = q.size(1), hq = q.size(2), D = q.size(3);
   const int64_t hkv = k_cache.size(2);
   check_head_dim(D, "q");
@@ -191,6 +196,7 @@ void flash_attn_kvcache_fwd_ext(TensorView q, TensorView k_cache, TensorView v_c
              "num_splits: must be in [0, 128] (0 = auto), got ", num_splits);
 
   AttnParams p = front_params(q, k_cache, v_cache, batch, hq, hkv, D, softmax_scale, softcap, alibi_slopes);
+  set_kv_quant(p, quant, kv_cache_dtype, k_cache, "k_cache", v_cache, "v_cache", k_scale, v_scale, hkv);
   int64_t capacity;
   if (paged) {
     capacity = set_paged(p, k_cache, v_cache, *block_table, batch, q, "k_cache", "v_cache");

@@ -183,6 +183,48 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
   }
 }
 
+// Rows r0 .. r0+4k of kv head hh's group against one tile, 4 rows per chunk kernel call.
+template <DType T>
+void small_rows(const float* qs, int dp, int D, const E<T>* const* kh, const E<T>* const* vh,
+                int j0, int nk, const Rows& R, int hh, int Mh, const AttnParams& p, bool alibi,
+                float* S, float* O, float* m, float* l, const E<T>* const* khn,
+                const E<T>* const* vhn, int np, const E<T>* const* qsrc) {
+  for (int c0 = 0; c0 < Mh; c0 += 4) {
+    const int r0 = hh * Mh + c0;
+    const int pn = c0 == 0 ? np : 0;  // the head's first chunk issues the prefetches
+    const E<T>* const* qr = qsrc ? qsrc + r0 : nullptr;
+    switch (std::min(4, Mh - c0)) {
+      case 4: small_chunk<T, 4>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qr, p.softmax_scale); break;
+      case 3: small_chunk<T, 3>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qr, p.softmax_scale); break;
+      case 2: small_chunk<T, 2>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qr, p.softmax_scale); break;
+      default: small_chunk<T, 1>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qr, p.softmax_scale); break;
+    }
+  }
+}
+
+// Quantised caches: each (tile, kv head) pass dequantises its K/V rows into fp32 rows of the
+// thread's scratch (one tile, L1-sized; never a copy of the cache) and runs the fp32 chunks.
+template <DType T>
+void small_quant_tiles(const AttnParams& p, const Task& t, Scratch& sc, const float* qs, int dp,
+                       const Rows& R, int Mh, float* S, float* O, float* m, float* l) {
+  float* Kf = sc.k.get(size_t(kBK) * dp);
+  float* Vf = sc.v.get(size_t(kBK) * dp);
+  const float* kr[kBK];
+  const float* vr[kBK];
+  for (int jj = 0; jj < kBK; ++jj) kr[jj] = Kf + jj * dp, vr[jj] = Vf + jj * dp;
+  for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
+    const int nk = std::min(kBK, R.khi - j0);
+    for (int hh = 0; hh < t.nh; ++hh) {
+      for (int jj = 0; jj < nk; ++jj) {
+        kv_row_to_f32<T>(p, false, t.b, j0 + jj, t.kvh + hh, Kf + jj * dp);
+        kv_row_to_f32<T>(p, true, t.b, j0 + jj, t.kvh + hh, Vf + jj * dp);
+      }
+      small_rows<DType::F32>(qs, dp, p.head_dim, kr, vr, j0, nk, R, hh, Mh, p,
+                             p.alibi_slopes != nullptr, S, O, m, l, nullptr, nullptr, 0, nullptr);
+    }
+  }
+}
+
 template <DType T>
 void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   const int D = p.head_dim, dp = round_up(D, VL), G = p.num_heads / p.num_kv_heads;
@@ -202,6 +244,7 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
     qsrc[r] = q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
     row_to_f32<T>(qsrc[r], D, p.softmax_scale, qs + r * dp);
   }
+  if (p.kv_quant != KvQuant::None) return small_quant_tiles<T>(p, t, sc, qs, dp, R, Mh, S, O, m, l);
   // Row pointers (head kvh) of the current and the next tile, double-buffered for the prefetch;
   // head kvh + hh is hh * head_stride further.
   const E<T>* rows[2][2][kBK];
@@ -235,21 +278,27 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
       const int64_t kno = int64_t(hn) * p.k_head_stride, vno = int64_t(hn) * p.v_head_stride;
       const int nb = last ? cur ^ 1 : cur;
       for (int jj = 0; jj < np; ++jj) khn[jj] = rows[nb][0][jj] + kno, vhn[jj] = rows[nb][1][jj] + vno;
-      for (int c0 = 0; c0 < Mh; c0 += 4) {
-        const int r0 = hh * Mh + c0;
-        const int pn = c0 == 0 ? np : 0;  // the head's first chunk issues the prefetches
-        switch (std::min(4, Mh - c0)) {
-          case 4: small_chunk<T, 4>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
-          case 3: small_chunk<T, 3>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
-          case 2: small_chunk<T, 2>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
-          default: small_chunk<T, 1>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, khn, vhn, pn, qsrc + r0, p.softmax_scale); break;
-        }
-      }
+      small_rows<T>(qs, dp, D, kh, vh, j0, nk, R, hh, Mh, p, alibi, S, O, m, l, khn, vhn, np, qsrc);
     }
   }
 }
 
 }  // namespace
+
+const float* kv_code_table(KvQuant q) {
+  struct Tables {
+    float t[3][256];
+    Tables() {
+      for (int c = 0; c < 256; ++c) {
+        t[0][c] = kvq::decode(uint8_t(c), KvQuant::E4M3);
+        t[1][c] = kvq::decode(uint8_t(c), KvQuant::E5M2);
+        t[2][c] = kvq::decode(uint8_t(c), KvQuant::Int8);
+      }
+    }
+  };
+  static const Tables tables;
+  return tables.t[q == KvQuant::E4M3 ? 0 : q == KvQuant::E5M2 ? 1 : 2];
+}
 
 bool cpu_bf16_dot() {
 #if defined(__AVX512F__)

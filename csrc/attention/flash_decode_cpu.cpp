@@ -253,7 +253,7 @@ void decode_impl(const AttnParams& p, const Task& t, Scratch& sc) {
 }  // namespace
 
 bool attend_decode(const AttnParams& p, const Task& t, Scratch& sc) {
-  if (p.dtype != DType::BF16 || !cpu_bf16_dot()) return false;
+  if (p.dtype != DType::BF16 || !cpu_bf16_dot() || p.kv_quant != KvQuant::None) return false;
   switch (p.head_dim) {  // every multiple of 32 flash-attn allows
     case 32: decode_impl<1>(p, t, sc); return true;
     case 64: decode_impl<2>(p, t, sc); return true;

@@ -37,6 +37,9 @@ void launch_prefill(KernelArgs a, int64_t stream);
 template <typename T, int kD>
 void launch_decode(KernelArgs a, int64_t stream);
 
+// Attention over a quantised (fp8 / int8) KV cache, every shape, no split (flash_quant_kv.cu).
+void launch_quant_kv(const AttnParams& p, int64_t stream);
+
 // Merge of split-KV partials into out (+ LSE).
 template <typename T>
 void launch_combine(const KernelArgs& a, int64_t stream);

@@ -5,6 +5,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "common/kv_quant.h"
 #include "common/macros.h"
 
 namespace llmk {
@@ -21,6 +22,12 @@ struct KvGeom {
   const int32_t* block_table = nullptr;
   int64_t block_table_stride = 0;
   int block_size = 0;
+  // Quantised caches (kv_cache_dtype fp8 / int8): 1-byte codes, value = code * scale (strides
+  // then count bytes = elements). Scales are float32 [1] (stride 0) or [Hkv] (stride 1).
+  KvQuant kv_quant = KvQuant::None;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int k_scale_stride = 0, v_scale_stride = 0;
 };
 
 }  // namespace llmk

@@ -247,7 +247,8 @@ void DecodeStepCpu::run_layer(size_t i, const TensorView& hidden, const TensorVi
   // ops/attention.py: decode_append_paged
   flash_attn_kvcache_fwd_ext(q, caches_[2 * i], caches_[2 * i + 1], k, v, cos_, sin_, positions, std::nullopt,
                              std::nullopt, block_table, scale_, true, window_left_, window_right_, 0.0, false,
-                             std::nullopt, 0, out, std::nullopt, std::nullopt, q_rot, 0);
+                             std::nullopt, 0, out, std::nullopt, std::nullopt, q_rot, "auto",
+                             std::nullopt, std::nullopt, 0);
 
   const TensorView o = rows_of(scratch_at(off_o_), dt, rows, hidden_);
   run_projection(L.o, rows_of(attn, dt, rows, hq_ * d_), o, TensorView{});

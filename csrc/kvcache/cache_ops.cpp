@@ -7,6 +7,7 @@
 #include "common/checks.h"
 #include "common/device_memory.h"
 #include "common/overlap.h"
+#include "kvcache/kv_quant_front.h"
 
 namespace llmk {
 
@@ -16,9 +17,7 @@ void reshape_and_cache_flash(TensorView key, TensorView value, TensorView key_ca
                              TensorView value_cache, TensorView slot_mapping,
                              const std::string& kv_cache_dtype, std::optional<TensorView> k_scale,
                              std::optional<TensorView> v_scale, int64_t stream) {
-  LLMK_CHECK(kv_cache_dtype == "auto", NotImplementedError,
-             "kv_cache_dtype: only 'auto' (cache dtype = key dtype) is supported, got '",
-             kv_cache_dtype, "'");
+  const KvQuant quant = parse_kv_cache_dtype(kv_cache_dtype);
   check_ndim(key, "key", 3, "[num_tokens, num_kv_heads, head_dim]");
   check_ndim(value, "value", 3, "[num_tokens, num_kv_heads, head_dim]");
   check_ndim(key_cache, "key_cache", 4, kCacheLayout);
@@ -26,8 +25,10 @@ void reshape_and_cache_flash(TensorView key, TensorView value, TensorView key_ca
   check_ndim(slot_mapping, "slot_mapping", 1, "[num_tokens]");
   check_float(key, "key");
   check_same_dtype(key, "key", value, "value");
-  check_same_dtype(key, "key", key_cache, "key_cache");
-  check_same_dtype(key, "key", value_cache, "value_cache");
+  if (quant == KvQuant::None) {
+    check_same_dtype(key, "key", key_cache, "key_cache");
+    check_same_dtype(key, "key", value_cache, "value_cache");
+  }
   check_index(slot_mapping, "slot_mapping");
   for (const TensorView* t : {&value, &key_cache, &value_cache, &slot_mapping})
     check_same_device(key, "key", *t, t == &value ? "value" : t == &key_cache ? "key_cache"
@@ -57,12 +58,14 @@ void reshape_and_cache_flash(TensorView key, TensorView value, TensorView key_ca
     check_no_overlap(value, "value", *c, cn);
     check_no_overlap(slot_mapping, "slot_mapping", *c, cn);
   }
-  (void)k_scale;
-  (void)v_scale;  // only meaningful for fp8 caches
+  KvGeom q;  // scales are read only for quantised caches (ignored for "auto", as in vLLM)
+  set_kv_quant(q, quant, kv_cache_dtype, key_cache, "key_cache", value_cache, "value_cache", k_scale,
+               v_scale, heads);
   if (n == 0 || heads == 0 || head_dim == 0) return;
   check_index_range(slot_mapping, "slot_mapping", 0, key_cache.size(0) * key_cache.size(1),
                     "num_blocks * block_size slots (-1 = skip)", /*allow_minus_one=*/true);
-  LLMK_RUN(key, reshape_and_cache_flash, key, value, key_cache, value_cache, slot_mapping, stream);
+  LLMK_RUN(key, reshape_and_cache_flash, key, value, key_cache, value_cache, slot_mapping, q,
+           stream);
 }
 
 // independent_pairs (copy_blocks, whose pairs run in parallel): each destination at most once and
@@ -119,7 +122,8 @@ void copy_blocks(std::vector<TensorView> key_caches, std::vector<TensorView> val
              value_caches.size(), " layers but key_caches has ", key_caches.size());
   if (key_caches.empty()) return;
   const TensorView& k0 = key_caches[0];
-  check_float(k0, "key_caches[0]");
+  // Float caches, or the 1-byte codes of quantised ones (kv_cache_dtype fp8 / int8).
+  if (k0.dtype != DType::U8 && k0.dtype != DType::I8) check_float(k0, "key_caches[0]");
   for (size_t l = 0; l < key_caches.size(); ++l) {
     for (int kv = 0; kv < 2; ++kv) {
       const TensorView& c = kv ? value_caches[l] : key_caches[l];

@@ -3,8 +3,12 @@
 #include <cstdint>
 #include <vector>
 
+#include <type_traits>
+
 #include "common/device_memory.h"
+#include "common/elem_device.cuh"
 #include "common/grid.h"
+#include "common/kv_quant.h"
 #include "common/simt.h"
 #include "kvcache/cache_ops.h"
 
@@ -18,13 +22,16 @@ struct RowCopy {  // byte strides of one side of a [token|slot] -> [heads, head_
   int64_t s0, s1, s2;  // token/block, (slot in block), head
 };
 
+LLMK_DEVICE int64_t slot_at(const void* slots, bool slots64, int64_t t) {
+  return slots64 ? static_cast<const int64_t*>(slots)[t] : static_cast<const int32_t*>(slots)[t];
+}
+
 template <typename U>
 __global__ void reshape_and_cache_kernel(RowCopy key, RowCopy value, RowCopy kc, RowCopy vc,
                                          const void* slots, bool slots64, int heads, int row_units,
                                          int block_size) {
   const int64_t t = blockIdx.x;
-  const int64_t slot = slots64 ? static_cast<const int64_t*>(slots)[t]
-                               : static_cast<const int32_t*>(slots)[t];
+  const int64_t slot = slot_at(slots, slots64, t);
   if (slot < 0) return;  // padding token
   const int64_t blk = slot / block_size, off = slot % block_size;
   for (int i = threadIdx.x; i < heads * row_units; i += blockDim.x) {
@@ -35,6 +42,29 @@ __global__ void reshape_and_cache_kernel(RowCopy key, RowCopy value, RowCopy kc,
         *reinterpret_cast<const U*>(key.base + src);
     *reinterpret_cast<U*>(vc.base + blk * vc.s0 + off * vc.s1 + h * vc.s2 + u * int64_t(sizeof(U))) =
         *reinterpret_cast<const U*>(value.base + vsrc);
+  }
+}
+
+// Quantised write: element by element, x in T -> 1-byte code with the kv head's scale.
+template <typename T>
+__global__ void reshape_and_cache_quant_kernel(RowCopy key, RowCopy value, RowCopy kc, RowCopy vc,
+                                               const void* slots, bool slots64, int heads, int d,
+                                               int block_size, KvGeom q) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slot_at(slots, slots64, t);
+  if (slot < 0) return;  // padding token
+  const int64_t blk = slot / block_size, off = slot % block_size;
+  char* kd = kc.base + blk * kc.s0 + off * kc.s1;
+  char* vd = vc.base + blk * vc.s0 + off * vc.s1;
+  for (int h = 0; h < heads; ++h) {  // one head row at a time, a feature per thread
+    const T* ks = reinterpret_cast<const T*>(key.base + t * key.s0 + h * key.s1);
+    const T* vs = reinterpret_cast<const T*>(value.base + t * value.s0 + h * value.s1);
+    const float ksc = kvq::head_scale(q.k_scale, q.k_scale_stride, h);
+    const float vsc = kvq::head_scale(q.v_scale, q.v_scale_stride, h);
+    for (int e = threadIdx.x; e < d; e += blockDim.x) {
+      kd[h * kc.s2 + e] = static_cast<char>(kvq::quantize(ld(ks[e]), ksc, q.kv_quant));
+      vd[h * vc.s2 + e] = static_cast<char>(kvq::quantize(ld(vs[e]), vsc, q.kv_quant));
+    }
   }
 }
 
@@ -70,7 +100,8 @@ bool all16(std::initializer_list<RowCopy> rs) {
 
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
-                             const TensorView& slot_mapping, int64_t stream) {
+                             const TensorView& slot_mapping, const KvGeom& quant,
+                             int64_t stream) {
   const RowCopy k = row_copy(key, false), v = row_copy(value, false);
   const RowCopy kc = row_copy(key_cache, true), vc = row_copy(value_cache, true);
   const int64_t row_bytes = key_cache.size(3) * static_cast<int64_t>(key.elem_size());
@@ -78,7 +109,15 @@ void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
   const int block_size = static_cast<int>(key_cache.size(1));
   const unsigned grid = static_cast<unsigned>(slot_mapping.size(0));
   const bool s64 = slot_mapping.dtype == DType::I64;
-  if (row_bytes % 16 == 0 && all16({k, v, kc, vc})) {
+  if (quant.kv_quant != KvQuant::None) {
+    const int d = static_cast<int>(key_cache.size(3));
+    by_dtype(key.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      auto quant_kernel = &reshape_and_cache_quant_kernel<T>;
+      LLMK_LAUNCH(quant_kernel, grid, 128, 0, stream)(k, v, kc, vc, slot_mapping.data, s64, heads, d,
+                                                      block_size, quant);
+    });
+  } else if (row_bytes % 16 == 0 && all16({k, v, kc, vc})) {
     const int units = static_cast<int>(row_bytes / 16);
     const int threads = heads * units < 256 ? ((heads * units + 31) / 32) * 32 : 256;
     LLMK_LAUNCH(reshape_and_cache_kernel<uint4>, grid, threads, 0, stream)(
@@ -126,6 +165,9 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
     } else if (es == 4) {
       LLMK_LAUNCH(copy_blocks_kernel<uint32_t>, grid, 256, 0, stream)(
           table, block_mapping.data, m64, block_stride, block_bytes / 4, first);
+    } else if (es == 1) {  // quantised caches (fp8 / int8 codes)
+      LLMK_LAUNCH(copy_blocks_kernel<uint8_t>, grid, 256, 0, stream)(
+          table, block_mapping.data, m64, block_stride, block_bytes, first);
     } else {
       LLMK_LAUNCH(copy_blocks_kernel<uint16_t>, grid, 256, 0, stream)(
           table, block_mapping.data, m64, block_stride, block_bytes / 2, first);

@@ -13,6 +13,7 @@ import torch
 
 from ..ops.attention import decode_append_paged, flash_attn_varlen_func, flash_attn_with_kvcache
 from ..ops.kvcache import reshape_and_cache_flash
+from .kv_quant import observer_of, quant_kwargs
 from .rotary import RotaryEmbedding
 
 
@@ -49,27 +50,34 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     With `rotary` (and the rows' `positions`) q and k are rotated first. On CPU, when the metadata
     has decode_positions, the decode rows take one kernel call per layer that rotates, writes the
     cache and attends (decode_append_paged: at batch 1 the three separate calls cost more than
-    the attention itself); their q rows are left unrotated in q."""
+    the attention itself); their q rows are left unrotated in q.
+
+    A quantised cache (layers/kv_quant.py: fp8 / int8 codes with scales) is written and read with
+    its kv_cache_dtype and scales; the dense prefill path attends to the fresh k/v as they are."""
     nd = meta.num_decode
+    kq = quant_kwargs(k_cache)
     fused = (nd > 0 and rotary is not None and meta.decode_positions is not None and not q.is_cuda
              and q.shape[-1] % 8 == 0)
     if fused:
         if meta.num_prefill_tokens:
             rotary(positions[nd:], q[nd:], k[nd:])
-            reshape_and_cache_flash(k[nd:], v[nd:], k_cache, v_cache, meta.slot_mapping[nd:])
+            reshape_and_cache_flash(k[nd:], v[nd:], k_cache, v_cache, meta.slot_mapping[nd:], **kq)
         rows = (q, k, v, out) if nd == q.shape[0] else (q[:nd], k[:nd], v[:nd], out[:nd])
         qd, kd, vd, od = (_as_batch(t) for t in rows)
         decode_append_paged(qd, k_cache, v_cache, kd, vd, rotary.cos, rotary.sin, meta.decode_positions,
-                            meta.decode_block_table, scale, window, od)
+                            meta.decode_block_table, scale, window, od, **kq)
     else:
         if rotary is not None:
             rotary(positions, q, k)
-        reshape_and_cache_flash(k, v, k_cache, v_cache, meta.slot_mapping)
+        observer = observer_of(k_cache)
+        if observer is not None:
+            observer(k, v)
+        reshape_and_cache_flash(k, v, k_cache, v_cache, meta.slot_mapping, **kq)
     if nd and not fused:
         flash_attn_with_kvcache(
             _as_batch(q[:nd]), k_cache, v_cache, cache_seqlens=meta.decode_seqlens,
             block_table=meta.decode_block_table, softmax_scale=scale, causal=True,
-            window_size=window, out=_as_batch(out[:nd]))
+            window_size=window, out=_as_batch(out[:nd]), **kq)
     if meta.num_prefill_tokens:
         if meta.prefill_block_table is None:
             flash_attn_varlen_func(
@@ -79,5 +87,5 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             flash_attn_varlen_func(
                 q[nd:], k_cache, v_cache, meta.prefill_cu_q, meta.prefill_cu_k, meta.prefill_max_q,
                 meta.prefill_max_k, softmax_scale=scale, causal=True, window_size=window,
-                block_table=meta.prefill_block_table, out=out[nd:])
+                block_table=meta.prefill_block_table, out=out[nd:], **kq)
     return out

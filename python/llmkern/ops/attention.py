@@ -83,6 +83,16 @@ def _window(window_size) -> Tuple[int, int]:
     return int_arg(left, "window_size[0]"), int_arg(right, "window_size[1]")
 
 
+def _kv_quant_args(kv_cache_dtype, k_scale, v_scale) -> tuple:
+    """The quantised-cache arguments as the kernel ops take them (the kernel checks the rest)."""
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"kv_cache_dtype: expected a str, got {type(kv_cache_dtype).__name__}")
+    for t, name in ((k_scale, "k_scale"), (v_scale, "v_scale")):
+        if t is not None:
+            require_tensor(t, name)
+    return kv_cache_dtype, k_scale, v_scale
+
+
 # ---- flash_attn_varlen_func ------------------------------------------------------------------
 
 
@@ -92,7 +102,8 @@ def _varlen(
     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
     causal: bool, window_left: int, window_right: int, softcap: float,
     alibi_slopes: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
-    out: Optional[torch.Tensor], return_lse: bool,
+    out: Optional[torch.Tensor], return_lse: bool, kv_cache_dtype: str = "auto",
+    k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32, device=q.device)
@@ -101,7 +112,8 @@ def _varlen(
     lib.flash_attn_varlen_fwd(
         dl(q), dl(k), dl(v), dl(cu_seqlens_q), dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
         softmax_scale, causal, window_left, window_right, softcap, dl(alibi_slopes),
-        dl(block_table), dl(o), dl(lse) if return_lse else None, stream_of(q),
+        dl(block_table), dl(o), dl(lse) if return_lse else None, kv_cache_dtype,
+        dl(k_scale, "k_scale"), dl(v_scale, "v_scale"), stream_of(q),
     )
     # A custom op may not return its input: with out= the caller already holds the result.
     return (o if out is None else torch.empty(0, dtype=q.dtype, device=q.device)), lse
@@ -109,7 +121,8 @@ def _varlen(
 
 @_varlen.op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      window_left, window_right, softcap, alibi_slopes, block_table, out, return_lse):
+      window_left, window_right, softcap, alibi_slopes, block_table, out, return_lse,
+      kv_cache_dtype="auto", k_scale=None, v_scale=None):
     o = torch.empty_like(q) if out is None else q.new_empty(0)
     lse = q.new_empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32)
     return o, lse
@@ -135,6 +148,9 @@ def flash_attn_varlen_func(
     *,
     return_softmax_lse: bool = False,
     out: Optional[torch.Tensor] = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
 ):
     """Attention over a ragged batch: ``q [total_q, Hq, D]``, sequence b owning rows
     ``cu_seqlens_q[b] : cu_seqlens_q[b+1]`` (flash-attn 2.8's signature).
@@ -149,7 +165,9 @@ def flash_attn_varlen_func(
     Returns ``out``; with ``return_attn_probs=True`` flash-attn's ``(out, softmax_lse, None)``
     (``S_dmask`` is None without dropout, as in flash-attn); with the keyword-only extension
     ``return_softmax_lse=True`` ``(out, softmax_lse)``. lse is float32 ``[Hq, total_q]``.
-    ``out=`` (keyword-only): write the result there."""
+    ``out=`` (keyword-only): write the result there. ``kv_cache_dtype`` / ``k_scale`` /
+    ``v_scale`` (keyword-only, paged only): vLLM's quantised caches, read as they are (see
+    :func:`flash_attn_with_kvcache`)."""
     require_tensor(q, "q", 3, "[total_q, num_heads, head_dim]")
     require_tensor(k, "k")
     require_tensor(v, "v")
@@ -167,7 +185,7 @@ def flash_attn_varlen_func(
         _i32(cu_seqlens_k, "cu_seqlens_k"), int_arg(max_seqlen_q, "max_seqlen_q"),
         int_arg(max_seqlen_k, "max_seqlen_k"), scale, bool(causal), left, right,
         float_arg(softcap, "softcap"), alibi_slopes, _i32(block_table, "block_table", optional=True),
-        None if padded else out, want_lse,
+        None if padded else out, want_lse, *_kv_quant_args(kv_cache_dtype, k_scale, v_scale),
     )
     if padded:
         o = o[..., :d]
@@ -197,7 +215,8 @@ def _kvcache(
     cache_leftpad: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
     softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
     rotary_interleaved: bool, alibi_slopes: Optional[torch.Tensor], num_splits: int,
-    out: Optional[torch.Tensor], return_lse: bool,
+    out: Optional[torch.Tensor], return_lse: bool, kv_cache_dtype: str = "auto",
+    k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,),
@@ -212,7 +231,7 @@ def _kvcache(
         dl(cache_seqlens), dl(cache_batch_idx), dl(cache_leftpad), dl(block_table),
         softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
         dl(alibi_slopes), num_splits, dl(o), dl(lse) if return_lse else None, dl(workspace),
-        dl(q_rot), stream_of(q),
+        dl(q_rot), kv_cache_dtype, dl(k_scale, "k_scale"), dl(v_scale, "v_scale"), stream_of(q),
     )
     return (o if out is None else torch.empty(0, dtype=q.dtype, device=q.device)), lse
 
@@ -220,7 +239,8 @@ def _kvcache(
 @_kvcache.op.register_fake
 def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
       cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
-      rotary_interleaved, alibi_slopes, num_splits, out, return_lse):
+      rotary_interleaved, alibi_slopes, num_splits, out, return_lse, kv_cache_dtype="auto",
+      k_scale=None, v_scale=None):
     o = torch.empty_like(q) if out is None else q.new_empty(0)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,), dtype=torch.float32)
     return o, lse
@@ -248,6 +268,9 @@ def flash_attn_with_kvcache(
     return_softmax_lse: bool = False,
     *,
     out: Optional[torch.Tensor] = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
 ):
     """Attention of ``q [b, s, Hq, D]`` against a KV cache: decode (s = 1) and multi-token append
     (s > 1, e.g. speculative verification). flash-attn 2.8's signature.
@@ -264,7 +287,14 @@ def flash_attn_with_kvcache(
     (0, 1), (2, 3), ... else (i, i + rotary_dim / 2) (GPT-NeoX). ``cache_batch_idx [b]``: the cache
     batch each sequence uses (dense caches). ``cache_leftpad [b]``: each sequence's keys start at
     that cache row (dense caches). ``num_splits``: split-KV partitions per sequence (0 = auto).
-    Returns ``out`` or ``(out, lse)`` with lse float32 ``[b, Hq, s]``. ``out=`` (keyword-only)."""
+    Returns ``out`` or ``(out, lse)`` with lse float32 ``[b, Hq, s]``. ``out=`` (keyword-only).
+
+    Quantised caches (keyword-only, vLLM's names): ``kv_cache_dtype`` "fp8" / "fp8_e4m3" /
+    "fp8_e5m2" (uint8 caches of fp8 codes) or "int8" (int8 caches), ``k_scale`` / ``v_scale``
+    float32 per tensor (0-d or ``[1]``) or per kv head ``[Hkv]``. The kernels read the codes and
+    dequantise in registers (value = code * scale); appended k/v are quantised as written
+    (round to nearest even, saturating), as ``reshape_and_cache_flash`` does. "auto" (default):
+    caches in q's dtype, scales ignored."""
     require_tensor(q, "q")
     require_tensor(k_cache, "k_cache")
     require_tensor(v_cache, "v_cache")
@@ -301,7 +331,7 @@ def flash_attn_with_kvcache(
         return _kvcache_padded(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                cache_batch_idx, cache_leftpad, block_table, scale, causal,
                                window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-                               return_softmax_lse, out)
+                               return_softmax_lse, out, kv_cache_dtype, k_scale, v_scale)
     if q.dim() == 4 and q.shape[0] > 1 and q.shape[1] > 1 and q.stride(0) != q.shape[1] * q.stride(1):
         q = q.contiguous()  # the kernel views [b, s] as one row dim
     o, lse = _kvcache(
@@ -310,6 +340,7 @@ def flash_attn_with_kvcache(
         _i32(cache_leftpad, "cache_leftpad", optional=True), _i32(block_table, "block_table", True),
         scale, bool(causal), left, right, float_arg(softcap, "softcap"), bool(rotary_interleaved),
         alibi_slopes, num_splits, out, bool(return_softmax_lse),
+        *_kv_quant_args(kv_cache_dtype, k_scale, v_scale),
     )
     if out is not None:
         o = out
@@ -318,7 +349,8 @@ def flash_attn_with_kvcache(
 
 def _kvcache_padded(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, scale, causal, window_size,
-                    softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, out):
+                    softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, out,
+                    kv_cache_dtype="auto", k_scale=None, v_scale=None):
     """Head dims that are not a multiple of 8: the call on zero-padded copies (as flash-attn does,
     caches included), the appended rows copied back into the caller's caches."""
     d = q.shape[-1]
@@ -326,7 +358,8 @@ def _kvcache_padded(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
     res = flash_attn_with_kvcache(
         _pad_to_8(q), kc, vc, _pad_to_8(k), _pad_to_8(v), rotary_cos, rotary_sin, cache_seqlens,
         cache_batch_idx, cache_leftpad, block_table, scale, causal, window_size, softcap,
-        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)
+        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse,
+        kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale)
     o, lse = res if return_softmax_lse else (res, None)
     if k is not None:
         k_cache.copy_(kc[..., :d])
@@ -344,19 +377,23 @@ flash_attn_with_kvcache.op = _kvcache.op
 def decode_append_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, rotary_cos: torch.Tensor, rotary_sin: torch.Tensor,
                         cache_seqlens: torch.Tensor, block_table: torch.Tensor, softmax_scale: float,
-                        window_size: Tuple[int, int], out: torch.Tensor) -> torch.Tensor:
+                        window_size: Tuple[int, int], out: torch.Tensor, kv_cache_dtype: str = "auto",
+                        k_scale: Optional[torch.Tensor] = None,
+                        v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A runtime's decode step of one layer in one call: ``flash_attn_with_kvcache(q, k_cache,
     v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table=block_table, causal=True,
     rotary_interleaved=False, out=out)`` (GPT-NeoX rotation of the new key and of q at
     ``cache_seqlens``, the key/value written into the paged cache, attention over it), without the
     public function's normalisation of its arguments, which costs more than the kernel at batch 1:
     the caller passes them in their final form (int32 indices, ``q``/``out [b, 1, Hq, D]``,
-    ``k``/``v [b, 1, Hkv, D]``, D a multiple of 8). The kernel still checks every one."""
+    ``k``/``v [b, 1, Hkv, D]``, D a multiple of 8). The kernel still checks every one.
+    ``kv_cache_dtype`` / ``k_scale`` / ``v_scale``: a quantised cache, as flash_attn_with_kvcache."""
     lib = lib_for(q)
     q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lib.flash_attn_kvcache_fwd_ext(
         dl(q, "q"), dl(k_cache, "k_cache"), dl(v_cache, "v_cache"), dl(k, "k"), dl(v, "v"),
         dl(rotary_cos, "rotary_cos"), dl(rotary_sin, "rotary_sin"), dl(cache_seqlens, "cache_seqlens"),
         None, None, dl(block_table, "block_table"), float(softmax_scale), True, int(window_size[0]),
-        int(window_size[1]), 0.0, False, None, 0, dl(out, "out"), None, None, dl(q_rot), stream_of(q))
+        int(window_size[1]), 0.0, False, None, 0, dl(out, "out"), None, None, dl(q_rot), kv_cache_dtype,
+        dl(k_scale, "k_scale"), dl(v_scale, "v_scale"), stream_of(q))
     return out

@@ -29,8 +29,14 @@ def reshape_and_cache_flash(
 
     As in vLLM, ``num_tokens = slot_mapping.size(0)`` and key/value may hold more rows (padding).
     key/value may be strided views (e.g. slices of a fused qkv output) as long as head_dim is
-    contiguous. Only ``kv_cache_dtype="auto"`` (cache dtype = key dtype) is supported. The caches
-    must not share memory with each other or with the inputs (K and V halves of one buffer are fine)."""
+    contiguous. The caches must not share memory with each other or with the inputs (K and V halves
+    of one buffer are fine).
+
+    ``kv_cache_dtype`` (vLLM's names): "auto" = caches of key's dtype (scales ignored); "fp8" /
+    "fp8_e4m3" / "fp8_e5m2" = uint8 caches of fp8 codes (e4m3fn, max 448; e5m2, max 57344);
+    "int8" = int8 caches (codes in [-127, 127]). Stored code = saturate(round_nearest_even(x /
+    scale)) with ``k_scale`` / ``v_scale`` float32 per tensor (0-d or ``[1]``) or per kv head
+    ``[num_kv_heads]``; the attention ops read such caches directly (their ``kv_cache_dtype``)."""
     for t, name in ((key, "key"), (value, "value"), (key_cache, "key_cache"), (value_cache, "value_cache"),
                     (slot_mapping, "slot_mapping")):
         require_tensor(t, name)
