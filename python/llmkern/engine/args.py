@@ -39,6 +39,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="disk tier for evicted prefix blocks, shared by the engines pointed at DIR and kept "
                         "across restarts (default: off)")
     g.add_argument("--kv-disk-gb", type=float, default=None, help="size bound of --kv-disk-path (default: 10 GiB)")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"],
+                   help="KV cache storage: auto = the model dtype; fp8 (= fp8_e4m3), fp8_e5m2, int8 = one byte "
+                        "per element, scales calibrated per layer and kv head at start (about 2x the blocks of bf16)")
     g.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"],
                    help="what preemption does with a sequence's KV blocks")
     g.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "dynamic"],
@@ -67,6 +70,7 @@ def engine_kwargs(a) -> dict:
                 enable_prefix_caching=not a.no_prefix_caching,
                 enable_chunked_prefill=not a.no_chunked_prefill, cpu_offload_gb=a.cpu_offload_gb,
                 kv_disk_path=getattr(a, "kv_disk_path", None), kv_disk_gb=getattr(a, "kv_disk_gb", None),
+                kv_cache_dtype=getattr(a, "kv_cache_dtype", "auto"),
                 preemption_mode=a.preemption_mode, scheduler=a.scheduler,
                 speculative=getattr(a, "speculative", None), policy=getattr(a, "policy", "fcfs"),
                 max_wait_ms=getattr(a, "max_wait_ms", 0.0),

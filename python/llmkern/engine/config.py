@@ -52,6 +52,12 @@ class EngineConfig:
     kv_disk_gb: Optional[float] = None      # its size bound (default with a path: 10 GiB)
     num_swap_blocks: Optional[int] = None
     kv_prefault: bool = False               # CPU: fault the KV cache's pages in at start-up (servers)
+    # KV storage (vLLM's names): "auto" = the model dtype; "fp8" (= "fp8_e4m3"), "fp8_e5m2", "int8" =
+    # one byte per element (engine/kv_quant.py), with scales per layer and kv head calibrated at start
+    # from the model's own K/V, or fixed by kv_scales: one number, or per layer a (k, v) pair of a
+    # number or num_kv_heads numbers each
+    kv_cache_dtype: str = "auto"
+    kv_scales: Optional[object] = None
     seed: int = 0                           # sampling seed of requests without their own
     enforce_eager: bool = False             # GPU: no CUDA graphs for decode steps
     # speculative decoding: None (off), a dict {"method": "ngram" | "draft" | "early_exit", ...}
@@ -144,6 +150,7 @@ class EngineConfig:
             bad("kv_transfer_timeout_s", "a number of seconds > 0")
         if self.kv_transfer_fallback not in ("fail", "recompute"):
             bad("kv_transfer_fallback", "'fail' or 'recompute'")
+        self._check_kv_cache_dtype()
         self._check_device()
         self._check_memory()
         self._check_disk_tier()
@@ -155,6 +162,21 @@ class EngineConfig:
             from .spec_config import SpecConfig
 
             self.speculative = SpecConfig.parse(self.speculative)
+
+    def _check_kv_cache_dtype(self) -> None:
+        from ..layers.kv_quant import check_kv_cache_dtype
+
+        check_kv_cache_dtype(self.kv_cache_dtype)
+        if self.kv_cache_dtype == "auto":
+            if self.kv_scales is not None:
+                raise ValueError("kv_scales: only with a quantised kv_cache_dtype ('fp8', 'fp8_e5m2', 'int8')")
+            return
+        if self.speculative is not None:
+            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not supported with speculative decoding "
+                             "(the draft's layers share the cache)")
+        if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not supported with tensor/pipeline "
+                             "parallelism")
 
     def _check_device(self) -> None:
         if self.device is None:

@@ -15,6 +15,7 @@ from ..models.loader import load_model
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager, build_kv_cache
+from .kv_quant import kv_cache_quants
 from .kv_handover import POLL_INTERVAL_S, KVHandover, admit_transfers
 from .metrics import EngineStats, RunMetrics
 from .cuda_graphs import DecodeGraphs
@@ -93,7 +94,8 @@ class Engine:
             self.kv = KVCacheManager.on_tiers(self.executor.kv, config.block_size, config.enable_prefix_caching)
             self.kv.copy_log = self.executor.copy_log
         else:
-            self.kv = build_kv_cache(config, kv_layers, dtype, device, self.model)
+            self.kv = build_kv_cache(config, kv_layers, dtype, device, self.model,
+                                     self._kv_quants(config))
         if self.spec is not None:
             self.spec.bind_caches(self.kv.caches, config.block_size)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
@@ -122,6 +124,16 @@ class Engine:
         self.faults = FaultInjector.from_env(self.tokenizer)   # None unless LLMKERN_FAULT_INJECT is set
         self._phase = "prepare"   # of the step's work in progress, for fault reports
         self.isolation = FaultIsolation(self._compute, lambda: self._phase, self._fail_request)
+
+    def _kv_quants(self, config: EngineConfig):
+        """A quantised KV cache's per-layer scales (calibrated on the model now), or None."""
+        if config.kv_cache_dtype == "auto":
+            return None
+        # the one-call C++ decode step reads float caches only (models/decode_step.py)
+        self.model.kv_cache_dtype = config.kv_cache_dtype
+        if hasattr(self.model, "reset_decode_step"):
+            self.model.reset_decode_step()
+        return kv_cache_quants(config, self.model, self.tokenizer)
 
     def _make_handover(self, config: EngineConfig):
         """Prefill-decode hand-over (pd/): the connector, bound to this engine's cache."""

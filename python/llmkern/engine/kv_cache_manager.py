@@ -10,23 +10,29 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..kvcache import Caches, KVTiers, LayerGroup, build_kv_tiers
+from ..layers.kv_quant import KvCacheQuant, attach
+from .kv_quant import quant_fingerprint
 from .config import EngineConfig
 from .block_pool import ROOT_REG, BlockPool, Evicted, HostEntry, HostPool, block_hash
 from .sequence import Sequence
 
 
 def build_kv_cache(config: EngineConfig, layers: List[LayerGroup], dtype: torch.dtype,
-                   device: torch.device, model=None) -> "KVCacheManager":
+                   device: torch.device, model=None,
+                   quants: Optional[List[KvCacheQuant]] = None) -> "KVCacheManager":
     """The engine's KV cache: the tiers sized from config (kvcache.build_kv_tiers) under the block
-    bookkeeping, and the disk tier when config has a kv_disk_path (its files are `model`'s)."""
+    bookkeeping, and the disk tier when config has a kv_disk_path (its files are `model`'s).
+    quants: per target-model layer, the scales of a quantised cache (kv_quant.kv_cache_quants)."""
     kv = KVCacheManager.on_tiers(build_kv_tiers(config.kv_spec(), layers, dtype, device), config.block_size,
                                  config.enable_prefix_caching)
+    for (k_cache, v_cache), q in zip(kv.caches, quants or []):
+        attach(k_cache, v_cache, q)
     if config.kv_prefault:
         kv.tiers.prefault()
     if config.kv_disk_path is not None:
         from .kv_disk import open_disk_tier
 
-        kv.disk = open_disk_tier(config, layers, dtype, model, kv.caches, kv.live_regs)
+        kv.disk = open_disk_tier(config, layers, dtype, model, kv.caches, kv.live_regs, quant_fingerprint(quants))
     return kv
 
 

@@ -157,7 +157,8 @@ class DiskLink:
                     kv_disk_write_drops=s.write_drops, kv_disk_bad_files=s.bad_files)
 
 
-def open_disk_tier(config, layers, dtype: torch.dtype, model, caches, live_regs) -> DiskLink:
-    fp = model_fingerprint(model, layers, dtype, config.block_size, repr(config.speculative))
+def open_disk_tier(config, layers, dtype: torch.dtype, model, caches, live_regs, kv_quant: str = "") -> DiskLink:
+    # kv_quant: a quantised cache's kind and scales, which its blocks' bytes depend on
+    fp = model_fingerprint(model, layers, dtype, config.block_size, repr(config.speculative) + kv_quant)
     tier = DiskTier(config.kv_disk_path, int(config.kv_disk_gb * _GiB), fp, part_sizes(caches))
     return DiskLink(tier, caches, config.block_size, live_regs)

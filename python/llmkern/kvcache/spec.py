@@ -23,3 +23,4 @@ class KVSpec:
     swap_space_gb: float = 1.0
     num_swap_blocks: Optional[int] = None
     preemption_mode: str = "recompute"          # the swap tier exists only with "swap"
+    kv_cache_dtype: str = "auto"                # "auto": the model dtype; fp8 / int8: 1-byte codes
