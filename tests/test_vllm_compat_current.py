@@ -59,6 +59,23 @@ def test_reshape_and_cache_5d(backend):
     assert kc.count_nonzero() == 6 * h * d
 
 
+@pytest.mark.parametrize("kind", ["fp8", "fp8_e5m2", "int8"])
+def test_reshape_and_cache_5d_quantised_matches_the_flash_layout(backend, kind):
+    nb, h, d, bs, x = 3, 2, 16, 4, 8
+    key, value = torch.randn(7, h, d) * 20, torch.randn(7, h, d)
+    code = torch.int8 if kind == "int8" else torch.uint8
+    kc, vc = torch.zeros(nb, h, d // x, bs, x, dtype=code), torch.zeros(nb, h, d, bs, dtype=code)
+    slots = torch.tensor([0, 5, -1, 11, 8, 3, 10])
+    ks, vs = torch.tensor([0.05, 0.2]), torch.tensor([0.01])
+    ops.reshape_and_cache(key, value, kc, vc, slots, kind, ks, vs)
+    fk, fv = torch.zeros(nb, bs, h, d, dtype=code), torch.zeros(nb, bs, h, d, dtype=code)
+    ops.reshape_and_cache_flash(key, value, fk, fv, slots, kind, ks, vs)
+    assert torch.equal(kc.permute(0, 3, 1, 2, 4).reshape(nb, bs, h, d), fk)
+    assert torch.equal(vc.permute(0, 3, 1, 2), fv)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        ops.reshape_and_cache(key, value, kc, vc, slots, "fp4", ks, vs)
+
+
 def test_rms_norm_without_weight(backend):
     x = torch.randn(3, 64)
     out = torch.empty_like(x)

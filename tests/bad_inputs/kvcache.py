@@ -29,7 +29,12 @@ CASES = [
     ("rc-slot-out-of-range", _cache_ok(slot_mapping=torch.tensor([0, 1, 12, 3])), ValueError, "slot_mapping"),
     ("rc-slot-negative", _cache_ok(slot_mapping=torch.tensor([0, -2, 1, 3])), ValueError, "slot_mapping"),
     ("rc-noncontig-head", _cache_ok(key=torch.randn(4, 8, 2).transpose(1, 2)), ValueError, "key"),
-    ("rc-fp8", lambda: r(_K(), _K(), _C(), _C(), _S(), "fp8"), NotImplementedError, "kv_cache_dtype"),
+    ("rc-fp4", lambda: r(_K(), _K(), _C(), _C(), _S(), "fp4"), ValueError, "kv_cache_dtype"),
+    # fp8 stores uint8 codes: a float cache is the wrong dtype, and the scales are required
+    ("rc-fp8-float-cache", lambda: r(_K(), _K(), _C(), _C(), _S(), "fp8", torch.ones(1), torch.ones(1)),
+     TypeError, "key_cache"),
+    ("rc-fp8-no-scale", lambda: r(_K(), _K(), _C().to(torch.uint8), _C().to(torch.uint8), _S(), "fp8"),
+     ValueError, "k_scale"),
     ("rc-not-tensor", lambda: r([1, 2], _K(), _C(), _C(), _S()), TypeError, "key"),
     ("cb-layer-count", lambda: llmkern.copy_blocks([_C()], [_C(), _C()], torch.tensor([[0, 1]])), ValueError, "value_caches"),
     ("cb-map-shape", lambda: llmkern.copy_blocks([_C()], [_C()], torch.tensor([[0, 1, 2]])), ValueError, "block_mapping"),

@@ -58,25 +58,46 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
                       k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None) -> None:
     """vLLM's older paged layout: ``key_cache [num_blocks, H, head_size / x, block_size, x]``,
     ``value_cache [num_blocks, H, head_size, block_size]``; slot = block * block_size + offset,
-    -1 skipped. ``kv_cache_dtype="auto"`` only."""
+    -1 skipped. ``kv_cache_dtype`` as reshape_and_cache_flash's ("auto", or fp8 / int8 codes with
+    k_scale / v_scale per tensor or per head; the same codes, here from torch's casts)."""
     for t, name in ((key, "key"), (value, "value"), (slot_mapping, "slot_mapping")):
         require_tensor(t, name)
     require_tensor(key_cache, "key_cache", 5, "[num_blocks, num_heads, head_size / x, block_size, x]")
     require_tensor(value_cache, "value_cache", 4, "[num_blocks, num_heads, head_size, block_size]")
-    if kv_cache_dtype != "auto":
-        raise NotImplementedError(f"kv_cache_dtype: only 'auto' is supported, got {kv_cache_dtype!r}")
     nb, h, dx, bs, x = key_cache.shape
     slots = slot_mapping.reshape(-1).long()
     n = slots.numel()
     keep = slots >= 0
     blk, off = slots[keep] // bs, slots[keep] % bs
-    k = key[:n].reshape(n, h, dx, x)[keep].to(key_cache.dtype)
-    v = value[:n].reshape(n, h, -1)[keep].to(value_cache.dtype)
+    k = _codes(key[:n].reshape(n, h, dx, x)[keep], key_cache, "key_cache", kv_cache_dtype, k_scale, "k_scale")
+    v = _codes(value[:n].reshape(n, h, -1)[keep], value_cache, "value_cache", kv_cache_dtype, v_scale, "v_scale")
     key_cache.permute(0, 3, 1, 2, 4)[blk, off] = k
     value_cache.permute(0, 3, 1, 2)[blk, off] = v
 
 
 reshape_and_cache.op.register_fake(lambda *args: None)  # in place: nothing to return when traced
+
+# kv_cache_dtype -> (torch dtype of the codes, largest code value); int8 rounds half to even.
+_CODES = {"fp8": (torch.float8_e4m3fn, 448.0), "fp8_e4m3": (torch.float8_e4m3fn, 448.0),
+          "fp8_e5m2": (torch.float8_e5m2, 57344.0), "int8": (torch.int8, 127.0)}
+
+
+def _codes(x: torch.Tensor, cache: torch.Tensor, cache_name: str, kv_cache_dtype: str,
+           scale: Optional[torch.Tensor], scale_name: str) -> torch.Tensor:
+    """x [n, H, ...] as the cache stores it: cast ("auto"), or saturated codes of x / scale."""
+    if kv_cache_dtype == "auto":
+        return x.to(cache.dtype)
+    if kv_cache_dtype not in _CODES:
+        raise ValueError(f"kv_cache_dtype: expected one of 'auto', {', '.join(map(repr, _CODES))}, got {kv_cache_dtype!r}")
+    want = torch.int8 if kv_cache_dtype == "int8" else torch.uint8
+    if cache.dtype != want:
+        raise TypeError(f"{cache_name}: kv_cache_dtype {kv_cache_dtype!r} stores {want} codes, got a {cache.dtype} cache")
+    h = x.shape[1]
+    if scale is None or scale.dtype != torch.float32 or scale.numel() not in (1, h):
+        raise ValueError(f"{scale_name}: required, float32 [1] or [num_heads={h}] for kv_cache_dtype {kv_cache_dtype!r}")
+    dt, top = _CODES[kv_cache_dtype]
+    y = (x.float() / scale.reshape(1, -1, *[1] * (x.dim() - 2))).clamp(-top, top)
+    return y.round().to(dt) if dt == torch.int8 else y.to(dt).view(torch.uint8)
 
 
 @kernel_op("vllm_rotary_embedding", mutates_args=("query", "key"))

@@ -9,8 +9,9 @@ collide:
 
 - KV cache: ``reshape_and_cache_flash``, the older 5-D ``reshape_and_cache``, ``copy_blocks``,
   ``swap_blocks(src, dst, block_size_in_bytes, block_mapping)`` (the old
-  ``swap_blocks(src, dst, block_mapping)`` still works). ``kv_cache_dtype="auto"`` only
-  (fp32 / fp16 / bf16 caches); no fp8 conversion, no MLA caches.
+  ``swap_blocks(src, dst, block_mapping)`` still works). ``kv_cache_dtype`` "auto" (fp32 / fp16 /
+  bf16 caches), "fp8" / "fp8_e4m3" / "fp8_e5m2" (uint8 caches) and "int8" with ``k_scale`` /
+  ``v_scale`` per tensor or per head; no MLA caches.
 - Norms: ``rms_norm`` (``weight=None``: no scale), ``fused_add_rms_norm``; ``silu_and_mul``
   (``torch.ops._C.silu_and_mul``). No quantised norms.
 - Rotary: ``rotary_embedding`` (key optional), rounding as vLLM does in fp16 / bf16 (see
