@@ -170,7 +170,6 @@ def test_calibrated_scales_cover_the_models_keys_and_values(model_path):
                 # amax * margin / 448: the calibrated amax of a real model's K/V is O(1 .. 100)
                 amax = s * CODE_MAX["fp8"] / MARGIN["fp8"]
                 assert bool((amax > 0.01).all()) and bool((amax < 1e4).all())
-        assert llm.engine.model.decode_step() is None  # the C++ step refuses quantised caches
     with _llm(model_path, "int8", num_gpu_blocks=8, kv_scales=0.05) as llm:
         kw = quant_kwargs(llm.engine.kv.caches[0][0])
         assert torch.equal(kw["k_scale"], torch.full((hkv,), 0.05))
@@ -178,6 +177,22 @@ def test_calibrated_scales_cover_the_models_keys_and_values(model_path):
         assert len(out.outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="^kv_scales"):
         _llm(model_path, "fp8", num_gpu_blocks=8, kv_scales=[(0.1, 0.1)])
+
+
+def test_the_one_call_decode_step_reads_the_quantised_cache_as_the_layer_loop(model_path, monkeypatch):
+    """The C++ decode step makes the layer loop's kernel calls with the cache's kv_cache_dtype and
+    scales: the same tokens with it and without it (LLMKERN_DECODE_STEP=0)."""
+    prompts, greedy = ["The history of the city", "def fib(n):"], SamplingParams(temperature=0, max_tokens=12)
+
+    def run():
+        with _llm(model_path, "fp8", num_gpu_blocks=16) as llm:
+            outs = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+            return outs, llm.engine.model.decode_step() is not None
+
+    with_step, used = run()
+    monkeypatch.setenv("LLMKERN_DECODE_STEP", "0")
+    without, off = run()
+    assert used and not off and with_step == without
 
 
 LONG = " ".join(f"item {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7 % 13} stones." for i in range(12))

@@ -8,6 +8,7 @@
 #include "common/checks.h"
 #include "common/errors.h"
 #include "common/overlap.h"
+#include "kvcache/kv_quant_front.h"
 #include "layernorm/layernorm.h"
 #include "linear/linear.h"
 
@@ -137,14 +138,20 @@ void DecodeStepCpu::add_layer(const DecoderLayer& L) {
   scratch_rows_ = 0;  // widths may have grown
 }
 
-void DecodeStepCpu::set_kv_caches(const std::vector<TensorView>& caches) {
+void DecodeStepCpu::set_kv_caches(const std::vector<TensorView>& caches, const std::string& kv_cache_dtype,
+                                  const std::vector<TensorView>& scales) {
   LLMK_CHECK(caches.size() == 2 * layers_.size(), ValueError, "kv_caches: expected ", layers_.size(),
              " (key_cache, value_cache) pairs, one per layer, got ", caches.size() / 2.0);
+  const KvQuant quant = parse_kv_cache_dtype(kv_cache_dtype);
+  // The attention front checks each layer's scales at every call; here only their count.
+  LLMK_CHECK(scales.size() == (quant == KvQuant::None ? 0 : caches.size()), ValueError,
+             "kv_scales: expected a (k_scale, v_scale) pair per layer for kv_cache_dtype '", kv_cache_dtype,
+             "' (none for 'auto'), got ", scales.size(), " scales");
   for (size_t i = 0; i < caches.size(); ++i) {
     const std::string name = str_cat("kv_caches[", i / 2, "][", i % 2, "]");
     const TensorView& c = caches[i];
     check_shape(c, name.c_str(), {-1, -1, hkv_, d_}, "[num_blocks, block_size, num_kv_heads, head_dim]");
-    check_dtype(c, name.c_str(), dtype_);
+    check_dtype(c, name.c_str(), quant == KvQuant::None ? dtype_ : kv_quant_storage(quant));
     check_on_cpu(c, name.c_str());
     if (i % 2) {
       const TensorView& k = caches[i - 1];
@@ -154,6 +161,8 @@ void DecodeStepCpu::set_kv_caches(const std::vector<TensorView>& caches) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   caches_ = caches;
+  kv_cache_dtype_ = kv_cache_dtype;
+  scales_ = scales;
 }
 
 void DecodeStepCpu::ensure_scratch(int64_t rows) {
@@ -212,6 +221,13 @@ void DecodeStepCpu::step(TensorView hidden, TensorView residual, TensorView posi
     in_layer(i, [&] { run_layer(i, hidden, residual, positions, block_table, rows); });
 }
 
+namespace {
+std::optional<TensorView> scale_at(const std::vector<TensorView>& scales, size_t i) {
+  if (i < scales.size()) return scales[i];
+  return std::nullopt;
+}
+}  // namespace
+
 // One layer, call for call as LlamaForCausalLM.forward's loop body on a decode-only batch (after
 // layer 0's input norm, which step() runs).
 void DecodeStepCpu::run_layer(size_t i, const TensorView& hidden, const TensorView& residual,
@@ -247,8 +263,8 @@ void DecodeStepCpu::run_layer(size_t i, const TensorView& hidden, const TensorVi
   // ops/attention.py: decode_append_paged
   flash_attn_kvcache_fwd_ext(q, caches_[2 * i], caches_[2 * i + 1], k, v, cos_, sin_, positions, std::nullopt,
                              std::nullopt, block_table, scale_, true, window_left_, window_right_, 0.0, false,
-                             std::nullopt, 0, out, std::nullopt, std::nullopt, q_rot, "auto",
-                             std::nullopt, std::nullopt, 0);
+                             std::nullopt, 0, out, std::nullopt, std::nullopt, q_rot, kv_cache_dtype_,
+                             scale_at(scales_, 2 * i), scale_at(scales_, 2 * i + 1), 0);
 
   const TensorView o = rows_of(scratch_at(off_o_), dt, rows, hidden_);
   run_projection(L.o, rows_of(attn, dt, rows, hq_ * d_), o, TensorView{});

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/tensor.h"
@@ -56,7 +57,10 @@ class DecodeStepCpu {
 
   void add_layer(const DecoderLayer& layer);
   // caches: [k_0, v_0, k_1, v_1, ...], each [num_blocks, block_size, num_kv_heads, head_dim].
-  void set_kv_caches(const std::vector<TensorView>& caches);
+  // kv_cache_dtype "auto": caches of the model dtype; a quantised kind (fp8 / int8 codes, as the
+  // attention ops take it) comes with scales [k_scale_0, v_scale_0, k_scale_1, ...] per layer.
+  void set_kv_caches(const std::vector<TensorView>& caches, const std::string& kv_cache_dtype,
+                     const std::vector<TensorView>& scales);
   // All layers for `hidden`/`residual` [B, hidden_size] (residual: the embeddings; hidden: any
   // values, overwritten): leaves them as the Python loop leaves them before the final norm.
   // positions: int32 [B] tokens in cache before the new one; block_table: int32 [B, max_blocks].
@@ -77,6 +81,8 @@ class DecodeStepCpu {
   DType dtype_;
   std::vector<DecoderLayer> layers_;
   std::vector<TensorView> caches_;
+  std::string kv_cache_dtype_ = "auto";
+  std::vector<TensorView> scales_;  // quantised caches: k, v scale per layer
 
   // Scratch for one batch size at a time (grown, never shrunk): byte offsets of each buffer.
   std::unique_ptr<char[]> scratch_;

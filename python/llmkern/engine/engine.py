@@ -129,10 +129,6 @@ class Engine:
         """A quantised KV cache's per-layer scales (calibrated on the model now), or None."""
         if config.kv_cache_dtype == "auto":
             return None
-        # the one-call C++ decode step reads float caches only (models/decode_step.py)
-        self.model.kv_cache_dtype = config.kv_cache_dtype
-        if hasattr(self.model, "reset_decode_step"):
-            self.model.reset_decode_step()
         return kv_cache_quants(config, self.model, self.tokenizer)
 
     def _make_handover(self, config: EngineConfig):

@@ -5,7 +5,7 @@ projections, views, the attention call) costs about as much as a third of the st
 every row of a batch is a decode row, the model hands all layers to one C++ call that makes the
 same kernel calls with the same arguments, so hidden states, caches and tokens are bit-identical.
 
-Used when: the model is on the CPU, its KV cache is not quantised, has no MoE layer, head_dim % 8 == 0, every projection is of a
+Used when: the model is on the CPU, has no MoE layer, head_dim % 8 == 0, every projection is of a
 kind the C++ step knows (projection_of), and, per forward call, the batch is decode-only
 (meta.decode_positions set, no prefill rows) with no tensor-parallel reduce or pipeline stage and
 no more rows than every projection's kernel takes. Otherwise the Python loop runs.
@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..layers.attention import AttnMetadata
+from ..layers.kv_quant import quant_kwargs
 from ..layers.linear import GEMV_ROWS, GateUpLinear, Linear
 from ..ops.decoder import PACKED, PACKED_SILU_MUL, SMALL_M, DecodeStepCpu, Projection
 
@@ -60,7 +61,9 @@ class DecoderStep:
 
     def __call__(self, hidden: torch.Tensor, residual: torch.Tensor, meta: AttnMetadata, kv_caches) -> None:
         if not self.impl.bound_to(kv_caches):
-            self.impl.set_kv_caches(kv_caches)
+            quants = [quant_kwargs(k) for k, _ in kv_caches]
+            kind = quants[0].get("kv_cache_dtype", "auto") if quants else "auto"
+            self.impl.set_kv_caches(kv_caches, kind, [(q["k_scale"], q["v_scale"]) for q in quants if q])
         self.impl.step(hidden, residual, meta.decode_positions, meta.decode_block_table)
 
 
@@ -68,10 +71,6 @@ def build_decode_step(model) -> Optional[DecoderStep]:
     """The C++ decode step over `model`'s current weights, or None where it does not apply."""
     c = model.config
     if not enabled() or model.device.type != "cpu" or c.head_dim % 8 or not model.layers:
-        return None
-    # Quantised (fp8 / int8) KV caches: the C++ step reads caches of the model dtype only, so it
-    # refuses them and the Python loop runs (the engine sets model.kv_cache_dtype).
-    if getattr(model, "kv_cache_dtype", "auto") != "auto":
         return None
     max_rows: Optional[int] = None
     layers = []

@@ -53,17 +53,23 @@ class DecodeStepCpu:
         self._keep += [t for t in (input_norm[0], post_norm[0], qn, kn) if t is not None]
         self._keep += [t for p in (qkv, o, gate_up, down) for t in p[1:3] if t is not None]
 
-    def set_kv_caches(self, kv_caches: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def set_kv_caches(self, kv_caches: Sequence[Tuple[torch.Tensor, torch.Tensor]], kv_cache_dtype: str = "auto",
+                      kv_scales: Sequence[Tuple[torch.Tensor, torch.Tensor]] = ()) -> None:
         """Binds the per-layer (key_cache, value_cache) pairs; step() uses them until the next call.
         Pairs past the model's layers are ignored (an engine's cache list may also hold a draft
-        model's layers after the target's)."""
+        model's layers after the target's). Quantised caches (the attention ops' kv_cache_dtype):
+        kv_scales holds each layer's (k_scale, v_scale)."""
         pairs = list(kv_caches)[:self.num_layers]
         for i, pair in enumerate(pairs):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise ValueError(f"kv_caches[{i}]: expected a (key_cache, value_cache) pair, got {type(pair).__name__}")
+        scales = list(kv_scales)[:self.num_layers]
         self._impl.set_kv_caches([dl(c, f"kv_caches[{i}][{j}]") for i, pair in enumerate(pairs)
-                                  for j, c in enumerate(pair)])
+                                  for j, c in enumerate(pair)], kv_cache_dtype,
+                                 [dl(s, f"kv_scales[{i}][{j}]") for i, pair in enumerate(scales)
+                                  for j, s in enumerate(pair)])
         self._caches = tuple(pairs)
+        self._keep_scales = scales  # the C++ side holds views of these
 
     def bound_to(self, kv_caches: Sequence) -> bool:
         """Whether kv_caches starts with the very pairs bound last (identity, element by element)."""
