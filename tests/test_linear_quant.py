@@ -173,30 +173,29 @@ def test_bad_arguments_name_the_field():
 
 
 _OTHER_PATH = (
-    "import numpy as np, torch, gguf, llmkern\n"
-    "from llmkern.ops.gguf_blocks import FORMATS\n"
-    "rng = np.random.default_rng(0)\n"
-    "for t, (name, qk, nb) in FORMATS.items():\n"
-    "    n, k = 40, 512\n"
-    "    raw = rng.integers(0, 256, size=(n, k // qk, nb), dtype=np.uint8)\n"
-    "    off = 208 if name == 'Q6_K' else 0\n"
-    "    raw[..., off:off + 2] = np.full((n, k // qk), 0.001, np.float16).view(np.uint8).reshape(n, k // qk, 2)\n"
-    "    if name in ('Q4_1', 'Q4_K', 'Q5_K'):\n"
-    "        raw[..., 2:4] = np.full((n, k // qk), 0.001, np.float16).view(np.uint8).reshape(n, k // qk, 2)\n"
-    "    raw = raw.reshape(n, -1)\n"
-    "    w = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t)).astype(np.float64))\n"
-    "    wq, lay = llmkern.pack_quant_weight(raw, t, n, k)\n"
-    "    gq, _ = llmkern.pack_quant_gate_up(raw, raw, t, n, k)\n"
+    "import sys, torch\n"
+    "sys.path.insert(0, {tests!r})\n"
+    "import test_linear_quant as t\n"
+    "torch.manual_seed(0)\n"
+    "for name in t.NAMES:\n"
     "    for rows in (1, 5, 9):\n"
-    "        x = torch.randn(rows, k)\n"
-    "        ref = x.double() @ w.T\n"
-    "        out = llmkern.linear_quant(x, wq, n, lay).double()\n"
-    "        rel = ((out - ref).norm(dim=1) / ref.norm(dim=1)).max().item()\n"
-    "        assert rel < 0.03, (name, rows, rel)\n"
-    "        g = llmkern.linear_quant_silu_mul(x, gq, n, lay).double()\n"
-    "        gref = torch.nn.functional.silu(ref) * ref\n"
-    "        assert ((g - gref).norm() / gref.norm()).item() < 0.05, (name, rows)\n"
+    "        t.check_against_quantised_reference(name, rows, 40, 512)\n"
 )
+
+
+def check_against_quantised_reference(name, rows, n, k):
+    """The CPU kernels (plain and gated) against fp64 on x quantised as they quantise it."""
+    qtype = NAMES[name]
+    g_raw, u_raw = _random_blocks(qtype, n, k, rows), _random_blocks(qtype, n, k, rows + 1)
+    g, u = _packed_weight(g_raw, qtype, n, k), _packed_weight(u_raw, qtype, n, k)
+    x = torch.randn(rows, k)
+    xr = _cpu_activations(x)
+    wq, layout = llmkern.pack_quant_weight(g_raw, qtype, n, k)
+    assert _ratio_error(llmkern.linear_quant(x, wq, n, layout), xr @ g.T, xr.abs() @ g.abs().T) < 1e-5, name
+    pq, _ = llmkern.pack_quant_gate_up(g_raw, u_raw, qtype, n, k)
+    yg, yu = xr @ g.T, xr @ u.T
+    mag = (xr.abs() @ g.abs().T) * (xr.abs() @ u.abs().T)
+    assert _ratio_error(llmkern.linear_quant_silu_mul(x, pq, n, layout), F.silu(yg) * yu, mag) < 1e-5, name
 
 
 @pytest.mark.parametrize("env", [{"LLMKERN_LINEAR_VNNI": "0"}, {"LLMKERN_CPU_ISA": "avx2"},
@@ -204,7 +203,7 @@ _OTHER_PATH = (
 def test_plain_integer_path_and_other_simd_levels(env):
     from runtime_helpers import run_python
 
-    run_python(_OTHER_PATH, **env)
+    run_python(_OTHER_PATH.format(tests=os.path.dirname(os.path.abspath(__file__))), **env)
 
 
 # -- the engine -----------------------------------------------------------------------------------

@@ -27,8 +27,27 @@ using qlayout::kPanel;
 using qlayout::kXBlock;
 using qlayout::Layout;
 
-constexpr int kRows = 4;     // rows of x per pass over a panel
+constexpr int kRows = 8;     // rows of x per pass over a panel (the VNNI tile's accumulators)
 constexpr int kMeta = 4;     // per activation block: dx, dx * sum(q[0:16]), dx * sum(q[16:32]), both
+
+#if defined(__AVX512F__)
+// One 32-value block of x (fp32) -> 32 int8 codes and its meta, as the scalar loop below computes
+// it (same scale, same round-to-nearest-even), 16 lanes at a time.
+LLMK_ALWAYS_INLINE void quantize_block16x2(__m512 a, __m512 b, int8_t* qr, float* mt) {
+  const __m512 amax_v = _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b));
+  const float amax = _mm512_reduce_max_ps(amax_v);
+  const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+  const __m512 iv = _mm512_set1_ps(inv);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, iv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, iv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(qr), _mm512_cvtsepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + 16), _mm512_cvtsepi32_epi8(qb));
+  const int s0 = _mm512_reduce_add_epi32(qa), s1 = _mm512_reduce_add_epi32(qb);
+  mt[0] = dx;
+  mt[1] = dx * float(s0);
+  mt[2] = dx * float(s1);
+  mt[3] = dx * float(s0 + s1);
+}
+#endif
 
 // Activation rows quantised per 32 k: q [M, K] int8, meta [M, K / 32, 4].
 template <DType DT, typename T = vec::elem_t<DT>>
@@ -37,6 +56,14 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, flo
   parallel_for(M, M * K >= (1 << 16) ? 1 : M, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const T* xr = x + m * ldx;
+#if defined(__AVX512F__)
+      for (int64_t j = 0; j < nb; ++j) {
+        const T* p = xr + j * kXBlock;
+        quantize_block16x2(__m512(vec::load<DT>(p)), __m512(vec::load<DT>(p + 16)), q + m * K + j * kXBlock,
+                           meta + (m * nb + j) * kMeta);
+      }
+      continue;
+#endif
       for (int64_t j = 0; j < nb; ++j) {
         float v[kXBlock], amax = 0.f;
         for (int i = 0; i < kXBlock; ++i) {
@@ -136,7 +163,7 @@ LLMK_VNNI_TARGET void panel_rows_vnni(const uint8_t* w, int64_t nb, const int8_t
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB)));
     const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB + 32)));
     const int64_t k0 = b * B;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const int8_t* xr = xq + i * K + k0;
       __m512i s = _mm512_setzero_si512();
@@ -161,7 +188,11 @@ void panel_rows_vnni_r(const uint8_t* w, int64_t nb, const int8_t* xq, int64_t K
     case 1: return panel_rows_vnni<1, BITS, B>(w, nb, xq, K, xm, out);
     case 2: return panel_rows_vnni<2, BITS, B>(w, nb, xq, K, xm, out);
     case 3: return panel_rows_vnni<3, BITS, B>(w, nb, xq, K, xm, out);
-    default: return panel_rows_vnni<4, BITS, B>(w, nb, xq, K, xm, out);
+    case 4: return panel_rows_vnni<4, BITS, B>(w, nb, xq, K, xm, out);
+    case 5: return panel_rows_vnni<5, BITS, B>(w, nb, xq, K, xm, out);
+    case 6: return panel_rows_vnni<6, BITS, B>(w, nb, xq, K, xm, out);
+    case 7: return panel_rows_vnni<7, BITS, B>(w, nb, xq, K, xm, out);
+    default: return panel_rows_vnni<8, BITS, B>(w, nb, xq, K, xm, out);
   }
 }
 #endif

@@ -156,6 +156,8 @@ class EngineConfig:
             bad("dtype", f"one of {', '.join(_DTYPES)}")
         if self.quantization not in (None, "auto", "gguf", "none"):
             bad("quantization", "'auto', 'gguf', 'none' or None")
+        if self.quantization == "gguf" and self.world_size > 1:  # model-parallel ranks load dense shards
+            bad("quantization", "'auto' or None with tensor/pipeline/expert parallelism (its ranks dequantise)")
         if self.speculative is not None:
             from .spec_config import SpecConfig
 

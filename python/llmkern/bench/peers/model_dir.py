@@ -96,10 +96,13 @@ def write_gguf(src: str, dst: str, dtype: str = "float32") -> None:
 
 
 def gguf_model_file(dtype: str, gguf_path: Optional[str] = None) -> str:
-    """The embedded model (or gguf_path) as an F32 or BF16 GGUF in the cache; written on first use."""
+    """The embedded model (or gguf_path) as an F32 or BF16 GGUF in the cache, written on first use;
+    dtype "gguf": the file itself, as stored (quantised)."""
     from ...models.loader import default_model_path
 
     src = gguf_path or default_model_path()
+    if dtype == "gguf":
+        return src
     out = os.path.join(model_cache_dir(src), f"model-{dtype}.gguf")
     if not os.path.exists(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
