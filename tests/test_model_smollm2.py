@@ -29,7 +29,7 @@ def test_smollm2_greedy_matches_hf():
 
     from llmkern import LLM, SamplingParams
 
-    llm = LLM(max_num_seqs=8, kv_cache_memory_gb=0.1)
+    llm = LLM(max_num_seqs=8, kv_cache_memory_gb=0.1, quantization=None)  # the reader vs HF: dequantised
     tok = llm.tokenizer
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     # Tokenizer + template from the GGUF: the ChatML layout of SmolLM2.

@@ -4,12 +4,12 @@
 namespace llmk {
 namespace {
 
-// (kind, weight, bias or None, in_features, out_features, silu_after) from ops/decoder.py.
-using ProjectionArgs = std::tuple<int, TensorView, std::optional<TensorView>, int64_t, int64_t, bool>;
+// (kind, weight, bias or None, in_features, out_features, silu_after, layout) from ops/decoder.py.
+using ProjectionArgs = std::tuple<int, TensorView, std::optional<TensorView>, int64_t, int64_t, bool, int64_t>;
 
 Projection projection(const ProjectionArgs& a) {
   return Projection{static_cast<ProjKind>(std::get<0>(a)), std::get<1>(a), std::get<2>(a), std::get<3>(a),
-                    std::get<4>(a), std::get<5>(a)};
+                    std::get<4>(a), std::get<5>(a), std::get<6>(a)};
 }
 
 void add_layer(DecodeStepCpu& self, TensorView input_norm, double input_eps, TensorView post_norm, double post_eps,

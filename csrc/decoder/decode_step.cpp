@@ -11,6 +11,7 @@
 #include "kvcache/kv_quant_front.h"
 #include "layernorm/layernorm.h"
 #include "linear/linear.h"
+#include "linear/linear_quant.h"
 
 namespace llmk {
 
@@ -38,8 +39,10 @@ void check_projection(const Projection& p, const char* name, DType dtype, int64_
   switch (p.kind) {
     case ProjKind::Packed:
     case ProjKind::PackedSiluMul:  // the layout is the kernel's to check (every call)
-      LLMK_CHECK(p.kind == ProjKind::Packed || (!p.bias && !p.silu_after), ValueError, name,
-                 ": the gate/up epilogue kind takes no bias and applies the SiLU itself");
+    case ProjKind::Quant:
+    case ProjKind::QuantSiluMul:
+      LLMK_CHECK(p.kind == ProjKind::Packed || p.kind == ProjKind::Quant || (!p.bias && !p.silu_after), ValueError,
+                 name, ": the gate/up epilogue kind takes no bias and applies the SiLU itself");
       break;
     case ProjKind::SmallM:
       check_shape(p.weight, w.c_str(), {p.out_features, p.in_features}, "[out_features, in_features]");
@@ -70,6 +73,8 @@ void run_projection(const Projection& p, const TensorView& x, const TensorView& 
     case ProjKind::Packed: linear_packed(x, p.weight, p.out_features, p.bias, y, 0); break;
     case ProjKind::PackedSiluMul: linear_packed_silu_mul(x, p.weight, p.out_features, y, 0); break;
     case ProjKind::SmallM: linear_small_m(x, p.weight, p.bias, y, 0); break;
+    case ProjKind::Quant: linear_quant(x, p.weight, p.out_features, p.layout, p.bias, y, 0); break;
+    case ProjKind::QuantSiluMul: linear_quant_silu_mul(x, p.weight, p.out_features, p.layout, y, 0); break;
   }
   if (p.silu_after) silu_and_mul(out, tmp, 0);
 }

@@ -26,6 +26,8 @@ enum class ProjKind : int {
   Packed = 0,         // linear_packed: a weight packed at load time (+ bias)
   PackedSiluMul = 1,  // linear_packed_silu_mul: packed gate/up panel pairs, the gated SiLU as epilogue
   SmallM = 2,         // linear_small_m: weight [N, K] as it is (+ bias), a few rows
+  Quant = 3,          // linear_quant: GGUF-quantised panels of `layout` (+ bias)
+  QuantSiluMul = 4,   // linear_quant_silu_mul: quantised gate/up panel pairs, the gated SiLU as epilogue
 };
 
 struct Projection {
@@ -35,6 +37,7 @@ struct Projection {
   int64_t in_features = 0;
   int64_t out_features = 0;  // columns the kernel writes
   bool silu_after = false;   // gate/up: silu_and_mul on the kernel's [rows, 2 * inter] output
+  int64_t layout = 0;        // the quantised kinds' panel layout (linear/quant_layout.h)
   int64_t width() const { return silu_after ? out_features / 2 : out_features; }  // what follows sees
 };
 

@@ -85,7 +85,7 @@ def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16")
     cpu_time, clock, n_new, prompt = batch1_setup("bench_decode_profile", device, threads, quick, new_tokens)
     recs = []
     for dt in dtypes:
-        llm = LLM(dtype=dt, kv_cache_memory_gb=0.25)
+        llm = LLM(dtype=dt, kv_cache_memory_gb=0.25, quantization=None)
         eng = llm.engine
         wbytes = eng.model.weight_bytes
         sp = SamplingParams(temperature=0, max_tokens=n_new, min_tokens=n_new, ignore_eos=True)

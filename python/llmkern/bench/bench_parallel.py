@@ -104,7 +104,7 @@ def main(argv=None) -> int:
 
     bw = read_bandwidth()
     set_threads(2)
-    t1 = LLM(kv_cache_memory_gb=0.5)
+    t1 = LLM(kv_cache_memory_gb=0.5, quantization=None)  # as the TP ranks load it: dequantised
     cfg = t1.engine.model_config
     weight_bytes = t1.engine.model.weight_bytes
     t2 = LLM(tensor_parallel_size=2, kv_cache_memory_gb=0.25)

@@ -94,7 +94,7 @@ def worker(dtype: str, new: int) -> None:
     from llmkern.engine.llm import LLM
     from llmkern.engine.sampling_params import SamplingParams
 
-    llm = LLM(dtype=dtype, kv_cache_memory_gb=0.25)
+    llm = LLM(dtype=dtype, kv_cache_memory_gb=0.25, quantization=None)
     eng = llm.engine
     rng = random.Random(2)
     prompt = [rng.randrange(100, 49152) for _ in range(128)]

@@ -1,6 +1,7 @@
 """llmkern vs the peers that run in their own venvs (vLLM's CPU build, CTranslate2, llama.cpp;
 see peers/__init__.py), on offline-32 and batch-1 decode (throughput.py's workloads; llama.cpp
-on batch-1 decode only), fp32 and bf16.
+on batch-1 decode only), fp32 and bf16 on the weights dequantised, and "gguf": the GGUF as stored
+(llama.cpp on the same file, llmkern's quantised kernels).
 
 Each pair is measured alternately (llmkern, peer, llmkern, peer, ...; medians reported) so load
 that comes and goes on a shared machine hits both sides alike; the load average is recorded with
@@ -21,7 +22,7 @@ from .peers.agreement import token_agreement
 from .peers.client import PeerError, PeerProcess, find_python
 from .throughput import decode_workload, offline_workload
 
-_DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+_DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "gguf": "gguf"}
 
 
 def _log(msg: str) -> None:
@@ -38,8 +39,9 @@ class _Llmkern:
         from ..engine.llm import LLM
         from ..engine.sampling_params import SamplingParams
 
-        if dtype not in self.llms:
-            self.llms[dtype] = LLM(device=self.device, dtype=dtype, kv_cache_memory_gb=1.0)
+        if dtype not in self.llms:  # fp32 / bf16: the peers' dense weights; gguf: the file's own
+            kw = {"quantization": "gguf"} if dtype == "gguf" else {"dtype": dtype, "quantization": None}
+            self.llms[dtype] = LLM(device=self.device, kv_cache_memory_gb=1.0, **kw)
             self.run(dtype, prompts[:2], [4] * min(2, len(prompts)))  # warm-up
         sps = [SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in outs]
         t0 = time.perf_counter()

@@ -130,6 +130,7 @@ class _HF:
 def _llm(**kw):
     from ..engine.llm import LLM
 
+    kw.setdefault("quantization", None)  # the peers run the dequantised weights: so does this side
     return LLM(kv_cache_memory_gb=kw.pop("kv_cache_memory_gb", 1.0), **kw)
 
 

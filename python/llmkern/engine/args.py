@@ -22,6 +22,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="how to read --model (dummy: random weights from its config)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
+    g.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"],
+                   help="auto / gguf: a GGUF's quantised projections run as stored, dequantised inside the "
+                        "kernels; none: dequantise them to --dtype at load")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -64,7 +67,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_kwargs(a) -> dict:
     """EngineConfig keyword arguments from the options of add_engine_args (and of serve's
     scheduling options where the command has them)."""
-    return dict(device=a.device, dtype=a.dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+    return dict(device=a.device, dtype=a.dtype, quantization=a.quantization, max_model_len=a.max_model_len,
+                max_num_seqs=a.max_num_seqs,
                 max_num_batched_tokens=a.max_num_batched_tokens or 2048, block_size=a.block_size,
                 kv_cache_memory_gb=a.kv_cache_memory_gb, num_gpu_blocks=getattr(a, "num_gpu_blocks_override", None),
                 enable_prefix_caching=not a.no_prefix_caching,

@@ -18,6 +18,9 @@ class EngineConfig:
     device: Optional[str] = None            # default: cuda when present, else cpu
     dtype: Optional[str] = None             # "float32" | "bfloat16" | "float16"; default fp32 CPU, bf16 GPU
     max_model_len: Optional[int] = None     # default: the model's context length
+    # weights: "auto" (a GGUF's quantised projections run as stored, dequantised in the kernels),
+    # "gguf" (the same, an error for other checkpoints), None / "none" (dequantise to dtype at load)
+    quantization: Optional[str] = "auto"
     # scheduling
     scheduler: str = "continuous"           # "continuous" | "static" (admit a batch, run it to the end)
     #   | "dynamic" (static, but a batch starts only once max_num_seqs wait or the oldest has
@@ -158,6 +161,10 @@ class EngineConfig:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype is not None and self.dtype not in _DTYPES:
             bad("dtype", f"one of {', '.join(_DTYPES)}")
+        if self.quantization not in (None, "auto", "gguf", "none"):
+            bad("quantization", "'auto', 'gguf', 'none' or None")
+        if self.quantization == "gguf" and self.world_size > 1:  # model-parallel ranks load dense shards
+            bad("quantization", "'auto' or None with tensor/pipeline/expert parallelism (its ranks dequantise)")
         if self.speculative is not None:
             from .spec_config import SpecConfig
 

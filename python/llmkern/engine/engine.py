@@ -71,7 +71,8 @@ class Engine:
             self.model, self.tokenizer = model_obj, tokenizer
             mc = self.model.config
         else:
-            self.model, tok = load_model(model, config.torch_dtype, device, load_format, seed=config.seed)
+            self.model, tok = load_model(model, config.torch_dtype, device, load_format, seed=config.seed,
+                                         quantization=config.quantization)
             self.tokenizer = tokenizer or tok
             mc = self.model.config
         self.model_config = mc

@@ -45,6 +45,13 @@ class Linear:
             return linear_small_m_into(x, self.weight, self.bias, out)
         return F.linear(x, self.weight, self.bias)
 
+    def tensors(self):
+        """The tensors this layer holds (weight, bias), for moves such as the huge-page one."""
+        return [self.weight, self.bias]
+
+    def set_tensors(self, ts) -> None:
+        self.weight, self.bias = ts
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Weight rows `ids` [T] -> [T, in_features] (an embedding lookup of a tied LM head)."""
         if self.packed:

@@ -21,7 +21,8 @@ import torch
 from ..layers.attention import AttnMetadata
 from ..layers.kv_quant import quant_kwargs
 from ..layers.linear import GEMV_ROWS, GateUpLinear, Linear
-from ..ops.decoder import PACKED, PACKED_SILU_MUL, SMALL_M, DecodeStepCpu, Projection
+from ..layers.quant_linear import QuantGateUpLinear, QuantLinear
+from ..ops.decoder import PACKED, PACKED_SILU_MUL, QUANT, QUANT_SILU_MUL, SMALL_M, DecodeStepCpu, Projection
 
 
 def enabled() -> bool:
@@ -33,6 +34,13 @@ def projection_of(lin, dtype: torch.dtype) -> Optional[Tuple[Projection, Optiona
     step's (kind, weight, bias, in_features, out_features, silu_after), and the most rows for which
     it runs that way (None: any); None when the C++ step has no such kind (a subclass, say). A new
     kind: a branch here, mirroring the layer's __call__."""
+    if type(lin) in (QuantLinear, QuantGateUpLinear):
+        if len(lin.groups) != 1 or lin.weight.device.type != "cpu":
+            return None
+        w, layout, _, n = lin.groups[0]
+        if type(lin) is QuantGateUpLinear:  # one group: the fused pair
+            return (QUANT_SILU_MUL, w, None, lin.in_features, n, False, layout), None
+        return (QUANT, w, lin.bias, lin.in_features, n, False, layout), None
     if type(lin) not in (Linear, GateUpLinear) or lin.weight.device.type != "cpu":
         return None
     w, b = lin.weight, lin.bias
@@ -40,11 +48,11 @@ def projection_of(lin, dtype: torch.dtype) -> Optional[Tuple[Projection, Optiona
     k = getattr(lin, "in_features", None) or w.shape[1]
     gate_up = type(lin) is GateUpLinear
     if gate_up and lin.fused:  # linear_packed_silu_mul
-        return (PACKED_SILU_MUL, w, None, k, lin.out_features, False), None
+        return (PACKED_SILU_MUL, w, None, k, lin.out_features, False, 0), None
     if lin.packed:  # linear_packed (then silu_and_mul for an unfused gate/up)
-        return (PACKED, w, b, k, lin.out_features, gate_up), None
+        return (PACKED, w, b, k, lin.out_features, gate_up, 0), None
     if w.dtype == dtype and w.dim() == 2:  # linear_small_m up to GEMV_ROWS rows, torch beyond
-        return (SMALL_M, w, b, k, lin.out_features, gate_up), GEMV_ROWS
+        return (SMALL_M, w, b, k, lin.out_features, gate_up, 0), GEMV_ROWS
     return None
 
 

@@ -20,6 +20,7 @@ from ..layers.embed_head import compute_logits, embed_tokens
 from ..layers.layernorm import RMSNorm
 from ..layers.linear import GateUpLinear, Linear
 from ..layers.moe import MoE, SharedExpert
+from ..layers.quant_linear import GGUFWeight, QuantLinear, make_gate_up, make_linear
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
 from .decode_step import DecoderStep, build_decode_step
@@ -102,7 +103,7 @@ class LlamaForCausalLM:
                 if required:
                     raise ValueError(f"model: weight {name!r} is missing from the checkpoint")
                 return None
-            return t.to(device=device, dtype=dtype)
+            return t if isinstance(t, GGUFWeight) else t.to(device=device, dtype=dtype)
 
         eps = config.rms_norm_eps
         layers = []
@@ -113,8 +114,9 @@ class LlamaForCausalLM:
             if config.qkv_bias:
                 bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).contiguous()
             L = LayerWeights(
-                input_norm=RMSNorm(take(p + "input_layernorm.weight"), eps), qkv=Linear(torch.cat([q, k, v]), bias),
-                o=Linear(take(p + "self_attn.o_proj.weight")),
+                input_norm=RMSNorm(take(p + "input_layernorm.weight"), eps),
+                qkv=make_linear([q, k, v], bias, dtype, device),
+                o=make_linear([take(p + "self_attn.o_proj.weight")], None, dtype, device),
                 post_norm=RMSNorm(take(p + "post_attention_layernorm.weight"), eps), gate_up=None, down=None)
             if config.qk_norm:
                 L.q_norm = RMSNorm(take(p + "self_attn.q_norm.weight"), eps)
@@ -122,7 +124,8 @@ class LlamaForCausalLM:
             layout = moe_layout(sd, p)
             if layout is None:
                 gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
-                L.gate_up, L.down = GateUpLinear(gate, up), Linear(take(p + "mlp.down_proj.weight"))
+                L.gate_up = make_gate_up(gate, up, dtype, device)
+                L.down = make_linear([take(p + "mlp.down_proj.weight")], None, dtype, device)
                 del gate, up
             else:
                 L.moe = cls._build_moe(config, sd, take, *layout)
@@ -130,9 +133,12 @@ class LlamaForCausalLM:
             del q, k, v
         embed = take("model.embed_tokens.weight")
         head = None if config.tie_word_embeddings else take("lm_head.weight", required=False)
-        lm_head = Linear(embed if head is None else head)  # some checkpoints tie without saying so
-        if head is None and lm_head.packed:  # tied: look rows up in the packed head, no second copy
-            embed = None
+        # some checkpoints tie without saying so
+        lm_head = make_linear([embed if head is None else head], None, dtype, device)
+        if head is None and (isinstance(lm_head, QuantLinear) or lm_head.packed):
+            embed = None  # tied: look rows up in the packed or quantised head, no second copy
+        elif isinstance(embed, GGUFWeight):  # an untied table is only looked up: dense
+            embed = embed.dequantize(dtype, device)
         norm = RMSNorm(take("model.norm.weight"), eps)
         model = cls(config, embed, layers, norm, lm_head)
         if model.device.type == "cpu":  # decode streams the weights: keep them on huge pages
@@ -172,7 +178,7 @@ class LlamaForCausalLM:
     def _tensors(self) -> List[Optional[torch.Tensor]]:
         """Every weight tensor, in a fixed order (tied ones repeated)."""
         out = [self.embed] + [n.weight for n in self._norms()]
-        out += [t for lin in self._linears() for t in (lin.weight, lin.bias)]
+        out += [t for lin in self._linears() for t in lin.tensors()]
         return out + [t for L in self.layers if L.moe is not None for t in L.moe.expert_tensors()]
 
     def _move_to_hugepages(self) -> None:
@@ -182,7 +188,7 @@ class LlamaForCausalLM:
         for n in self._norms():
             n.weight = next(it)
         for lin in self._linears():
-            lin.weight, lin.bias = next(it), next(it)
+            lin.set_tensors([next(it) for _ in lin.tensors()])
         for L in self.layers:
             if L.moe is not None:
                 L.moe.set_expert_tensors([next(it) for _ in L.moe.expert_tensors()])

@@ -14,6 +14,8 @@ from typing import Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from ..layers.quant_linear import GGUFWeight
+from ..ops.gguf_blocks import FORMATS
 from .config import ModelConfig
 from .llama import LlamaForCausalLM
 from .tokenizer import Tokenizer
@@ -39,23 +41,42 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+QUANTIZATIONS = ("auto", "gguf", "none")
+
+
+def check_quantization(quantization: Optional[str]) -> str:
+    """vLLM's `quantization`: "auto" (a GGUF runs as stored), "gguf", or None / "none" (dequantise
+    to the model dtype at load)."""
+    q = "none" if quantization is None else quantization
+    if q not in QUANTIZATIONS:
+        raise ValueError(f"quantization: expected one of auto, gguf, none (or None), got {quantization!r}")
+    return q
+
+
 def load_model(model: Optional[Union[str, dict, ModelConfig]] = None, dtype: Optional[torch.dtype] = None,
-               device=None, load_format: str = "auto", seed: int = 0
+               device=None, load_format: str = "auto", seed: int = 0, quantization: Optional[str] = "auto"
                ) -> Tuple[LlamaForCausalLM, Optional[Tokenizer]]:
     """Returns (model, tokenizer or None).
 
     model: None (embedded default), a HF directory, a .gguf file, or for load_format="dummy" a
-    directory/config.json path, a config dict or a ModelConfig (random weights)."""
+    directory/config.json path, a config dict or a ModelConfig (random weights). A GGUF's quantised
+    projections stay quantised unless quantization is None / "none"."""
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or default_dtype(device)
-    cfg, sd, tok = read_checkpoint(model, load_format, seed)
+    q = check_quantization(quantization)
+    cfg, sd, tok = read_checkpoint(model, load_format, seed, quantized=q != "none")
+    if q == "gguf" and not any(isinstance(w, GGUFWeight) for w in sd.values()):
+        raise ValueError("quantization: 'gguf' needs a GGUF file with quantised projections "
+                         f"({', '.join(f[0] for f in FORMATS.values())})")
     return LlamaForCausalLM.from_state_dict(cfg, sd, dtype, device), tok
 
 
 def read_checkpoint(model: Optional[Union[str, dict, ModelConfig]] = None, load_format: str = "auto",
-                    seed: int = 0) -> Tuple[ModelConfig, Dict[str, torch.Tensor], Optional[Tokenizer]]:
+                    seed: int = 0, quantized: bool = False
+                    ) -> Tuple[ModelConfig, Dict[str, torch.Tensor], Optional[Tokenizer]]:
     """(config, HF-named state dict, tokenizer or None) of `model`, as load_model takes it (a
-    model-parallel rank keeps its shard of the state dict)."""
+    model-parallel rank keeps its shard of the state dict). `quantized`: a GGUF's projections as
+    GGUFWeight (read_gguf)."""
     if load_format not in ("auto", "hf", "gguf", "dummy"):
         raise ValueError(f"load_format: expected one of auto, hf, gguf, dummy, got {load_format!r}")
     if model is None:
@@ -68,7 +89,7 @@ def read_checkpoint(model: Optional[Union[str, dict, ModelConfig]] = None, load_
     if not os.path.exists(model):
         raise FileNotFoundError(f"model: path {model!r} does not exist (expected a HF model directory or a .gguf file)")
     if load_format == "gguf" or (load_format == "auto" and model.endswith(".gguf")):
-        return read_gguf(model)
+        return read_gguf(model, quantized)
     return _read_hf_dir(model)
 
 
@@ -181,8 +202,24 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_gguf(path: str):
-    """(ModelConfig, HF-named fp32 state dict, Tokenizer) from a GGUF file."""
+# Dense projections and the vocabulary matrices: kept as stored when read quantised (experts,
+# routers and the shared expert are dequantised: their kernels take dense weights).
+_QUANT_KEPT = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+def _keeps_quantised(hf: str, qtype: int) -> bool:
+    if qtype not in FORMATS:
+        return False
+    if hf in ("model.embed_tokens.weight", "lm_head.weight"):
+        return True
+    return hf.startswith("model.layers.") and hf.split(".", 3)[3] in _QUANT_KEPT
+
+
+def read_gguf(path: str, quantized: bool = False):
+    """(ModelConfig, HF-named state dict, Tokenizer) from a GGUF file: fp32 tensors, or with
+    `quantized` the projections and vocabulary matrices of a supported format as GGUFWeight (the
+    bytes as stored, for the quantised kernels)."""
     from gguf.quants import dequantize
 
     reader, meta, cfg = _open_gguf(path)
@@ -197,6 +234,14 @@ def read_gguf(path: str):
             if parts[0] != "blk" or parts[2] not in _GGUF_LAYER_NAMES:
                 continue  # e.g. rope_freqs: recomputed from the metadata
             hf = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+        if quantized and len(t.shape) == 2 and _keeps_quantised(hf, int(t.tensor_type)):
+            raw = np.asarray(t.data, dtype=np.uint8)
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            raw = raw.reshape(rows, -1)
+            if rope_permuted and (t.name.endswith("attn_q.weight") or t.name.endswith("attn_k.weight")):
+                raw = _unpermute_rope(raw, cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads)
+            sd[hf] = GGUFWeight(np.ascontiguousarray(raw), int(t.tensor_type), rows, cols)
+            continue
         try:
             w = dequantize(t.data, t.tensor_type)
             w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1

@@ -22,9 +22,12 @@ from .._backend import dl
 PACKED = 0           # linear_packed: a weight packed at load time (pack_linear_weight) (+ bias)
 PACKED_SILU_MUL = 1  # linear_packed_silu_mul: gate/up panel pairs (pack_gate_up_weight)
 SMALL_M = 2          # linear_small_m: the weight as it is [out, in] (+ bias), up to 16 rows
+QUANT = 3            # linear_quant: GGUF-quantised panels (pack_quant_weight) (+ bias)
+QUANT_SILU_MUL = 4   # linear_quant_silu_mul: quantised gate/up panel pairs (pack_quant_gate_up)
 
-# (kind, weight, bias or None, in_features, out_features the kernel writes, silu_and_mul after it)
-Projection = Tuple[int, torch.Tensor, Optional[torch.Tensor], int, int, bool]
+# (kind, weight, bias or None, in_features, out_features the kernel writes, silu_and_mul after it,
+#  the quantised kinds' layout)
+Projection = Tuple[int, torch.Tensor, Optional[torch.Tensor], int, int, bool, int]
 
 
 class DecodeStepCpu:
@@ -46,8 +49,8 @@ class DecodeStepCpu:
                   qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]], qkv: Projection, o: Projection,
                   gate_up: Projection, down: Projection) -> None:
         qn, kn, qk_eps = qk_norm if qk_norm is not None else (None, None, 0.0)
-        projs = [(kind, dl(w, "weight"), dl(b, "bias"), int(k), int(n), bool(silu)) for kind, w, b, k, n, silu in
-                 (qkv, o, gate_up, down)]
+        projs = [(kind, dl(w, "weight"), dl(b, "bias"), int(k), int(n), bool(silu), int(layout))
+                 for kind, w, b, k, n, silu, layout in (qkv, o, gate_up, down)]
         self._impl.add_layer(dl(input_norm[0], "input_norm"), float(input_norm[1]), dl(post_norm[0], "post_norm"),
                              float(post_norm[1]), dl(qn, "q_norm"), dl(kn, "k_norm"), float(qk_eps), *projs)
         self._keep += [t for t in (input_norm[0], post_norm[0], qn, kn) if t is not None]

@@ -47,6 +47,7 @@ PEERS: Tuple[PeerSpec, ...] = (
              env=_vllm_env),
     PeerSpec("ctranslate2", "ct2_driver.py", "LLMKERN_CT2_PYTHON", "--ct2-python", ("float32", "bfloat16"),
              options=_ct2_options),
+    # "gguf": both engines on the GGUF as stored (the default model's Q4_1), llmkern's quantised kernels
     PeerSpec("llama.cpp", "llamacpp_driver.py", "LLMKERN_LLAMACPP_PYTHON", "--llamacpp-python",
-             ("float32", "bfloat16"), options=_llamacpp_options, workloads=("decode",)),
+             ("float32", "bfloat16", "gguf"), options=_llamacpp_options, workloads=("decode",)),
 )

@@ -53,16 +53,23 @@ def hf_model_dir(gguf_path: Optional[str] = None) -> str:
     return out
 
 
+# what gguf-py's quantiser writes, beside F32 and BF16
+QUANTISED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+
+
 def write_gguf(src: str, dst: str, dtype: str = "float32") -> None:
-    """The GGUF at src with every tensor dequantised, then stored as F32 (dtype "float32") or with
-    the matrices as BF16 and the 1-D tensors (norms) as F32 ("bfloat16", llama.cpp's own BF16
-    layout); metadata copied as is."""
+    """The GGUF at src with every tensor dequantised, then stored as F32 (dtype "float32"), or with
+    the matrices as BF16 ("bfloat16", llama.cpp's own BF16 layout) or requantised by gguf-py to one
+    of QUANTISED_TYPES, the 1-D tensors (norms) as F32; metadata copied as is."""
     import gguf
     import numpy as np
     from gguf.quants import dequantize, quantize
 
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype!r}")
+    if dtype not in ("float32", "bfloat16") + QUANTISED_TYPES:
+        raise ValueError(f"dtype: expected float32, bfloat16 or one of {', '.join(QUANTISED_TYPES)}, got {dtype!r}")
+    mtype = gguf.GGMLQuantizationType.BF16 if dtype == "bfloat16" else getattr(gguf.GGMLQuantizationType, dtype, None)
+    ftype = {"float32": gguf.LlamaFileType.ALL_F32, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}.get(dtype) or \
+        gguf.LlamaFileType[f"MOSTLY_{dtype}"]
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(dst, arch)
@@ -70,7 +77,7 @@ def write_gguf(src: str, dst: str, dtype: str = "float32") -> None:
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         if key == "general.file_type":
-            w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "float32" else gguf.LlamaFileType.MOSTLY_BF16)
+            w.add_file_type(ftype)
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
@@ -78,8 +85,8 @@ def write_gguf(src: str, dst: str, dtype: str = "float32") -> None:
     for t in reader.tensors:
         arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         arr = arr.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else arr.reshape(-1)
-        if dtype == "bfloat16" and arr.ndim > 1:
-            w.add_tensor(t.name, quantize(arr, gguf.GGMLQuantizationType.BF16), raw_dtype=gguf.GGMLQuantizationType.BF16)
+        if mtype is not None and arr.ndim > 1:
+            w.add_tensor(t.name, quantize(arr, mtype), raw_dtype=mtype)
         else:
             w.add_tensor(t.name, arr)
     w.write_header_to_file()
@@ -89,10 +96,13 @@ def write_gguf(src: str, dst: str, dtype: str = "float32") -> None:
 
 
 def gguf_model_file(dtype: str, gguf_path: Optional[str] = None) -> str:
-    """The embedded model (or gguf_path) as an F32 or BF16 GGUF in the cache; written on first use."""
+    """The embedded model (or gguf_path) as an F32 or BF16 GGUF in the cache, written on first use;
+    dtype "gguf": the file itself, as stored (quantised)."""
     from ...models.loader import default_model_path
 
     src = gguf_path or default_model_path()
+    if dtype == "gguf":
+        return src
     out = os.path.join(model_cache_dir(src), f"model-{dtype}.gguf")
     if not os.path.exists(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)

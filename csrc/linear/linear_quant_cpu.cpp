@@ -1,0 +1,290 @@
+// CPU weight-only quantised projections on quant_layout.h's packed panels.
+//
+// x is quantised per 32 k values to int8 (scale dx = max|x| / 127) once per call; then for each
+// panel of 16 output rows and each sub-block, one 64-byte code group times 4 x bytes gives 16
+// rows x 4 k of integer products (AVX512-VNNI vpdpbusd: u8 codes x s8 activations), and
+//   y[f] += dx * d[f] * sum_k(u[f][k] * qx[k]) + m[f] * (dx * sum_k qx[k])
+// applies the row's scale and offset once per sub-block (the second sum is per activation block,
+// computed when x is quantised). A panel's codes for the whole K (a few KB) stay in L1 while every
+// row of x passes over them, four rows at a time. Without VNNI the same sums run in plain integer
+// C++ on codes unpacked per sub-block.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/parallel.h"
+#include "common/vec_cpu.h"
+#include "linear/linear_quant.h"
+#include "linear/quant_layout.h"
+
+LLMK_NS_BEGIN
+
+namespace {
+
+using qlayout::kPanel;
+using qlayout::kXBlock;
+using qlayout::Layout;
+
+constexpr int kRows = 8;     // rows of x per pass over a panel (the VNNI tile's accumulators)
+constexpr int kMeta = 4;     // per activation block: dx, dx * sum(q[0:16]), dx * sum(q[16:32]), both
+
+#if defined(__AVX512F__)
+// One 32-value block of x (fp32) -> 32 int8 codes and its meta, as the scalar loop below computes
+// it (same scale, same round-to-nearest-even), 16 lanes at a time.
+LLMK_ALWAYS_INLINE void quantize_block16x2(__m512 a, __m512 b, int8_t* qr, float* mt) {
+  const __m512 amax_v = _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b));
+  const float amax = _mm512_reduce_max_ps(amax_v);
+  const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+  const __m512 iv = _mm512_set1_ps(inv);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, iv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, iv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(qr), _mm512_cvtsepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + 16), _mm512_cvtsepi32_epi8(qb));
+  const int s0 = _mm512_reduce_add_epi32(qa), s1 = _mm512_reduce_add_epi32(qb);
+  mt[0] = dx;
+  mt[1] = dx * float(s0);
+  mt[2] = dx * float(s1);
+  mt[3] = dx * float(s0 + s1);
+}
+#endif
+
+// Activation rows quantised per 32 k: q [M, K] int8, meta [M, K / 32, 4].
+template <DType DT, typename T = vec::elem_t<DT>>
+void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* meta) {
+  const int64_t nb = K / kXBlock;
+  parallel_for(M, M * K >= (1 << 16) ? 1 : M, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const T* xr = x + m * ldx;
+#if defined(__AVX512F__)
+      for (int64_t j = 0; j < nb; ++j) {
+        const T* p = xr + j * kXBlock;
+        quantize_block16x2(__m512(vec::load<DT>(p)), __m512(vec::load<DT>(p + 16)), q + m * K + j * kXBlock,
+                           meta + (m * nb + j) * kMeta);
+      }
+      continue;
+#endif
+      for (int64_t j = 0; j < nb; ++j) {
+        float v[kXBlock], amax = 0.f;
+        for (int i = 0; i < kXBlock; ++i) {
+          v[i] = vec::to_f32<DT>(xr[j * kXBlock + i]);
+          amax = std::fmax(amax, std::fabs(v[i]));
+        }
+        const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        int8_t* qr = q + m * K + j * kXBlock;
+        int s0 = 0, s1 = 0;
+        for (int i = 0; i < kXBlock; ++i) {
+          const int c = int(std::nearbyint(v[i] * inv));
+          qr[i] = int8_t(c);
+          (i < 16 ? s0 : s1) += c;
+        }
+        float* mt = meta + (m * nb + j) * kMeta;
+        mt[0] = dx;
+        mt[1] = dx * float(s0);
+        mt[2] = dx * float(s1);
+        mt[3] = dx * float(s0 + s1);
+      }
+    }
+  });
+}
+
+// The activation sum that multiplies a sub-block's offset: the whole 32-block, or its half.
+LLMK_ALWAYS_INLINE float offset_sum(const float* mt, int block, int64_t k0) {
+  return block == kXBlock ? mt[3] : mt[1 + (k0 % kXBlock) / 16];
+}
+
+// Panel `w` (its nb sub-blocks) times R rows of quantised x -> acc[R][16] (no bias), any layout.
+void panel_rows_generic(const uint8_t* w, const Layout& L, int64_t nb, const int8_t* xq, int64_t K,
+                        const float* xm, int R, float (*acc)[kPanel]) {
+  const int B = L.block;
+  const int64_t bb = L.block_bytes();
+  for (int i = 0; i < R; ++i)
+    for (int f = 0; f < kPanel; ++f) acc[i][f] = 0.f;
+  uint8_t u[kPanel][32];
+  float d[kPanel], mo[kPanel];
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * bb;
+    for (int f = 0; f < kPanel; ++f) {
+      for (int k = 0; k < B; ++k) u[f][k] = uint8_t(qlayout::code_at(blk, L, f, k));
+      d[f] = f16_bits_to_f32(qlayout::scale_bits(blk, L, f));
+      mo[f] = f16_bits_to_f32(qlayout::offset_bits(blk, L, f));
+    }
+    const int64_t k0 = b * B;
+    for (int i = 0; i < R; ++i) {
+      const int8_t* xr = xq + i * K + k0;
+      const float* mt = xm + (i * (K / kXBlock) + k0 / kXBlock) * kMeta;
+      const float sx = offset_sum(mt, B, k0);
+      for (int f = 0; f < kPanel; ++f) {
+        int32_t s = 0;
+        for (int k = 0; k < B; ++k) s += int32_t(u[f][k]) * int32_t(xr[k]);
+        acc[i][f] += float(s) * (d[f] * mt[0]) + mo[f] * sx;
+      }
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+#define LLMK_VNNI_TARGET __attribute__((target("avx512vnni,avx512bw,avx512f,f16c")))
+
+// True when the vpdpbusd tiles run: AVX-512 build, a CPU with AVX512_VNNI, LLMKERN_LINEAR_VNNI != 0
+// (set it to 0 to test the plain path on such CPUs).
+bool vnni() {
+  static const bool v = [] {
+    const char* env = std::getenv("LLMKERN_LINEAR_VNNI");
+    return __builtin_cpu_supports("avx512vnni") && !(env && env[0] == '0');
+  }();
+  return v;
+}
+
+template <int R, int BITS, int B>
+LLMK_VNNI_TARGET void panel_rows_vnni(const uint8_t* w, int64_t nb, const int8_t* xq, int64_t K, const float* xm,
+                                      float (*out)[kPanel]) {
+  constexpr int G = B / 4;
+  constexpr int64_t CB = int64_t(kPanel) * B * BITS / 8;
+  constexpr int64_t BB = CB + 4 * kPanel;
+  const int64_t xnb = K / kXBlock;
+  __m512 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * BB;
+    __m512i wg[G];
+    if constexpr (BITS == 4) {
+#pragma GCC unroll 8
+      for (int c = 0; c < G / 2; ++c) {
+        const __m512i v = _mm512_loadu_si512(blk + 64 * c);
+        wg[c] = _mm512_and_si512(v, low4);
+        wg[c + G / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) wg[g] = _mm512_loadu_si512(blk + 64 * g);
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB)));
+    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB + 32)));
+    const int64_t k0 = b * B;
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const int8_t* xr = xq + i * K + k0;
+      __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        int32_t x4;
+        std::memcpy(&x4, xr + 4 * g, 4);
+        s = _mm512_dpbusd_epi32(s, wg[g], _mm512_set1_epi32(x4));
+      }
+      const float* mt = xm + (i * xnb + k0 / kXBlock) * kMeta;
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(mt[0])), acc[i]);
+      acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(offset_sum(mt, B, k0)), acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(out[i], acc[i]);
+}
+
+template <int BITS, int B>
+void panel_rows_vnni_r(const uint8_t* w, int64_t nb, const int8_t* xq, int64_t K, const float* xm, int R,
+                       float (*out)[kPanel]) {
+  switch (R) {
+    case 1: return panel_rows_vnni<1, BITS, B>(w, nb, xq, K, xm, out);
+    case 2: return panel_rows_vnni<2, BITS, B>(w, nb, xq, K, xm, out);
+    case 3: return panel_rows_vnni<3, BITS, B>(w, nb, xq, K, xm, out);
+    case 4: return panel_rows_vnni<4, BITS, B>(w, nb, xq, K, xm, out);
+    case 5: return panel_rows_vnni<5, BITS, B>(w, nb, xq, K, xm, out);
+    case 6: return panel_rows_vnni<6, BITS, B>(w, nb, xq, K, xm, out);
+    case 7: return panel_rows_vnni<7, BITS, B>(w, nb, xq, K, xm, out);
+    default: return panel_rows_vnni<8, BITS, B>(w, nb, xq, K, xm, out);
+  }
+}
+#endif
+
+// acc[R][16] = R rows of quantised x times one panel, on the best path this CPU has.
+void panel_rows(const uint8_t* w, const Layout& L, int64_t nb, const int8_t* xq, int64_t K, const float* xm, int R,
+                float (*acc)[kPanel]) {
+#if defined(__AVX512F__)
+  if (vnni()) {
+    if (L.bits == 4) return panel_rows_vnni_r<4, 32>(w, nb, xq, K, xm, R, acc);
+    if (L.block == 32) return panel_rows_vnni_r<8, 32>(w, nb, xq, K, xm, R, acc);
+    return panel_rows_vnni_r<8, 16>(w, nb, xq, K, xm, R, acc);
+  }
+#endif
+  panel_rows_generic(w, L, nb, xq, K, xm, R, acc);
+}
+
+template <DType DT, typename T = vec::elem_t<DT>>
+void run(const TensorView& x, const TensorView& wq, int64_t N, int id, const TensorView* bias, bool gated,
+         const TensorView& out) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const Layout L = qlayout::layout_of(id);
+  const int64_t nb = K / L.block, pstride = nb * L.block_bytes();
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xm;
+  if (xq.size() < size_t(M * K)) xq.resize(size_t(M * K));
+  if (xm.size() < size_t(M * (K / kXBlock) * kMeta)) xm.resize(size_t(M * (K / kXBlock) * kMeta));
+  quantize_rows<DT>(x.ptr<const T>(), x.stride(0), M, K, xq.data(), xm.data());
+  const int8_t* q = xq.data();
+  const float* meta = xm.data();
+  const uint8_t* w = wq.ptr<const uint8_t>();
+  const T* bp = bias ? bias->ptr<const T>() : nullptr;
+  T* op = out.ptr<T>();
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  // ~1M multiply-adds per task keeps the pool's wake-up cost small at batch 1
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, M * K));
+  parallel_for(panels, grain, [&](int64_t p0, int64_t p1) {
+    float a[kRows][kPanel], u[kRows][kPanel];
+    for (int64_t p = p0; p < p1; ++p) {
+      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+        const int R = int(std::min<int64_t>(kRows, M - m0));
+        const int8_t* xr = q + m0 * K;
+        const float* mr = meta + m0 * (K / kXBlock) * kMeta;
+        panel_rows(w + (gated ? 2 * p : p) * pstride, L, nb, xr, K, mr, R, a);
+        if (gated) panel_rows(w + (2 * p + 1) * pstride, L, nb, xr, K, mr, R, u);
+        const int nf = int(std::min<int64_t>(kPanel, N - p * kPanel));
+        for (int i = 0; i < R; ++i) {
+          T* orow = op + (m0 + i) * out.stride(0) + p * kPanel;
+          for (int f = 0; f < nf; ++f) {
+            float v = a[i][f];
+            if (gated) v = v / (1.f + std::exp(-v)) * u[i][f];
+            else if (bp) v += vec::to_f32<DT>(bp[p * kPanel + f]);
+            orow[f] = vec::from_f32<DT>(v);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void linear_quant(const TensorView& x, const TensorView& weight_q, int64_t out_features, int64_t layout,
+                  const TensorView* bias, bool gated, const TensorView& out, int64_t /*stream*/) {
+  if (x.dtype == DType::BF16) return run<DType::BF16>(x, weight_q, out_features, int(layout), bias, gated, out);
+  run<DType::F32>(x, weight_q, out_features, int(layout), bias, gated, out);
+}
+
+void quant_weight_rows(const TensorView& weight_q, int64_t layout, const TensorView& indices, const TensorView& out,
+                       int64_t /*stream*/) {
+  const Layout L = qlayout::layout_of(int(layout));
+  const int64_t T = indices.size(0), K = out.size(1), nb = K / L.block, bb = L.block_bytes();
+  const uint8_t* w = weight_q.ptr<const uint8_t>();
+  const bool bf16 = out.dtype == DType::BF16;
+  parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = ::llmk::index_at(indices, t);
+      const uint8_t* pw = w + (n / kPanel) * nb * bb;
+      const int f = int(n % kPanel);
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = pw + b * bb;
+        const float d = f16_bits_to_f32(qlayout::scale_bits(blk, L, f));
+        const float m = f16_bits_to_f32(qlayout::offset_bits(blk, L, f));
+        for (int k = 0; k < L.block; ++k) {
+          const float v = d * float(qlayout::code_at(blk, L, f, k)) + m;
+          const int64_t o = t * K + b * L.block + k;
+          if (bf16) out.ptr<uint16_t>()[o] = f32_to_bf16_bits(v);
+          else out.ptr<float>()[o] = v;
+        }
+      }
+    }
+  });
+}
+
+LLMK_NS_END
