@@ -205,3 +205,25 @@ def test_bad_arguments_name_the_field():
         llmkern.flash_attn_with_kvcache(q, kc.float(), kc.float(), cache_seqlens=1,
                                         block_table=torch.zeros(1, 2, dtype=torch.int32),
                                         kv_cache_dtype="fp8", k_scale=s, v_scale=s)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dense_cache_append_and_padded_head_dim(backend, kind):
+    """A dense cache [b, seqlen, Hkv, D] with head_dim 36 (zero-padded around the kernels): the
+    appended rows are stored as codes and attended to with the rest."""
+    dev = backend.device
+    b, cap, hq, hkv, d, s_new = 2, 24, 4, 2, 36, 2
+    ks, vs = scales(kind, hkv, True, dev), scales(kind, hkv, False, dev)
+    kc = random_cache((b, cap, hkv, d), kind, ks, dev)
+    vc = random_cache((b, cap, hkv, d), kind, vs, dev)
+    q = torch.randn(b, s_new, hq, d, device=dev)
+    k, v = torch.randn(b, s_new, hkv, d, device=dev), torch.randn(b, s_new, hkv, d, device=dev)
+    seqlens = torch.tensor([5, 19], dtype=torch.int32, device=dev)
+    out = llmkern.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, causal=True,
+                                          kv_cache_dtype=kind, k_scale=ks, v_scale=vs)
+    for i, n in enumerate(seqlens.tolist()):
+        assert torch.equal(kc[i, n:n + s_new].cpu(), ref_codes(k[i].cpu(), ks.cpu(), kind))
+        assert torch.equal(vc[i, n:n + s_new].cpu(), ref_codes(v[i].cpu(), vs.cpu(), kind))
+    ref, _, _, _ = ref_kvcache(q.double(), dequant(kc, ks, kind), dequant(vc, vs, kind), seqlens + s_new,
+                               d ** -0.5, compute_dtype=torch.float64, causal=True)
+    assert (out.double() - ref).abs().max().item() < 2e-5
