@@ -6,9 +6,11 @@
 #pragma once
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attention/attention_math.h"
 #include "attention/attn_vec_cpu.h"
+#include "common/kv_quant.h"
 
 LLMK_NS_BEGIN
 namespace attn {
@@ -98,8 +100,41 @@ LLMK_ALWAYS_INLINE void row_to_f32(const E<T>* src, int d, float scale, float* d
   if (c < d) storeu(dst + c, load_tail<T>(src + c, d - c) * scale);
 }
 
-// Value of every 1-byte code of a quantised cache kind (before the scale).
-const float* kv_code_table(KvQuant q);
+// fp8 codes (MBits mantissa bits, exponent bias Bias) to fp32 values x scale, VL at a time, in
+// integer steps that never form an fp32 subnormal (slow on x86): the exponent is rebased by
+// adding (127 - Bias) << 23; a subnormal code (exponent 0) is read with exponent 1 and 2^(1 - Bias)
+// subtracted, which is exact. Every finite code decodes exactly (the cache writes saturate, so
+// e4m3's NaN and e5m2's inf / NaN codes are never stored).
+template <int MBits, int Bias>
+LLMK_ALWAYS_INLINE vf fp8_to_f32(vu b) {
+  const vu e = (b >> MBits) & (0x7fu >> MBits);
+  const vu sub = (vu)(e == 0);  // all ones where subnormal
+  const vu u = ((b & 0x7fu) << (23 - MBits)) + ((127u - Bias) << 23) + (sub & (1u << 23));
+  const vf min_normal = splat(1.f / float(1 << (Bias - 1)));
+  vf f = (vf)u - (vf)(sub & (vu)min_normal);
+  return (vf)((vu)f | ((b & 0x80u) << 24));
+}
+
+// VL bytes widened to 32-bit lanes (GCC's generic conversion of byte vectors goes through
+// scalar moves).
+LLMK_ALWAYS_INLINE vu load_u8(const uint8_t* p) {
+#if defined(__AVX512F__)
+  return (vu)_mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(__AVX2__)
+  return (vu)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+#else
+  vu r;
+  for (int i = 0; i < VL; ++i) r[i] = p[i];
+  return r;
+#endif
+}
+
+template <int MBits, int Bias>
+LLMK_ALWAYS_INLINE void fp8_row_to_f32(const uint8_t* src, int d, float scale, KvQuant q, float* dst) {
+  int c = 0;
+  for (; c + VL <= d; c += VL) storeu(dst + c, fp8_to_f32<MBits, Bias>(load_u8(src + c)) * scale);
+  for (; c < d; ++c) dst[c] = kvq::decode(src[c], q) * scale;
+}
 
 // Row j of kv head h as fp32 in dst[0..dp), zero padded: converted from the attention dtype, or
 // dequantised (code value * the head's scale) from a quantised cache.
@@ -109,10 +144,15 @@ LLMK_ALWAYS_INLINE void kv_row_to_f32(const AttnParams& p, bool is_v, int b, int
   if (p.kv_quant == KvQuant::None) return row_to_f32<T>(kv_row<T>(p, is_v, b, j, h), d, 1.f, dst);
   const uint8_t* src = static_cast<const uint8_t*>(is_v ? p.v : p.k) + attn_kv_offset(p, is_v, b, j, h);
   const float scale = is_v ? p.v_scale[p.v_scale_stride * h] : p.k_scale[p.k_scale_stride * h];
-  const float* table = kv_code_table(p.kv_quant);
-  int c = 0;
-  for (; c < d; ++c) dst[c] = table[src[c]] * scale;
-  for (; c % VL; ++c) dst[c] = 0.f;
+  if (p.kv_quant == KvQuant::E4M3) {
+    fp8_row_to_f32<3, 7>(src, d, scale, p.kv_quant, dst);
+  } else if (p.kv_quant == KvQuant::E5M2) {
+    fp8_row_to_f32<2, 15>(src, d, scale, p.kv_quant, dst);
+  } else {
+    const int8_t* s8 = reinterpret_cast<const int8_t*>(src);
+    for (int c = 0; c < d; ++c) dst[c] = float(s8[c]) * scale;
+  }
+  for (int c = d; c % VL; ++c) dst[c] = 0.f;
 }
 
 }  // namespace attn

@@ -285,21 +285,6 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
 
 }  // namespace
 
-const float* kv_code_table(KvQuant q) {
-  struct Tables {
-    float t[3][256];
-    Tables() {
-      for (int c = 0; c < 256; ++c) {
-        t[0][c] = kvq::decode(uint8_t(c), KvQuant::E4M3);
-        t[1][c] = kvq::decode(uint8_t(c), KvQuant::E5M2);
-        t[2][c] = kvq::decode(uint8_t(c), KvQuant::Int8);
-      }
-    }
-  };
-  static const Tables tables;
-  return tables.t[q == KvQuant::E4M3 ? 0 : q == KvQuant::E5M2 ? 1 : 2];
-}
-
 bool cpu_bf16_dot() {
 #if defined(__AVX512F__)
   static const bool v = [] {
