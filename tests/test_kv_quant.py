@@ -38,6 +38,16 @@ def random_cache(shape, kind, scale, dev):
     return ref_codes(x, scale, kind).view(shape)
 
 
+def put_every_code(cache, block, kind):
+    """Every finite code once (subnormals, zeros of both signs, the largest) into the first rows
+    of `block`, so that the readers' decoding of each is checked."""
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    if kind != "int8":
+        every[~torch.isfinite(every.view(_FP8[kind][0]).float())] = 0
+    flat = cache[block].view(-1)
+    flat[:256] = every.view(cache.dtype).to(cache.device)
+
+
 def scales(kind, heads, per_head, dev):
     top = 127.0 if kind == "int8" else _FP8[kind][1]
     s = torch.full((heads,), 4.0 / top, device=dev) * torch.linspace(0.8, 1.3, heads, device=dev)
@@ -89,6 +99,9 @@ def _paged_setup(dev, kind, per_head, lens, bs=5, hkv=2, d=64):
     kc = random_cache((nb, bs, hkv, d), kind, ks, dev)
     vc = random_cache((nb, bs, hkv, d), kind, vs, dev)
     table = torch.randperm(nb, device=dev)[: len(lens) * max_blocks].view(len(lens), max_blocks).to(torch.int32)
+    longest = max(range(len(lens)), key=lambda i: lens[i])  # its first block is read in full
+    for c in (kc, vc):
+        put_every_code(c, int(table[longest, 0]), kind)
     return kc, vc, ks, vs, table
 
 
