@@ -297,3 +297,6 @@ def test_quantization_argument():
         LLM(kv_cache_memory_gb=0.1, quantization="awq")
     dense = LLM(path, kv_cache_memory_gb=0.1, quantization=None)
     assert type(dense.engine.model.layers[0].qkv).__name__ == "Linear"
+    del dense
+    half = LLM(path, kv_cache_memory_gb=0.1, dtype="float16")  # the kernels take fp32 / bf16 activations
+    assert type(half.engine.model.layers[0].qkv).__name__ == "Linear"

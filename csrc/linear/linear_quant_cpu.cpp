@@ -6,8 +6,8 @@
 //   y[f] += dx * d[f] * sum_k(u[f][k] * qx[k]) + m[f] * (dx * sum_k qx[k])
 // applies the row's scale and offset once per sub-block (the second sum is per activation block,
 // computed when x is quantised). A panel's codes for the whole K (a few KB) stay in L1 while every
-// row of x passes over them, four rows at a time. Without VNNI the same sums run in plain integer
-// C++ on codes unpacked per sub-block.
+// row of x passes over them, eight rows at a time. Without VNNI: AVX2's vpmaddubsw (panel_rows_avx2);
+// without AVX2: plain integer C++ on codes unpacked per sub-block.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -197,6 +197,64 @@ void panel_rows_vnni_r(const uint8_t* w, int64_t nb, const int8_t* xq, int64_t K
 }
 #endif
 
+#if defined(__AVX2__)
+// AVX2 (and AVX-512 without VNNI): vpmaddubsw (u8 codes x s8 activations, pairs summed to 16 bits)
+// then vpmaddwd by ones (to 32 bits), half a panel (8 rows) per 256-bit vector. 4-bit codes: the 16-bit
+// sums of a whole sub-block cannot overflow (8 groups x 2 x 15 x 127 < 2^15); 8-bit codes are split
+// into their two nibbles (u = 16 h + l) for the same bound, so every sum is exact.
+template <int BITS, int B>
+void panel_rows_avx2(const uint8_t* w, int64_t nb, const int8_t* xq, int64_t K, const float* xm, int R,
+                     float (*out)[kPanel]) {
+  constexpr int G = B / 4;
+  constexpr int64_t CB = int64_t(kPanel) * B * BITS / 8;
+  constexpr int64_t BB = CB + 4 * kPanel;
+  const int64_t xnb = K / kXBlock;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int i = 0; i < R; ++i)
+    for (int f = 0; f < kPanel; ++f) out[i][f] = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * BB;
+    const int64_t k0 = b * B;
+    for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7: bytes 32h .. 32h + 31 of each 64-byte group
+      __m256i lo[G], hi[BITS == 8 ? G : 1];
+      if constexpr (BITS == 4) {
+        for (int c = 0; c < G / 2; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * c + 32 * h));
+          lo[c] = _mm256_and_si256(v, low4);
+          lo[c + G / 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+      } else {
+        for (int g = 0; g < G; ++g) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * g + 32 * h));
+          lo[g] = _mm256_and_si256(v, low4);
+          hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + CB + 16 * h)));
+      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + CB + 32 + 16 * h)));
+      for (int i = 0; i < R; ++i) {
+        const int8_t* xr = xq + i * K + k0;
+        __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
+        for (int g = 0; g < G; ++g) {
+          int32_t x4;
+          std::memcpy(&x4, xr + 4 * g, 4);
+          const __m256i xv = _mm256_set1_epi32(x4);
+          sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[g], xv));
+          if constexpr (BITS == 8) sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[g], xv));
+        }
+        __m256i s = _mm256_madd_epi16(sl, ones);
+        if constexpr (BITS == 8) s = _mm256_add_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(sh, ones), 4));
+        const float* mt = xm + (i * xnb + k0 / kXBlock) * kMeta;
+        __m256 o = _mm256_loadu_ps(out[i] + 8 * h);
+        o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(mt[0])), o);
+        o = _mm256_fmadd_ps(mw, _mm256_set1_ps(offset_sum(mt, B, k0)), o);
+        _mm256_storeu_ps(out[i] + 8 * h, o);
+      }
+    }
+  }
+}
+#endif
+
 // acc[R][16] = R rows of quantised x times one panel, on the best path this CPU has.
 void panel_rows(const uint8_t* w, const Layout& L, int64_t nb, const int8_t* xq, int64_t K, const float* xm, int R,
                 float (*acc)[kPanel]) {
@@ -206,6 +264,11 @@ void panel_rows(const uint8_t* w, const Layout& L, int64_t nb, const int8_t* xq,
     if (L.block == 32) return panel_rows_vnni_r<8, 32>(w, nb, xq, K, xm, R, acc);
     return panel_rows_vnni_r<8, 16>(w, nb, xq, K, xm, R, acc);
   }
+#endif
+#if defined(__AVX2__)
+  if (L.bits == 4) return panel_rows_avx2<4, 32>(w, nb, xq, K, xm, R, acc);
+  if (L.block == 32) return panel_rows_avx2<8, 32>(w, nb, xq, K, xm, R, acc);
+  return panel_rows_avx2<8, 16>(w, nb, xq, K, xm, R, acc);
 #endif
   panel_rows_generic(w, L, nb, xq, K, xm, R, acc);
 }

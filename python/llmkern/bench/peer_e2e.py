@@ -1,6 +1,6 @@
 """llmkern vs the peers that run in their own venvs (vLLM's CPU build, CTranslate2, llama.cpp;
-see peers/__init__.py), on offline-32 and batch-1 decode (throughput.py's workloads; llama.cpp
-on batch-1 decode only), fp32 and bf16 on the weights dequantised, and "gguf": the GGUF as stored
+see peers/__init__.py), on offline-32 and batch-1 decode (throughput.py's workloads), fp32 and
+bf16 on the weights dequantised, and "gguf": the GGUF as stored
 (llama.cpp on the same file, llmkern's quantised kernels).
 
 Each pair is measured alternately (llmkern, peer, llmkern, peer, ...; medians reported) so load

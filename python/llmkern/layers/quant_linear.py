@@ -130,8 +130,10 @@ class QuantGateUpLinear(QuantLinear):
 
 
 # -- factories: a dense tensor gives the dense layer, a GGUFWeight the quantised one -------------
-def _quantisable(w: Weight, device) -> bool:
-    return isinstance(w, GGUFWeight) and torch.device(device).type in ("cpu", "cuda")
+def _quantisable(w: Weight, dtype: torch.dtype, device) -> bool:
+    """The kernels take fp32 and bf16 activations (fp16 models dequantise at load)."""
+    return isinstance(w, GGUFWeight) and dtype in (torch.float32, torch.bfloat16) and \
+        torch.device(device).type in ("cpu", "cuda")
 
 
 def _dense(w: Weight, dtype: torch.dtype, device) -> torch.Tensor:
@@ -140,13 +142,13 @@ def _dense(w: Weight, dtype: torch.dtype, device) -> torch.Tensor:
 
 def make_linear(parts: Sequence[Weight], bias: Optional[torch.Tensor], dtype: torch.dtype, device):
     """One projection over the rows of `parts` (fused Q/K/V: several)."""
-    if all(_quantisable(p, device) for p in parts) and all(p.rows % 16 == 0 for p in parts[:-1]):
+    if all(_quantisable(p, dtype, device) for p in parts) and all(p.rows % 16 == 0 for p in parts[:-1]):
         return QuantLinear(parts, bias, dtype, device)
     ws = [_dense(p, dtype, device) for p in parts]
     return Linear(ws[0] if len(ws) == 1 else torch.cat(ws), bias)
 
 
 def make_gate_up(gate: Weight, up: Weight, dtype: torch.dtype, device):
-    if _quantisable(gate, device) and _quantisable(up, device) and gate.rows % 16 == 0:
+    if _quantisable(gate, dtype, device) and _quantisable(up, dtype, device) and gate.rows % 16 == 0:
         return QuantGateUpLinear(gate, up, dtype, device)
     return GateUpLinear(_dense(gate, dtype, device), _dense(up, dtype, device))

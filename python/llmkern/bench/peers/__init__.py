@@ -49,5 +49,5 @@ PEERS: Tuple[PeerSpec, ...] = (
              options=_ct2_options),
     # "gguf": both engines on the GGUF as stored (the default model's Q4_1), llmkern's quantised kernels
     PeerSpec("llama.cpp", "llamacpp_driver.py", "LLMKERN_LLAMACPP_PYTHON", "--llamacpp-python",
-             ("float32", "bfloat16", "gguf"), options=_llamacpp_options, workloads=("decode",)),
+             ("float32", "bfloat16", "gguf"), options=_llamacpp_options),
 )
