@@ -57,8 +57,9 @@ class KVTiers:
 
 def build_kv_tiers(spec: KVSpec, layers: List[LayerGroup], dtype: torch.dtype, device: torch.device) -> KVTiers:
     """Size and allocate the tiers for `layers` (the target model, then a draft model whose layers
-    share the block ids), their elements of `dtype` or spec.kv_cache_dtype's codes: device blocks from num_gpu_blocks or the memory budget, the CPU offload
-    tier (with prefix caching) and the swap space (with swap preemption) from their block counts or GiB."""
+    share the block ids), of `dtype` elements or spec.kv_cache_dtype's 1-byte codes: device blocks
+    from num_gpu_blocks or the memory budget, the CPU offload tier (with prefix caching) and the
+    swap space (with swap preemption) from their block counts or GiB."""
     bs = spec.block_size
     dtype = storage_dtype(spec.kv_cache_dtype, dtype)  # 1 byte per element for fp8 / int8 caches
     num_blocks, n_off, n_swap = kv_block_counts(spec, layers, dtype, device)
