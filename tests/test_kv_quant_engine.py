@@ -82,6 +82,24 @@ def test_one_byte_per_element_doubles_the_blocks_of_bf16(kind, per_elem):
     assert k.shape[0] == int(0.01 * (1 << 30)) // block_bytes
 
 
+def test_a_hand_over_peer_sees_the_kind_and_the_scales():
+    """Prefill-decode hand-over compares cache formats: a quantised cache's names its kind and
+    scales, so engines with other codes or scales refuse each other's blocks."""
+    from llmkern.kvcache import alloc_caches
+    from llmkern.kvcache.blocks import kv_cache_geometry
+    from llmkern.layers.kv_quant import KvCacheQuant, attach
+
+    def fmt(kind, scale):
+        caches = alloc_caches(2, 4, 2, 1, 8, torch.uint8, "cpu")
+        for k, v in caches:
+            attach(k, v, KvCacheQuant(kind, torch.tensor([scale]), torch.tensor([scale])))
+        return kv_cache_geometry(caches)[1]
+
+    assert fmt("fp8", 0.1) == fmt("fp8_e4m3", 0.1) and fmt("fp8", 0.1).startswith("fp8_e4m3:")
+    assert fmt("fp8", 0.1) != fmt("fp8_e5m2", 0.1) and fmt("fp8", 0.1) != fmt("fp8", 0.2)
+    assert kv_cache_geometry(alloc_caches(2, 4, 2, 1, 8, torch.float32, "cpu"))[1] == "float32"
+
+
 @pytest.fixture(scope="module")
 def model_path():
     from serve_helpers import require_default_model

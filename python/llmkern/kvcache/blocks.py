@@ -6,14 +6,17 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..layers.kv_quant import cache_format
+
 
 def kv_cache_geometry(caches) -> Tuple[int, str]:
-    """(bytes of one block over all layers, K and V; dtype name) of a paged cache."""
+    """(bytes of one block over all layers, K and V; dtype name, or a quantised cache's format) of a
+    paged cache."""
     total = 0
     for k, v in caches:
         total += k[0].numel() * k.element_size() + v[0].numel() * v.element_size()
     dtype = str(caches[0][0].dtype).replace("torch.", "") if caches else "none"
-    return total, dtype
+    return total, cache_format(caches) or dtype  # quantised: its kind and scales, not "uint8"
 
 
 def _runs(block_ids: List[int]) -> List[Tuple[int, int, int]]:

@@ -6,8 +6,9 @@ them), so a model's layer loop keeps passing ``(k_cache, v_cache)`` and paged_at
 the quantisation of the cache it is handed."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -54,6 +55,20 @@ def quant_kwargs(k_cache: torch.Tensor) -> dict:
     """The attention / cache-write ops' quantisation arguments for this cache ({} for a plain one)."""
     q = getattr(k_cache, _QUANT_ATTR, None)
     return q.kwargs() if q is not None else {}
+
+
+def cache_format(caches: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> Optional[str]:
+    """What another engine must match to read these caches' blocks (prefill-decode hand-over): the
+    kind ("fp8" as "fp8_e4m3") and a digest of every layer's scales; None for plain caches."""
+    quants = [getattr(k, _QUANT_ATTR, None) for k, _ in caches]
+    if not quants or quants[0] is None:
+        return None
+    h = hashlib.blake2b(digest_size=8)
+    for q in quants:
+        for t in (q.k_scale, q.v_scale):
+            h.update(bytes(t.detach().float().cpu().contiguous().view(torch.uint8).tolist()))
+    kind = quants[0].kv_cache_dtype
+    return f"{'fp8_e4m3' if kind == 'fp8' else kind}:{h.hexdigest()}"
 
 
 def observe(k_cache: torch.Tensor, fn: Optional[Callable[[torch.Tensor, torch.Tensor], None]]) -> None:
