@@ -240,3 +240,19 @@ def test_dense_cache_append_and_padded_head_dim(backend, kind):
     ref, _, _, _ = ref_kvcache(q.double(), dequant(kc, ks, kind), dequant(vc, vs, kind), seqlens + s_new,
                                d ** -0.5, compute_dtype=torch.float64, causal=True)
     assert (out.double() - ref).abs().max().item() < 2e-5
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+def test_long_decode_split_automatically(backend, kind):
+    """One long sequence: the CPU kernel splits its keys on its own (split-KV), the partial
+    results merged by the log-sum-exp combine."""
+    dev = backend.device
+    lens = [700]
+    kc, vc, ks, vs, table = _paged_setup(dev, kind, True, lens, bs=16)
+    q = torch.randn(1, 1, 6, 64, device=dev)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    out, lse = flash_attn_kv(q, kc, vc, seqlens, table, kind, ks, vs)
+    ref, ref_lse, _, _ = ref_kvcache(q.double(), dequant(kc, ks, kind), dequant(vc, vs, kind), seqlens, 64 ** -0.5,
+                                     block_table=table, compute_dtype=torch.float64, causal=True)
+    assert (out.double() - ref).abs().max().item() < 2e-5
+    assert (lse.double() - ref_lse.double()).abs().max().item() < 1e-4
