@@ -94,12 +94,76 @@ class TransformersConverter:
 '''
 
 FAKE_LLAMA_CPP = '''
+import ctypes
+
 __version__ = "0.0-fake"
 print("llama banner on stdout")
+VOCAB = 1000
+
+
+def _next(ctx):
+    return (sum(ctx) * 7 + len(ctx)) % VOCAB
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint32) for n in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads",
+                                                "n_threads_batch")] + [("kv_unified", ctypes.c_bool)]
+
+
+class _Context:  # the low-level API's context: each sequence's tokens by position
+    def __init__(self):
+        self.seqs, self.logits = {}, {}
+
+
+class _Batch:
+    def __init__(self, n):
+        self.n_tokens = 0
+        self.token, self.pos, self.n_seq_id, self.logits = [0] * n, [0] * n, [0] * n, [0] * n
+        self.seq_id = [[0] for _ in range(n)]
+
+
+def llama_init_from_model(model, params):
+    assert params.n_seq_max >= 1 and params.kv_unified
+    return _Context()
+
+
+def llama_batch_init(n, embd, n_seq_max):
+    return _Batch(n)
+
+
+def llama_decode(ctx, batch):
+    ctx.logits = {}
+    for i in range(batch.n_tokens):
+        seq = ctx.seqs.setdefault(batch.seq_id[i][0], [])
+        assert batch.pos[i] == len(seq), "positions must follow each sequence"
+        seq.append(batch.token[i])
+        if batch.logits[i]:
+            row = (ctypes.c_float * VOCAB)()
+            row[_next(seq)] = 1.0
+            ctx.logits[i] = row
+    return 0
+
+
+def llama_get_logits_ith(ctx, i):
+    return ctypes.cast(ctx.logits[i], ctypes.POINTER(ctypes.c_float))
+
+
+def llama_batch_free(batch):
+    pass
+
+
+def llama_free(ctx):
+    pass
+
 
 class Llama:
     def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_batch, seed, verbose):
         self.ctx = []
+        self.model = object()
+        self.context_params = _Params(n_ctx, n_batch, n_batch, 1, n_threads, n_threads_batch, False)
+
+    def n_vocab(self):
+        return VOCAB
 
     def reset(self):
         self.ctx = []
@@ -109,7 +173,7 @@ class Llama:
 
     def sample(self, temp):
         assert temp == 0.0
-        return (sum(self.ctx) * 7 + len(self.ctx)) % 1000
+        return _next(self.ctx)
 '''
 
 PROMPTS = [[5, 7, 9], [100, 1], [3], [42, 8, 8, 8]]
@@ -167,8 +231,10 @@ def test_llamacpp_driver_feeds_back_each_token(fake_peers, tmp_path):
 
     with PeerProcess(sys.executable, "llamacpp_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
         p.init(str(tmp_path), "float32", 2, gguf=str(tmp_path / "m.gguf"))
-        _, ids = p.generate(PROMPTS, LENGTHS, timeout=60)
+        _, ids = p.generate(PROMPTS, LENGTHS, timeout=60)  # several: llama.cpp's batched decoding
+        _, one = p.generate(PROMPTS[:1], LENGTHS[:1], timeout=60)  # one: the high-level object
     assert ids == [greedy(pr, n) for pr, n in zip(PROMPTS, LENGTHS)]
+    assert one == [greedy(PROMPTS[0], LENGTHS[0])]
 
 
 def test_ct2_driver_rejects_a_dtype_it_lacks(fake_peers, tmp_path):

@@ -62,11 +62,12 @@ def test_cuda_compiled_when_nvcc_present():
 def test_every_op_is_registered_with_torch_library():
     # flash-attn's dense and packed variants are views of their arguments passed to the registered
     # varlen op, so torch.compile and opcheck meet that op; the MoE names in moe.COMPOSED are plain
-    # torch or a choice between registered ops; every other op is registered itself.
-    from llmkern.ops import flash_attn_variants, moe
+    # torch or a choice between registered ops; linear_gguf.PACKERS run at load time on the host;
+    # every other op is registered itself.
+    from llmkern.ops import flash_attn_variants, linear_gguf, moe
 
     for name in llmkern.ops.__all__:
-        if name in flash_attn_variants.__all__ or name in moe.COMPOSED:
+        if name in flash_attn_variants.__all__ or name in moe.COMPOSED or name in linear_gguf.PACKERS:
             continue
         assert hasattr(getattr(llmkern.ops, name), "op"), name
         assert hasattr(torch.ops.llmkern, name), name

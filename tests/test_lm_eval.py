@@ -69,7 +69,9 @@ def test_local_completions_scores_as_hf_does(tmp_path):
     data = tmp_path / "mc.jsonl"
     data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in QUESTIONS))
     (tmp_path / "llmkern_mc.yaml").write_text(TASK_YAML.format(data=data))
-    with ServerProcess(["--max-model-len", "512", "--kv-cache-memory-gb", "0.25"], startup_timeout=300) as s:
+    # HF's loglikelihoods to 0.002: the weights dequantised as HF holds them
+    with ServerProcess(["--max-model-len", "512", "--kv-cache-memory-gb", "0.25", "--quantization", "none"],
+                       startup_timeout=300) as s:
         ours = _evaluate("local-completions", f"model={DEFAULT_MODEL_NAME},base_url={s.base}/v1/completions,"
                                               "num_concurrent=2,max_retries=1,tokenized_requests=True",
                          str(tmp_path))

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..ops.gguf_blocks import FORMATS, decode, dequantize
+from ..ops.gguf_blocks import CODES, FORMATS, decode, dequantize
 from ..ops.linear_gguf import (LAYOUTS, linear_quant, linear_quant_silu_mul, pack_quant_gate_up, pack_quant_weight,
                                 quant_weight_rows)
 from .activation import silu_and_mul
@@ -33,8 +33,7 @@ class GGUFWeight:
 
     @property
     def layout(self) -> int:
-        name, _, _ = FORMATS[self.qtype]
-        return LAYOUTS[{"Q5_K": (8, 32), "Q6_K": (8, 16), "Q8_0": (8, 32)}.get(name, (4, 32))]
+        return LAYOUTS[CODES[FORMATS[self.qtype][0]]]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
         w = dequantize(decode(self.raw, self.qtype, self.rows, self.cols))

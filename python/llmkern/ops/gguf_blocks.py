@@ -15,6 +15,8 @@ import numpy as np
 FORMATS = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
            13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
 TYPE_IDS = {name: t for t, (name, _, _) in FORMATS.items()}
+# what each format decodes to: (bits per code, k values per scale and offset)
+CODES = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q8_0": (8, 32), "Q4_K": (4, 32), "Q5_K": (8, 32), "Q6_K": (8, 16)}
 
 
 class Decoded(NamedTuple):
@@ -71,25 +73,23 @@ def decode(raw: np.ndarray, qtype, rows: int, cols: int) -> Decoded:
     if name in ("Q4_0", "Q4_1", "Q8_0"):
         d = _f16(b[..., 0:2])
         if name == "Q8_0":
-            codes = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-            m, bits = -128.0 * d, 8
+            codes, m = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8), -128.0 * d
         elif name == "Q4_0":
-            codes, m, bits = _nibbles(b[..., 2:]), -8.0 * d, 4
+            codes, m = _nibbles(b[..., 2:]), -8.0 * d
         else:
-            codes, m, bits = _nibbles(b[..., 4:]), _f16(b[..., 2:4]), 4
-        return Decoded(codes.reshape(rows, cols), d, m.astype(np.float32), bits, 32)
+            codes, m = _nibbles(b[..., 4:]), _f16(b[..., 2:4])
+        return Decoded(codes.reshape(rows, cols), d, m.astype(np.float32), *CODES[name])
     if name in ("Q4_K", "Q5_K"):
         d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
         sc, mn = _k4_scales(b[..., 4:16])
         qs = b[..., -128:].reshape(rows, -1, 4, 32)  # 4 chunks of 32 bytes: sub-blocks 2c (low), 2c + 1 (high)
         codes = np.stack([qs & 0xF, qs >> 4], axis=3)  # [rows, nsb, 4, 2, 32]
-        bits = 4
         if name == "Q5_K":
             qh = b[..., 16:48][:, :, None, None, :]  # bit j of qh[l]: sub-block j's element l
             shift = np.arange(8, dtype=np.uint8).reshape(1, 1, 4, 2, 1)
             codes = codes | (((qh >> shift) & 1) << 4)
-            bits = 8
-        return Decoded(codes.reshape(rows, cols), (d * sc).reshape(rows, -1), (-dmin * mn).reshape(rows, -1), bits, 32)
+        return Decoded(codes.reshape(rows, cols), (d * sc).reshape(rows, -1), (-dmin * mn).reshape(rows, -1),
+                       *CODES[name])
     # Q6_K: ql[128] qh[64] scales[16] (int8) d (fp16); two halves of 128 elements
     ql = b[..., 0:128].reshape(rows, -1, 2, 2, 32)   # [half][ql 0-31 | 32-63]
     qh = b[..., 128:192].reshape(rows, -1, 2, 1, 32)
@@ -98,7 +98,7 @@ def decode(raw: np.ndarray, qtype, rows: int, cols: int) -> Decoded:
     codes = (lo | (hi << 4)).reshape(rows, cols)  # quarter q of half n: elements 128n + 32q + l
     sc = b[..., 192:208].view(np.int8).astype(np.float32)  # sub-block s of 16 elements: scales[s]
     ds = _f16(b[..., 208:210])[..., None] * sc
-    return Decoded(codes, ds.reshape(rows, -1), (-32.0 * ds).reshape(rows, -1), 8, 16)
+    return Decoded(codes, ds.reshape(rows, -1), (-32.0 * ds).reshape(rows, -1), *CODES[name])
 
 
 def dequantize(dec: Decoded) -> np.ndarray:

@@ -13,22 +13,24 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-import numpy as np
 import torch
 
 from .._args import int_arg, optional_tensor
 from .._backend import dl, kernel_op, lib_for, require_tensor, stream_of
-from .gguf_blocks import Decoded, decode
 
 __all__ = ["pack_quant_weight", "pack_quant_gate_up", "linear_quant", "linear_quant_silu_mul", "quant_weight_rows"]
+# Host-side packers (numpy, at load time), not kernels: no torch.library registration.
+PACKERS = ("pack_quant_weight", "pack_quant_gate_up")
 
 PANEL = 16
 LAYOUTS = {(4, 32): 0, (8, 32): 1, (8, 16): 2}  # (bits, block) -> layout id (quant_layout.h)
 _FP16_MAX = 65504.0
 
 
-def _panels(dec: Decoded, rows: int) -> np.ndarray:
-    """Decoded rows -> uint8 [ceil(rows / 16), K / block, block_bytes] (quant_layout.h)."""
+def _panels(dec, rows: int):
+    """Decoded rows (gguf_blocks.Decoded) -> uint8 [ceil(rows / 16), K / block, block_bytes] (quant_layout.h)."""
+    import numpy as np
+
     cols = dec.codes.shape[1]
     B, nb, P = dec.block, cols // dec.block, -(-rows // PANEL)
     if max(np.abs(dec.scale).max(initial=0), np.abs(dec.offset).max(initial=0)) > _FP16_MAX:
@@ -54,7 +56,9 @@ def _check_shape(out_features, in_features):
     return n, k
 
 
-def _as_bytes(raw) -> np.ndarray:
+def _as_bytes(raw):
+    import numpy as np
+
     if isinstance(raw, torch.Tensor):
         raw = raw.detach().cpu().contiguous().view(torch.uint8).numpy()
     return np.asarray(raw)
@@ -63,6 +67,8 @@ def _as_bytes(raw) -> np.ndarray:
 def pack_quant_weight(raw, qtype, out_features: int, in_features: int, device=None) -> Tuple[torch.Tensor, int]:
     """GGUF bytes of a ``[out_features, in_features]`` weight of type ``qtype`` (ggml id or name) ->
     ``(weight_q, layout)`` for ``linear_quant``."""
+    from .gguf_blocks import decode
+
     n, k = _check_shape(out_features, in_features)
     dec = decode(_as_bytes(raw), qtype, n, k)
     packed = torch.from_numpy(_panels(dec, n))
@@ -74,6 +80,10 @@ def pack_quant_gate_up(gate_raw, up_raw, qtype, out_features: int, in_features: 
     """The MLP's gate and up weights -> interleaved panels (gate panel i at 2i, up at 2i + 1) for
     ``linear_quant_silu_mul``. Both must decode to the same layout (a Q4_K gate with a Q6_K up: pack
     them apart)."""
+    import numpy as np
+
+    from .gguf_blocks import decode
+
     n, k = _check_shape(out_features, in_features)
     g = decode(_as_bytes(gate_raw), qtype, n, k)
     u = decode(_as_bytes(up_raw), qtype if up_qtype is None else up_qtype, n, k)
