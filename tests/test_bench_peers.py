@@ -123,7 +123,7 @@ class _Batch:
 
 
 def llama_init_from_model(model, params):
-    assert params.n_seq_max >= 1 and params.kv_unified
+    assert params.n_seq_max >= 1 and params.n_ctx % params.n_seq_max == 0
     return _Context()
 
 

@@ -163,18 +163,24 @@ LLMK_VNNI_TARGET void panel_rows_vnni(const uint8_t* w, int64_t nb, const int8_t
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB)));
     const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB + 32)));
     const int64_t k0 = b * B;
+    // groups outer, rows inner: R independent vpdpbusd chains in flight (one row's 8 in a row
+    // would wait on each other's latency)
+    __m512i s[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) s[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        int32_t x4;
+        std::memcpy(&x4, xq + i * K + k0 + 4 * g, 4);
+        s[i] = _mm512_dpbusd_epi32(s[i], wg[g], _mm512_set1_epi32(x4));
+      }
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
-      const int8_t* xr = xq + i * K + k0;
-      __m512i s = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) {
-        int32_t x4;
-        std::memcpy(&x4, xr + 4 * g, 4);
-        s = _mm512_dpbusd_epi32(s, wg[g], _mm512_set1_epi32(x4));
-      }
       const float* mt = xm + (i * xnb + k0 / kXBlock) * kMeta;
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(mt[0])), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(dw, _mm512_set1_ps(mt[0])), acc[i]);
       acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(offset_sum(mt, B, k0)), acc[i]);
     }
   }

@@ -3,7 +3,7 @@
 The bench hands it a GGUF in options["gguf"]: the same weights as F32, or BF16 matrices with F32
 norms, or the default model's file as stored (Q4_1). One prompt: the high-level Llama object
 (batch-1 decode). Several: llama.cpp's own batched decoding through the low-level API (as its
-`batched` example): one context holding every sequence (n_seq_max, a unified KV cache), the
+`batched` example): one context holding every sequence (n_seq_max, a KV stream each), the
 prompts prefilled in batches of n_batch tokens, then one batch per step with a token of every
 sequence. Greedy (argmax of the logits), EOS not consulted (each output runs to its requested
 length). Protocol: driver_io.py."""
@@ -35,9 +35,11 @@ def _generate_batched(llm, prompts, max_tokens):
     cfg = llm._bench
     cp = llm.context_params  # the batch-1 context's settings (flash attention off, RoPE as read), resized
     p = type(cp).from_buffer_copy(cp)
-    p.n_ctx = sum(len(q) + m for q, m in zip(prompts, max_tokens)) + 16 * n
+    # a KV stream per sequence (not one unified cache, whose every token would attend over the
+    # whole batch's cache behind a mask): n_ctx / n_seq_max cells each
+    p.n_ctx = n * (max(len(q) + m for q, m in zip(prompts, max_tokens)) + 16)
     p.n_batch = p.n_ubatch = cfg["n_batch"]
-    p.n_seq_max, p.kv_unified = n, True
+    p.n_seq_max, p.kv_unified = n, False
     p.n_threads = p.n_threads_batch = cfg["threads"]
     ctx = L.llama_init_from_model(llm.model, p)
     if not ctx:

@@ -68,8 +68,9 @@ def write_gguf(src: str, dst: str, dtype: str = "float32") -> None:
     if dtype not in ("float32", "bfloat16") + QUANTISED_TYPES:
         raise ValueError(f"dtype: expected float32, bfloat16 or one of {', '.join(QUANTISED_TYPES)}, got {dtype!r}")
     mtype = gguf.GGMLQuantizationType.BF16 if dtype == "bfloat16" else getattr(gguf.GGMLQuantizationType, dtype, None)
-    ftype = {"float32": gguf.LlamaFileType.ALL_F32, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}.get(dtype) or \
-        gguf.LlamaFileType[f"MOSTLY_{dtype}"]
+    ftype = {"float32": gguf.LlamaFileType.ALL_F32, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}.get(dtype)
+    if ftype is None:  # (ALL_F32 is 0: no `or` here)
+        ftype = gguf.LlamaFileType[f"MOSTLY_{dtype}"]
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(dst, arch)
