@@ -136,6 +136,17 @@ bool vnni() {
   return v;
 }
 
+// s[i] += one code group (16 rows x 4 k) . row i's 4 activations at x + i * K.
+template <int R>
+LLMK_VNNI_TARGET LLMK_ALWAYS_INLINE void dots_vnni(__m512i (&s)[R], __m512i wg, const int8_t* x, int64_t K) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    int32_t x4;
+    std::memcpy(&x4, x + i * K, 4);
+    s[i] = _mm512_dpbusd_epi32(s[i], wg, _mm512_set1_epi32(x4));
+  }
+}
+
 template <int R, int BITS, int B>
 LLMK_VNNI_TARGET void panel_rows_vnni(const uint8_t* w, int64_t nb, const int8_t* xq, int64_t K, const float* xm,
                                       float (*out)[kPanel]) {
@@ -146,37 +157,29 @@ LLMK_VNNI_TARGET void panel_rows_vnni(const uint8_t* w, int64_t nb, const int8_t
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // R row accumulators (fp32 and int32) stay in registers; each code group is unpacked right before
+  // its R dot products, so at most two of them are live (8 rows: 2 x 8 + 2 + constants of 32 zmm).
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * BB;
-    __m512i wg[G];
-    if constexpr (BITS == 4) {
-#pragma GCC unroll 8
-      for (int c = 0; c < G / 2; ++c) {
-        const __m512i v = _mm512_loadu_si512(blk + 64 * c);
-        wg[c] = _mm512_and_si512(v, low4);
-        wg[c + G / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      }
-    } else {
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) wg[g] = _mm512_loadu_si512(blk + 64 * g);
-    }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB)));
-    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB + 32)));
     const int64_t k0 = b * B;
     // groups outer, rows inner: R independent vpdpbusd chains in flight (one row's 8 in a row
     // would wait on each other's latency)
     __m512i s[R];
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) s[i] = _mm512_setzero_si512();
+    if constexpr (BITS == 4) {
 #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) {
-        int32_t x4;
-        std::memcpy(&x4, xq + i * K + k0 + 4 * g, 4);
-        s[i] = _mm512_dpbusd_epi32(s[i], wg[g], _mm512_set1_epi32(x4));
+      for (int c = 0; c < G / 2; ++c) {
+        const __m512i v = _mm512_loadu_si512(blk + 64 * c);
+        dots_vnni<R>(s, _mm512_and_si512(v, low4), xq + k0 + 4 * c, K);
+        dots_vnni<R>(s, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), xq + k0 + 4 * (c + G / 2), K);
       }
+    } else {
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) dots_vnni<R>(s, _mm512_loadu_si512(blk + 64 * g), xq + k0 + 4 * g, K);
     }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB)));
+    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB + 32)));
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const float* mt = xm + (i * xnb + k0 / kXBlock) * kMeta;
