@@ -105,6 +105,21 @@ def snapshot(srv) -> set:
     return {h & U64 for h in httpx.get(srv.base + "/kv/snapshot", timeout=10).json()["hashes"]}
 
 
+def wait_subscribed(sub, mon, timeout: float = 10.0) -> None:
+    """Until `sub` has connected to the publisher (`mon`: its monitor, made before it connected),
+    and a moment for its subscription to reach it: a PUB socket drops what it sends before then
+    (ZMQ's slow joiner), so a loaded machine could lose the first prompt's events."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    try:
+        if mon.poll(int(timeout * 1000)):
+            recv_monitor_message(mon)
+    finally:
+        sub.disable_monitor()
+        mon.close(0)
+    time.sleep(0.3)
+
+
 def complete(srv, prompt: str) -> None:
     r = httpx.post(srv.base + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0},
                    timeout=60)
@@ -120,10 +135,12 @@ def test_subscriber_rebuilds_the_block_set_through_evictions_and_replay(tiny_dir
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    mon = sub.get_monitor_socket(zmq.EVENT_CONNECTED)
     sub.connect(cfg["endpoint"])       # before the replica binds it: ZMQ connects when it appears
     try:
         with ServerProcess(["--model", tiny_dir, "--block-size", str(BS), "--num-gpu-blocks-override", "24",
                             "--max-num-seqs", "2", "--kv-events-config", json.dumps(cfg)]) as srv:
+            wait_subscribed(sub, mon)
             view, live = BlockSet(), []
             texts = [f"tenant {i}: " + "the quick brown fox jumps over the lazy dog"[i:i + 30] for i in range(8)]
             for i, t in enumerate(texts):
