@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..ops.gguf_blocks import CODES, FORMATS, decode, dequantize
+from ..ops.gguf_blocks import CODES, FORMATS
 from ..ops.linear_gguf import (LAYOUTS, linear_quant, linear_quant_silu_mul, pack_quant_gate_up, pack_quant_weight,
                                 quant_weight_rows)
 from .activation import silu_and_mul
@@ -36,14 +36,11 @@ class GGUFWeight:
         return LAYOUTS[CODES[FORMATS[self.qtype][0]]]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
-        w = dequantize(decode(self.raw, self.qtype, self.rows, self.cols))
-        return torch.from_numpy(w.astype(np.float32)).to(device=device, dtype=dtype)
+        """The weight as quantization=None loads it (gguf-py's dequantize, as models/loader.py)."""
+        from gguf.quants import dequantize
 
-    @staticmethod
-    def cat(parts: Sequence["GGUFWeight"]) -> "GGUFWeight":
-        """Rows of parts of one type stacked (every GGUF row is whole blocks)."""
-        return GGUFWeight(np.concatenate([p.raw for p in parts]), parts[0].qtype, sum(p.rows for p in parts),
-                          parts[0].cols)
+        w = np.asarray(dequantize(self.raw, self.qtype), dtype=np.float32).reshape(self.rows, self.cols)
+        return torch.from_numpy(w).to(device=device, dtype=dtype)
 
 
 Weight = Union[torch.Tensor, GGUFWeight]
