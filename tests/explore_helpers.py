@@ -7,7 +7,7 @@ import json
 import random
 import re
 import sqlite3
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 KNOBS = {"max_num_seqs": [8, 32, 128], "max_num_batched_tokens": [256, 1024], "speculative": [None, "ngram:4"]}
 # page plot id -> database metric (x) it plots against output_throughput, or the estimated metric.
@@ -79,7 +79,15 @@ def build_db(path: str, seed: int = 0) -> str:
                 lat = [{"ok": i % 5 != 4, "ttft": rng.uniform(0.05, 1.0), "e2e_latency": rng.uniform(0.5, 5.0),
                         "itl_mean": None if i == 2 else rng.uniform(0.005, 0.05), "output_tokens": 10,
                         "prompt_tokens": 5, "itls": [0.01] * 9} for i in range(n % 4 + 1 + (n % 3 == 0) * 3)]
-                db.record_result(sweep, knobs, "ok", m, estimate=est, serve_command=cmd, latencies=lat)
+                # the load over the run: quiet, busy (other work), or not recorded (older databases)
+                load = [{"foreign_cpu": 0.05, "load_1m_before": 0.3}, {"foreign_cpu": 0.6, "load_1m_before": 2.5},
+                        None][n % 3]
+                # estimates on other hardware (optimize --estimate-profile): medians only
+                prof = None if est is None or workload == offline else {"H100": {
+                    "output_throughput": m["output_throughput"] * 9, "ttft_median": m["ttft_median"] / 20,
+                    "itl_median": m["itl_median"] / 10, "e2e_latency_median": m["e2e_latency_median"] / 10}}
+                db.record_result(sweep, knobs, "ok", m, estimate=est, serve_command=cmd, latencies=lat,
+                                 machine_load=load, profile_estimates=prof)
             db.finish_sweep(sweep)
     return path
 
@@ -101,17 +109,24 @@ def ok_results(path: str, where: Optional[Dict[str, List]] = None) -> List[dict]
     con = sqlite3.connect(path)
     con.row_factory = sqlite3.Row
     rows = con.execute("SELECT r.id, r.serve_command, r.sweep_id, s.constraints, s.model, s.machine_id, "
-                       "w.name AS workload, c.knobs_json "
+                       "w.name AS workload, w.id AS workload_id, c.knobs_json "
                        "FROM results r JOIN sweeps s ON s.id = r.sweep_id JOIN workloads w ON w.id = s.workload_id "
                        "JOIN configurations c ON c.id = r.config_id WHERE r.status = 'ok' ORDER BY r.id").fetchall()
     out = []
     for r in rows:
         d = dict(r)
         d["knobs"] = json.loads(d.pop("knobs_json"))
-        d["measured"], d["estimate"] = {}, {}
+        d["measured"], d["estimate"], d["load"], d["layers"] = {}, {}, {}, {}
         for m in con.execute("SELECT source, name, value FROM metrics WHERE result_id = ?", (r["id"],)):
-            if m["value"] is not None:
-                d["measured" if m["source"] == "measured" else "estimate"][m["name"]] = m["value"]
+            if m["value"] is None:
+                continue
+            src = m["source"]
+            if src.startswith("estimate:"):
+                d["layers"].setdefault(src.split(":", 1)[1], {})[m["name"]] = m["value"]
+            else:
+                d[{"measured": "measured", "estimate": "estimate", "machine": "load"}[src]][m["name"]] = m["value"]
+        f = d["load"].get("foreign_cpu")
+        d["load"] = "not recorded" if f is None else ("busy (other work)" if f > 0.25 else "quiet")
         d["requests"] = {key: con.execute(f"SELECT count(*) FROM latencies WHERE result_id = ? AND ok = 1 "
                                           f"AND {col} IS NOT NULL", (r["id"],)).fetchone()[0]
                          for key, col in (("ttft", "ttft"), ("e2e", "e2e_latency"), ("itl", "itl_mean"))}
@@ -138,18 +153,23 @@ def pareto_size(points: List[tuple]) -> int:
     return sum(not dominated(p) for p in points)
 
 
-def expected_counts(results: List[dict], stat: str = "p50") -> Dict[str, dict]:
-    """Per plot id: {"points": n, "pareto": n} the page must hold for these results."""
+def expected_counts(results: List[dict], stat: str = "p50", layers: Sequence[str] = ()) -> Dict[str, dict]:
+    """Per plot id: {"points": n, "pareto": n, "best": n, "estimated": n} the page must hold for
+    these results (estimated: points of the layered estimates for other hardware)."""
     out = {}
     for plot, fam in PARETO.items():
         name = f"{fam}_{STAT_NAMES[stat]}"
         pts = [r for r in results if name in r["measured"] and "output_throughput" in r["measured"]]
         groups: Dict[tuple, list] = {}
         for r in pts:
-            groups.setdefault((r["model"], r["machine_id"], r["workload"]), []).append(
+            # the page's groups: two workloads with one name (e.g. an offline batch run in-process and
+            # one sent through another framework's server) are two groups
+            groups.setdefault((r["model"], r["machine_id"], r["workload_id"]), []).append(
                 (r["measured"][name], r["measured"]["output_throughput"]))
+        est = sum(name in r["layers"].get(p, {}) and "output_throughput" in r["layers"].get(p, {})
+                  for r in results for p in layers)
         out[plot] = {"points": len(pts), "pareto": sum(pareto_size(g) for g in groups.values()),
-                     "best": sum(r["best"] for r in pts)}
+                     "best": sum(r["best"] for r in pts), "estimated": est}
     for plot, name in ESTIMATE.items():
         out[plot] = {"points": sum(name in r["measured"] and name in r["estimate"] for r in results), "pareto": 0,
                      "best": 0}

@@ -90,17 +90,21 @@ def output_contains(*needles: str) -> Callable[[str, str], None]:
     return check
 
 
-def sweep_done(n: int) -> Callable[[str, str], None]:
-    """The runs database holds n successful configurations of one sweep."""
+def sweep_done(n: int, db: str = "runs.sqlite", source: Optional[str] = None) -> Callable[[str, str], None]:
+    """The runs database holds n successful configurations of one sweep (each with metrics from
+    `source` too, when given)."""
     def check(out: str, cwd: str) -> None:
         import sqlite3
 
-        con = sqlite3.connect(os.path.join(cwd, "runs.sqlite"))
+        con = sqlite3.connect(os.path.join(cwd, db))
         try:
             rows = con.execute("SELECT sweep_id, status FROM results").fetchall()
+            with_source = con.execute("SELECT count(DISTINCT result_id) FROM metrics WHERE source=?",
+                                      (source,)).fetchone()[0]
         finally:
             con.close()
         assert len(rows) == n and len({r[0] for r in rows}) == 1 and all(r[1] == "ok" for r in rows), (rows, out[-2000:])
+        assert source is None or with_source == n, (source, with_source)
     return check
 
 
@@ -220,6 +224,10 @@ RUNS: Dict[str, Run] = {
                          "--kv-cache-memory-gb", "0.02", "-q"),
             check=lambda out, cwd: (output_contains("2 of 2 configurations already done")(out, cwd),
                                     sweep_done(2)(out, cwd)), needs=SERVE),
+    'llmkern optimize --workload chat --db layered.sqlite --sweep "max_num_seqs=[4,16]" --estimate-profile H100':
+        Run("exit", add=("--model", TINY, "--num-requests", "4", "--request-rate", "20", "--profile", "A100",
+                         "--kv-cache-memory-gb", "0.02", "-q"), check=sweep_done(2, "layered.sqlite", "estimate:H100"),
+            needs=SERVE),
     "llmkern estimate --calibrate": Run("exit", add=("--model", TINY)),
     "llmkern estimate --concurrency 16 --input-len 512 --output-len 128":
         Run("exit", add=("--model", TINY), check=output_contains("TTFT")),
@@ -228,7 +236,7 @@ RUNS: Dict[str, Run] = {
     "llmkern explore": Run("exit", check=file_exists("llmkern-explorer.html"), needs=("plotly",)),
     "llmkern explore --db runs.sqlite --serve": Run("server", add=("--port", "8050"), probe=("/",),
                                                      needs=("plotly",)),
-    "llmkern explore --only workload=chat --only max_num_seqs=8": Run("exit", needs=("plotly",)),
+    "llmkern explore --only workload=chat --only max_num_seqs=16": Run("exit", needs=("plotly",)),
     # docs/benchmarks.md
     "llmkern bench all --quick --out bench/results":
         Run("exit", add=("--only", "cache_ops", "--no-explorer"), check=file_exists("bench/results/results.json")),

@@ -127,7 +127,7 @@ def test_profiles_save_load(tmp_path, monkeypatch):
     save(p)
     assert load("mine") == p
     assert not load("H200").calibrated and load("H200").bandwidth == 4.8e12
-    assert set(DATASHEETS) == {"H100", "H200", "A100", "L40S"}
+    assert set(DATASHEETS) == {"H100", "H200", "A100", "A100-40GB", "L40S"}
     with pytest.raises(ValueError, match="'nope'"):
         load("nope")
 

@@ -24,7 +24,8 @@ M = ModelShape.from_config(CFG)      # linear params 73728, head 6400, fp32
 
 
 def _hw(**kw):
-    base = dict(name="t", device="cpu", calibrated=True, bandwidth=1e9, gemm_flops={"float32": 1e9},
+    # devices of their own (a GPU's): a rank's rates are the whole profile's
+    base = dict(name="t", device="cuda", calibrated=True, bandwidth=1e9, gemm_flops={"float32": 1e9},
                 attn_decode_bw=1e9, attn_prefill_flops=1e9, memory_gb=1.0, link_bw=1e8, link_latency_s=1e-5)
     base.update(kw)
     return HardwareProfile(**base)
@@ -62,6 +63,25 @@ def test_pipeline_parallel_by_hand():
     assert four.linear == pytest.approx(2 * (2 * 73728 * 4 / 4 / 1e9 + 2 * 6400 * 2 / 1e9))
     single = step_time(M, hw, [9, 9, 9, 9], [])
     assert four.linear < single.linear          # the layers' work is shared by the stages
+
+
+def test_ranks_on_one_cpu_share_it_by_hand():
+    """On a CPU the ranks are processes of one machine: each computes on its share of the cores, and
+    the ranks at work at once share the memory bandwidth."""
+    hw = _hw(device="cpu")
+    c = step_time(M, hw, [9], [], split=Split(tp=2))
+    # both ranks read at once: half the bandwidth each; half the GEMM rate each
+    assert c.linear == pytest.approx((73728 / 2 + 6400 / 2) * 4 / 0.5e9 + 2 * 6400 / 2 / 0.5e9)
+    assert c.attention == pytest.approx(512 / 2 * 10 / 0.5e9)
+    # one sequence through two stages: one stage at work at a time, reading at the whole bandwidth
+    one = step_time(M, hw, [9], [], split=Split(pp=2))
+    assert one.linear == pytest.approx(2 * ((73728 / 2 + 6400) * 4 / 1e9 + 2 * 6400 / 0.5e9))
+    # two micro-batches keep both stages busy: the bandwidth is shared again
+    two = step_time(M, hw, [9, 9], [], split=Split(pp=2))
+    assert two.linear == pytest.approx(2 * ((73728 / 2 + 6400) * 4 / 0.5e9 + 2 * 6400 / 0.5e9))
+    # the engine's measured hand-over cost (stage_latency_s) replaces the link's for pipeline sends
+    assert step_time(M, _hw(device="cpu", stage_latency_s=1e-3), [9], [], split=Split(pp=2)).comm == \
+        pytest.approx(2 * (64 * 4 / 1e8 + 1e-3))
 
 
 def test_data_parallel_replicas_are_independent():

@@ -66,6 +66,12 @@ def test_page_data_matches_database(db):
         assert "decode_step_time" not in run["estimate"]  # estimator-only names are not plotted
         assert run["slo"] == ("no SLO" if not ref["constraints"] else "meets" if ref["meets"] else "misses")
         assert run["best"] == ref["best"]
+        assert run["load"] == ref["load"]       # quiet / busy (other work) / not recorded
+        # estimates for other hardware: apart from the measurements, in the page's names and units
+        assert set(run["profile_estimates"]) == set(ref["layers"])
+        for prof, est in ref["layers"].items():
+            assert run["profile_estimates"][prof]["throughput"] == est["output_throughput"]
+            assert run["profile_estimates"][prof]["ttft_p50"] == pytest.approx(1000 * est["ttft_median"])
         assert {k: len(v) for k, v in run["requests"].items()} == ref["requests"]  # completed requests only
         assert all(v == sorted(v) for v in run["requests"].values())
     knob_names = {k for r in expected for k in r["knobs"]}
@@ -74,6 +80,8 @@ def test_page_data_matches_database(db):
     assert set(d["machines"]) == {str(i) for (i,) in con.execute("SELECT id FROM machines")}
     con.close()
     assert "no GPU" in d["machines"]["1"]["label"] and "Test GPU 80GB" in d["machines"]["2"]["label"]
+    assert d["estimate_profiles"] == {"H100": "estimate on H100 (datasheet peaks; not measured)"}
+    assert {r["load"] for r in d["runs"]} == {"quiet", "busy (other work)", "not recorded"}
 
 
 def test_page_is_self_contained(db):
@@ -98,7 +106,7 @@ def test_hostile_names_stay_inside_the_page(tmp_path):
                          serve_command="llmkern serve " + evil)
     html = build_page(path)
     assert evil not in html
-    assert html.count("</script>") == 5  # the page's own five script elements, none closed early
+    assert html.count("</script>") == 6  # the page's own six script elements, none closed early
     d = embedded(html)
     assert d["runs"][0]["workload"] == evil and d["runs"][0]["knobs"] == {"knob": evil}
 

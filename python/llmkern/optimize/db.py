@@ -21,7 +21,10 @@ Schema (version 2; later versions only add tables/columns, and `open_db` migrate
         one row per (sweep, configuration); status 'ok' | 'failed'. Written in one transaction with
         its metrics and latencies, so an interrupted run leaves either all of it or nothing.
     metrics(result_id, source, name, value, unit)
-        source 'measured' or 'estimate'. Names (units): output_throughput (tok/s),
+        source 'measured', 'estimate' (made with the sweep's hardware profile), 'estimate:PROFILE'
+        (the same requests estimated on other hardware, e.g. 'estimate:H100' from its datasheet) or
+        'machine' (load over the run: load_1m_before, load_1m_after, foreign_cpu = CPU share of the
+        machine used by processes outside the measured tree). Names (units): output_throughput (tok/s),
         total_throughput (tok/s, prompt + output), request_throughput (req/s), goodput (req/s),
         {ttft,itl,e2e_latency}_{mean,median,p95,p99} (s), requests, completed, failed, refused
         (count), duration (s). Estimates use the same names where they predict the same quantity,
@@ -302,9 +305,13 @@ class RunsDB:
     def record_result(self, sweep_id: int, knobs: dict, status: str, metrics: Dict[str, Optional[float]],
                       estimate: Optional[Dict[str, Optional[float]]] = None,
                       latencies: Optional[List[dict]] = None, serve_command: str = "",
-                      error: Optional[str] = None, started_at: Optional[float] = None) -> int:
+                      error: Optional[str] = None, started_at: Optional[float] = None,
+                      machine_load: Optional[Dict[str, Optional[float]]] = None,
+                      profile_estimates: Optional[Dict[str, Dict[str, Optional[float]]]] = None) -> int:
         """One configuration's outcome, all in one transaction. latencies: dicts with keys ok, ttft,
-        e2e_latency, itl_mean, output_tokens, prompt_tokens, itls (list). Returns the result id."""
+        e2e_latency, itl_mean, output_tokens, prompt_tokens, itls (list). machine_load: the load
+        over the run (machine_load.LoadMeter). profile_estimates: {profile name: estimate} made for
+        other hardware (e.g. a GPU's datasheet), stored as source 'estimate:NAME'. Returns the result id."""
         if status not in ("ok", "failed"):
             raise ValueError(f"status: expected 'ok' or 'failed', got {status!r}")
         key = canonical_key(knobs)
@@ -323,6 +330,9 @@ class RunsDB:
             rid = int(cur.lastrowid)
             rows = [(rid, "measured", k, v, metric_unit(k)) for k, v in (metrics or {}).items()]
             rows += [(rid, "estimate", k, v, metric_unit(k)) for k, v in (estimate or {}).items()]
+            rows += [(rid, "machine", k, v, "") for k, v in (machine_load or {}).items()]
+            for prof, est in (profile_estimates or {}).items():
+                rows += [(rid, f"estimate:{prof}", k, v, metric_unit(k)) for k, v in est.items()]
             self.conn.executemany("INSERT INTO metrics(result_id, source, name, value, unit) VALUES (?,?,?,?,?)",
                                   [(a, s, n, None if v is None else float(v), u) for a, s, n, v, u in rows])
             self.conn.executemany(
@@ -384,7 +394,7 @@ class RunsDB:
         first, each as {id, sweep_id, status, error, started_at, finished_at, serve_command, model,
         machine_id, workload_id, workload_name, workload_kind, llmkern_version, framework,
         framework_version, config_id, config_key, knobs: dict, metrics: {name: value},
-        estimate: {name: value}}."""
+        estimate: {name: value}, machine_load: {name: value}, profile_estimates: {profile: {name: value}}}."""
         where, args = [], []
         for col, val in (("s.model", model), ("s.machine_id", machine_id), ("s.workload_id", workload_id),
                          ("r.sweep_id", sweep_id), ("r.status", status)):
@@ -405,9 +415,14 @@ class RunsDB:
             d["knobs"] = json.loads(d.pop("knobs_json"))
             if knobs and any(d["knobs"].get(k) != v for k, v in knobs.items()):
                 continue
-            d["metrics"], d["estimate"] = {}, {}
+            d["metrics"], d["estimate"], d["machine_load"], d["profile_estimates"] = {}, {}, {}, {}
             for m in self.conn.execute("SELECT source, name, value FROM metrics WHERE result_id=?", (d["id"],)):
-                d["metrics" if m["source"] == "measured" else "estimate"][m["name"]] = m["value"]
+                src = m["source"]
+                if src.startswith("estimate:"):
+                    d["profile_estimates"].setdefault(src[len("estimate:"):], {})[m["name"]] = m["value"]
+                else:
+                    into = {"measured": "metrics", "machine": "machine_load"}.get(src, "estimate")
+                    d[into][m["name"]] = m["value"]
             yield d
 
     def latencies(self, result_id: int) -> List[dict]:

@@ -7,7 +7,11 @@ Step time (seconds) of a batch with D decode tokens and prefill chunks (len q_i 
                + 2 x vocab x hidden x (sequences that sample) / GEMM FLOP/s  (the LM head rows)
     attention = decode K/V bytes / decode attention rate + prefill attention FLOPs / prefill rate
 Weights are read once per step whatever the batch (memory bound at small batches); the LM head
-runs only on the rows that sample (decodes and the last chunk of a prompt).
+runs only on the rows that sample (decodes and the last chunk of a prompt). A GGUF run quantised
+reads its stored bytes and computes at the profile's "gguf" GEMM rate; a step of a few rows
+reaches only a share of a GEMM rate measured at hundreds (decode_gemm_share, _rate). Both the
+bandwidth a model's weights are read at and that share are fitted on the swept model itself
+before a sweep (engine_calibration.py).
 
 Tensor, pipeline and data parallelism: optimize/parallel.py. Not modelled (estimated as if off):
 speculative decoding, preemption, the static and dynamic schedulers' batch waits, and the HTTP server's own
@@ -38,6 +42,10 @@ class ModelShape:
     head_dim: int
     vocab: int
     dtype: str = "float32"
+    # A GGUF run quantised (quantization "auto"): the projections' and LM head's bytes as stored
+    # (0: dense in dtype), read by the quantised kernels at the profile's "gguf" GEMM rate.
+    quant_linear_bytes: int = 0
+    quant_head_bytes: int = 0
 
     @classmethod
     def from_config(cls, cfg, dtype: str = "float32") -> "ModelShape":
@@ -62,9 +70,34 @@ class ModelShape:
         return self.vocab * self.hidden
 
     @property
+    def linear_bytes(self) -> int:
+        return self.quant_linear_bytes or self.linear_params * self.bytes_per_param
+
+    @property
+    def head_bytes(self) -> int:
+        return self.quant_head_bytes or self.head_params * self.bytes_per_param
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes read per step: every layer's matmul weights and the LM head."""
-        return (self.linear_params + self.head_params) * self.bytes_per_param
+        return self.linear_bytes + self.head_bytes
+
+    def dense(self) -> "ModelShape":
+        """The shape with every weight in dtype (what model-parallel ranks load: they dequantise)."""
+        return replace(self, quant_linear_bytes=0, quant_head_bytes=0)
+
+    def gemm_rate(self, hw: HardwareProfile, quantised: bool) -> float:
+        return hw.gemm("gguf") if quantised and "gguf" in hw.gemm_flops else hw.gemm(self.dtype)
+
+    def with_stored_weights(self, model: Optional[str]) -> "ModelShape":
+        """For a GGUF the engine runs quantised (quantization "auto"), the bytes it keeps as stored."""
+        from ..models import loader
+
+        path = os.fspath(model) if model is not None else loader.default_model_path()
+        if not path.endswith(".gguf") or self.dtype == "float16":   # fp16 models are dequantised
+            return self
+        lin, head = loader.gguf_quantised_bytes(path)
+        return replace(self, quant_linear_bytes=lin, quant_head_bytes=head)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -108,19 +141,43 @@ def step_time(m: ModelShape, hw: HardwareProfile, decode_ctx: Sequence[int], pre
         return StepCost(0.0, 0.0, 0.0)
     tp, pp = split.tp, split.pp
     mb = min(pp, nseq)                       # micro-batches
+    if tp * pp > 1:
+        m = m.dense()
+        if hw.device == "cpu":
+            # The ranks are processes on one machine, each with its share of the cores; memory
+            # bandwidth is shared by the ranks at work at once (a pipeline with fewer micro-batches
+            # than stages leaves some idle, and the busy one reads faster).
+            r, rb = tp * pp, tp * mb
+            hw = replace(hw, bandwidth=hw.bandwidth / rb, gemm_flops={k: v / r for k, v in hw.gemm_flops.items()},
+                         attn_decode_bw=hw.attn_decode_bw / rb, attn_prefill_flops=hw.attn_prefill_flops / r)
     share = 1.0 / (tp * pp * mb)             # of the whole step's layer work, per rank and micro-batch
-    gemm = hw.gemm(m.dtype)
     samplers = (len(decode_ctx) + sampling_prefills) / mb
-    stage_bytes = (m.linear_params / (tp * pp) + m.head_params / tp) * m.bytes_per_param
-    lin = max(stage_bytes / hw.bandwidth, 2 * m.linear_params * tokens * share / gemm)
-    lin += 2 * m.head_params / tp * samplers / gemm
+    stage_bytes = m.linear_bytes / (tp * pp) + m.head_bytes / tp
+    rows = tokens / mb
+    lin = max(stage_bytes / hw.bandwidth,
+              2 * m.linear_params * tokens * share / _rate(m.gemm_rate(hw, bool(m.quant_linear_bytes)), hw, rows))
+    lin += 2 * m.head_params / tp * samplers / _rate(m.gemm_rate(hw, bool(m.quant_head_bytes)), hw, samplers)
     kv_read = m.kv_bytes_per_token * kv_fraction(m.kv_heads, tp) / (pp * mb) * sum(c + 1 for c in decode_ctx)
     pre_flops = sum(4 * m.heads * m.head_dim * q * (c + (q + 1) / 2) for q, c in prefill) * m.layers * share
     attn = kv_read / hw.attn_decode_bw + pre_flops / hw.attn_prefill_flops
     act = tokens / mb * m.hidden * m.bytes_per_param        # one micro-batch's activations
     bw, lat = hw.link
-    comm = 2 * m.layers / pp * allreduce_time(act, tp, bw, lat) + (send_time(act, bw, lat) if pp > 1 else 0.0)
+    hop = send_time(act, bw, hw.stage_latency_s or lat) if pp > 1 else 0.0
+    comm = 2 * m.layers / pp * allreduce_time(act, tp, bw, lat) + hop
     return StepCost(hw.step_overhead_s + hw.seq_overhead_s * nseq, pp * lin, pp * attn, pp * comm)
+
+
+def _rate(peak: float, hw: HardwareProfile, rows: float) -> float:
+    """A GEMM's FLOP/s at `rows` rows of activations. The profile's rate is measured at hundreds of
+    rows; a decode step's few rows reach a share of it (per-pass costs not amortised): hw.extra's
+    decode_gemm_share (fitted by engine_calibration) up to 16 rows, the whole rate from 256 rows,
+    log-linear in between."""
+    share = hw.extra.get("decode_gemm_share") if hw.extra else None
+    if not share or rows >= 256:
+        return peak
+    if rows <= 16:
+        return peak * share
+    return peak * share ** (1 - math.log(rows / 16) / math.log(256 / 16))
 
 
 @dataclass
@@ -142,13 +199,17 @@ class EngineKnobs:
     kv_cache_tokens: Optional[int] = None   # KV pool capacity (None: unlimited)
     max_concurrency: Optional[int] = None   # client-side cap on requests in flight
     split: Split = ONE                      # tensor / pipeline / data parallel sizes
+    decode_defer_steps: int = 0             # EngineConfig's: steps completing a prompt skip the decodes
+    short_prompt_share: float = 0.5         # EngineConfig's: budget kept for short prompts beside a long one
 
     @classmethod
     def from_knobs(cls, knobs: Dict[str, object], kv_cache_tokens: Optional[int] = None) -> "EngineKnobs":
         k = cls(kv_cache_tokens=kv_cache_tokens)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "decode_defer_steps"):
             if knobs.get(name) is not None:
                 setattr(k, name, int(knobs[name]))
+        if knobs.get("short_prompt_share") is not None:
+            k.short_prompt_share = float(knobs["short_prompt_share"])
         if knobs.get("max_batch_size") is not None:
             k.max_num_seqs = int(knobs["max_batch_size"])
         if knobs.get("chunked_prefill") is False:
@@ -209,6 +270,7 @@ def _replay(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: E
     done: List[_Seq] = []
     t = 0.0
     steps = 0
+    deferred = 0
     budget_cap = k.max_num_batched_tokens if k.enable_chunked_prefill else max(
         k.max_num_batched_tokens, max((r.prompt_tokens for r in reqs), default=1))
     while pending or waiting or running:
@@ -226,6 +288,7 @@ def _replay(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: E
             continue
         budget = budget_cap
         decodes, prefills = [], []
+        reserve = _short_prompt_reserve(waiting, running, budget_cap, k)
         for s in running:
             if budget <= 0:
                 break
@@ -234,6 +297,8 @@ def _replay(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: E
                 budget -= 1
             else:
                 n = min(s.todo, budget)
+                if reserve and n > budget - reserve:
+                    n = max(1, budget - reserve)   # a long prompt's chunk leaves room for short ones
                 prefills.append((s, n))
                 budget -= n
         kv_used = sum(s.computed + s.out for s in running)
@@ -253,6 +318,10 @@ def _replay(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: E
             budget -= n
             kv_used += s.r.prompt_tokens
         finishing = sum(1 for s, n in prefills if n == s.todo)
+        if decodes and finishing and deferred < k.decode_defer_steps and k.split.pp == 1:
+            decodes, deferred = [], deferred + 1   # the scheduler's bounded decode deferral
+        else:
+            deferred = 0
         cost = step_time(m, hw, [s.computed + s.out for s in decodes], [(n, s.computed) for s, n in prefills],
                          finishing, k.split)
         t += cost.total
@@ -275,6 +344,20 @@ def _replay(reqs: Sequence[SimRequest], m: ModelShape, hw: HardwareProfile, k: E
             in_flight -= 1
             heapq.heappush(slot_free, t)
     return done, t, steps
+
+
+def _short_prompt_reserve(waiting: List[_Seq], running: List[_Seq], budget: int, k: EngineKnobs) -> int:
+    """The scheduler's _short_prompt_reserve: while a prompt is prefilled in chunks, the tokens of
+    the waiting prompts at the head of the queue that fit whole into short_prompt_share of the budget."""
+    share = int(budget * k.short_prompt_share)
+    if not share or not k.enable_chunked_prefill or not waiting or not any(s.todo > 1 for s in running):
+        return 0
+    total = 0
+    for s in waiting:
+        if total + s.todo > share:
+            break
+        total += s.todo
+    return total
 
 
 def summarise(done: List[_Seq], end: float, steps: int) -> dict:
@@ -314,7 +397,8 @@ def concurrency_estimate(m: ModelShape, hw: HardwareProfile, concurrency: int, i
     bad = sp.invalid(m.heads, m.kv_heads, m.layers)
     if bad:
         raise ValueError(f"{sp}: {bad}")
-    dev_weights_gb = (m.linear_params / (sp.tp * sp.pp) + m.head_params / sp.tp) * m.bytes_per_param / 2**30
+    md = m.dense() if sp.tp * sp.pp > 1 else m
+    dev_weights_gb = (md.linear_bytes / (sp.tp * sp.pp) + md.head_bytes / sp.tp) / 2**30
     if hw.device == "cpu":   # the engine's KV setting covers all of its ranks
         kv_gb = kv_cache_memory_gb if kv_cache_memory_gb is not None else 2.0
         knobs.kv_cache_tokens = kv_cache_tokens(m, max(kv_gb, 0.0))
@@ -337,10 +421,10 @@ def concurrency_estimate(m: ModelShape, hw: HardwareProfile, concurrency: int, i
     prefill = sum(step_time(m, hw, [], [(min(chunk, input_len - i * chunk), i * chunk)],
                             int(i == prefill_steps - 1), sp).total for i in range(prefill_steps))
     # Decode is bandwidth bound until the batch's matmul time reaches the weight-read time.
-    compute_c = m.weight_bytes / hw.bandwidth / (2 * m.linear_params / hw.gemm(m.dtype))
+    compute_c = md.weight_bytes / hw.bandwidth / (2 * md.linear_params / md.gemm_rate(hw, bool(md.quant_linear_bytes)))
     kv_c = knobs.kv_cache_tokens // (input_len + output_len)
     sim.pop("requests")
-    return {"model_weight_gb": m.weight_bytes / 2**30, "kv_bytes_per_token": m.kv_bytes_per_token,
+    return {"model_weight_gb": md.weight_bytes / 2**30, "kv_bytes_per_token": m.kv_bytes_per_token,
             "split": {"tp": sp.tp, "pp": sp.pp, "dp": sp.dp, "devices": sp.devices,
                       "weights_per_device_gb": dev_weights_gb},
             "prefill_time": prefill, "decode_step_time_batch1": decode_1, "decode_step_time": decode_c,

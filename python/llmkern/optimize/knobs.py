@@ -70,7 +70,8 @@ def split(knobs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 
 def serve_flags(server_knobs: Dict[str, Any]) -> List[str]:
-    """The `llmkern serve` arguments for server knobs (None / 'none' leaves an option at its default)."""
+    """The `llmkern serve` arguments for server knobs (None, or 'none' where the option has no such
+    choice, leaves an option at its default; --quantization none is a choice)."""
     opts = None
     flags: List[str] = []
     for k, v in server_knobs.items():
@@ -78,11 +79,13 @@ def serve_flags(server_knobs: Dict[str, Any]) -> List[str]:
             if v is False:
                 flags.append(_NEGATED[k])
             continue
-        if v is None or v == "none" or v is False:
+        if v is None or v is False:
             continue
         if opts is None:
             opts = _serve_options()
         opt, act = opts[k]
+        if v == "none" and "none" not in (act.choices or ()):   # a choice of its own (--quantization none)
+            continue
         if v is True and act.nargs == 0:
             flags.append(opt)
         else:

@@ -14,6 +14,7 @@ from ..procs import ServerProcess, llmkern_serve_argv
 from ..engine.metrics import percentile
 from . import knobs as knobs_mod
 from .grammar import Constraint
+from .machine_load import LoadMeter
 
 SERVED_NAME = "llmkern-optimize"
 
@@ -58,10 +59,12 @@ def _rows(results: Sequence[loadgen.Result], prompt_tokens: Sequence[int]) -> Li
 
 def measure_serve(model: Optional[str], server_knobs: dict, client_knobs: dict, reqs: List[loadgen.Req],
                   prompt_tokens: Sequence[int], constraints: Sequence[Constraint], timeout: float,
-                  extra_serve_args: Sequence[str] = (), server=None) -> Tuple[Dict, List[dict]]:
+                  extra_serve_args: Sequence[str] = (), server=None) -> Tuple[Dict, List[dict], Dict]:
     """Start `llmkern serve` with the configuration's flags (or `server`, a frameworks.Server: another
     framework's), warm it with one request, run the workload, stop the server. RuntimeError (with
-    the server's log tail) when it fails to start."""
+    the server's log tail) when it fails to start. The third value is the machine's load over the
+    run (machine_load.LoadMeter: the server's own CPU time is not counted as load)."""
+    meter = LoadMeter().start()
     if server is None:
         argv = llmkern_serve_argv(["--served-model-name", SERVED_NAME] + list(extra_serve_args)
                                     + knobs_mod.serve_flags(server_knobs), model)
@@ -77,21 +80,23 @@ def measure_serve(model: Optional[str], server_knobs: dict, client_knobs: dict, 
                                                   extra={"ignore_eos": True}))
         if srv.proc.poll() is not None:
             raise RuntimeError(f"the server exited with {srv.proc.returncode} during the run: {srv.tail()}")
+        load = meter.stop()   # before the server goes: its CPU time is its own, not other work's
     finally:
         srv.close()
     rows = _rows(results, prompt_tokens)
     refused = sum(1 for r in results if r.status == 429)
-    return metrics_from_rows(rows, wall, constraints, refused), rows
+    return metrics_from_rows(rows, wall, constraints, refused), rows, load
 
 
 def measure_offline(model: Optional[str], server_knobs: dict, prompt_ids: Sequence[List[int]],
                     max_tokens: Sequence[int], constraints: Sequence[Constraint],
-                    load_format: str = "auto", extra_engine: Optional[dict] = None) -> Tuple[Dict, List[dict]]:
+                    load_format: str = "auto", extra_engine: Optional[dict] = None) -> Tuple[Dict, List[dict], Dict]:
     """LLM.generate over token-id prompts in this process (every request arrives at once)."""
     from ..engine import LLM, SamplingParams
 
     kw = dict(extra_engine or {})
     kw.update(knobs_mod.engine_kwargs(server_knobs))
+    meter = LoadMeter().start()
     llm = LLM(model, load_format=load_format, **kw)
     try:
         llm.generate([prompt_ids[0]], [SamplingParams(max_tokens=2, temperature=0.0)], use_tqdm=False)  # warm-up
@@ -99,6 +104,7 @@ def measure_offline(model: Optional[str], server_knobs: dict, prompt_ids: Sequen
         t0 = time.perf_counter()
         outs = llm.generate(list(prompt_ids), sps, use_tqdm=False)
         wall = time.perf_counter() - t0
+        load = meter.stop()
     finally:
         shutdown = getattr(llm, "shutdown", None)
         if shutdown:
@@ -111,7 +117,7 @@ def measure_offline(model: Optional[str], server_knobs: dict, prompt_ids: Sequen
         rows.append({"ok": ok, "ttft": mt.ttft if mt else None, "e2e_latency": mt.e2e if mt else None,
                      "itls": itls, "itl_mean": (sum(itls) / len(itls)) if itls else None,
                      "output_tokens": len(o.outputs[0].token_ids) if o.outputs else 0, "prompt_tokens": len(p)})
-    return metrics_from_rows(rows, wall, constraints), rows
+    return metrics_from_rows(rows, wall, constraints), rows, load
 
 
 def log(msg: str) -> None:

@@ -30,6 +30,7 @@ class HardwareProfile:
     seq_overhead_s: float = 0.0           # per sequence in a step: sampling, detokenising, bookkeeping
     link_bw: float = 0.0                  # between two devices, bytes/s each way (0: bandwidth / 4)
     link_latency_s: float = 1e-4          # per collective step (ring hop) or send
+    stage_latency_s: float = 0.0          # per pipeline hand-over as the engine pays it (0: link_latency_s)
     cores: Optional[int] = None
     notes: str = ""
     measured_at: Optional[float] = None
@@ -67,6 +68,10 @@ DATASHEETS = {
                                                               "float32": 19.5 * _T}, 2.039e12, 312 * _T * 0.5, 80.0,
                             step_overhead_s=2e-4, link_bw=300e9, link_latency_s=1e-5,
                             notes="A100 SXM 80GB datasheet peaks (NVLink 600 GB/s both ways), uncalibrated"),
+    "A100-40GB": HardwareProfile("A100-40GB", "cuda", False, 1.555e12, {"bfloat16": 312 * _T, "float16": 312 * _T,
+                                                                        "float32": 19.5 * _T}, 1.555e12,
+                                 312 * _T * 0.5, 40.0, step_overhead_s=2e-4, link_bw=300e9, link_latency_s=1e-5,
+                                 notes="A100 SXM 40GB datasheet peaks (NVLink 600 GB/s both ways), uncalibrated"),
     "L40S": HardwareProfile("L40S", "cuda", False, 864e9, {"bfloat16": 362 * _T, "float16": 362 * _T,
                                                            "float32": 91.6 * _T}, 864e9, 362 * _T * 0.5, 48.0,
                             step_overhead_s=2e-4, link_bw=32e9, link_latency_s=2e-5,
@@ -92,7 +97,7 @@ def save(p: HardwareProfile, path: Optional[str] = None) -> str:
 
 
 def load(name: str) -> HardwareProfile:
-    """A datasheet name (H100, H200, A100, L40S), a saved profile's name, or a JSON file path."""
+    """A datasheet name (H100, H200, A100, A100-40GB, L40S), a saved profile's name, or a JSON file path."""
     if name in DATASHEETS:
         return DATASHEETS[name]
     path = name if name.endswith(".json") else os.path.join(profile_dir(), name + ".json")
@@ -153,6 +158,62 @@ def _attention_rates(device: str, min_time: float):
     return decode_bw, prefill_flops
 
 
+def _quant_gemm_flops(device: str, min_time: float, n: int = 1024, rows: int = 256) -> float:
+    """llmkern's weight-quantised GEMM (Q4_1, the embedded model's format; int8 activations on a
+    CPU) at a prefill chunk's rows: the rate a GGUF's projections run at when compute bound."""
+    import gguf
+    import numpy as np
+    import torch
+
+    import llmkern
+    from ..bench.common import timeit
+
+    w = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1)
+    wq, layout = llmkern.ops.pack_quant_weight(raw, "Q4_1", n, n, device=device)
+    x = torch.randn(rows, n, device=device)
+    t = timeit(lambda: llmkern.ops.linear_quant(x, wq, n, layout), device, min_time=min_time)
+    return 2 * rows * n * n / t
+
+
+def _tiny_engine(device: str, layers: int = 1, **parallel):
+    from ..engine import LLM
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": layers, "num_attention_heads": 2, "num_key_value_heads": 2,
+           "max_position_embeddings": 512, "tie_word_embeddings": True}
+    return LLM(cfg, load_format="dummy", device=device, max_num_seqs=64, kv_cache_memory_gb=0.05, **parallel)
+
+
+def _tiny_decode_step(llm, nseq: int, n_out: int = 32) -> float:
+    """Median decode step of a tiny engine at nseq sequences (s)."""
+    from statistics import median
+
+    from ..engine import SamplingParams
+
+    sp = SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True)
+    prompts = [[1 + (i % 500)] * 4 for i in range(nseq)]
+    llm.generate(prompts, [sp] * nseq, use_tqdm=False)      # warm-up
+    out = llm.generate(prompts, [sp] * nseq, use_tqdm=False)
+    return median(x for o in out for x in o.metrics.inter_token_latencies[2:])
+
+
+def _engine_parallel_costs(device: str, layers: int = 10) -> "tuple[float, float]":
+    """(per ring step of an all-reduce, per pipeline hand-over) as llmkern's engine pays them on
+    this machine: decode steps of a tiny model (arithmetic negligible) at tp=2 and at pp=2 against
+    one rank. Two ranks' all-reduce is 2 ring steps, two per layer; a pp=2 round is 2 stage slots.
+    Under the engine's load these cost several times an idle gloo ping (measure_link)."""
+    steps = {}
+    for name, kw in (("one", {}), ("tp", {"tensor_parallel_size": 2}), ("pp", {"pipeline_parallel_size": 2})):
+        llm = _tiny_engine(device, layers, **kw)
+        try:
+            steps[name] = _tiny_decode_step(llm, 1)
+        finally:
+            llm.shutdown()
+    allreduce = max(0.0, steps["tp"] - steps["one"]) / (2 * layers)
+    return allreduce / 2, max(0.0, steps["pp"] - steps["one"]) / 2
+
+
 def _runtime_overheads(device: str):
     """Fixed cost per engine step and per sequence: decode steps of a tiny random model (1 layer,
     hidden 64), whose arithmetic is negligible, at 1 and 16 sequences."""
@@ -192,6 +253,8 @@ def _rates(device: str, quick: bool) -> dict:
     gemm = {"float32": common.matmul_flops.__wrapped__(torch.float32, device)}
     if not quick:
         gemm["bfloat16"] = common.matmul_flops.__wrapped__(torch.bfloat16, device)
+    if device == "cpu":
+        gemm["gguf"] = _quant_gemm_flops(device, min_time)
     dec_bw, pre_flops = _attention_rates(device, min_time)
     return dict(bandwidth=bw, gemm_flops=gemm, attn_decode_bw=dec_bw, attn_prefill_flops=pre_flops)
 
@@ -217,9 +280,11 @@ def median_of(ps: "list[HardwareProfile]") -> HardwareProfile:
                    attn_prefill_flops=median(p.attn_prefill_flops for p in ps))
 
 
-def calibrate(name: str = "cpu", device: str = "cpu", quick: bool = True, notes: str = "") -> HardwareProfile:
+def calibrate(name: str = "cpu", device: str = "cpu", quick: bool = True, notes: str = "",
+              parallel: Optional[bool] = None) -> HardwareProfile:
     """Measure this machine's rates (a few seconds with quick, plus ~10 s for the link between two
-    CPU ranks) and return a calibrated profile."""
+    CPU ranks, plus ~30 s with parallel for what tp/pp cost in the engine: the default without
+    quick) and return a calibrated profile."""
     import torch
 
     rates = _rates(device, quick)
@@ -232,6 +297,8 @@ def calibrate(name: str = "cpu", device: str = "cpu", quick: bool = True, notes:
             link["link_bw"], link["link_latency_s"] = measure_link()
         except RuntimeError:
             pass   # the default: a quarter of the memory bandwidth (HardwareProfile.link)
+        if parallel if parallel is not None else not quick:
+            link["link_latency_s"], link["stage_latency_s"] = _engine_parallel_costs(device)
     return HardwareProfile(name=name, device=device, calibrated=True, **rates, memory_gb=memory_gb() or 0.0,
                            step_overhead_s=step_oh, seq_overhead_s=seq_oh, cores=os.cpu_count(), **link,
                            notes=notes or f"{cpu_model()}, {os.cpu_count()} cores, torch threads "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 from .grammar import METRICS, STATS, Constraint
+from .machine_load import is_busy
 
 THROUGHPUT = "output_throughput"
 LATENCIES = [f"{m}_{s}" for m in METRICS for s in STATS]
@@ -31,9 +32,12 @@ def best(points: Sequence[dict], constraints: Sequence[Constraint] = ()) -> Opti
 
 
 def rel_errors(points: Sequence[dict], name: str) -> List[float]:
-    """|estimate - measured| / measured of one metric over the points that have both."""
+    """|estimate - measured| / measured of one metric over the points that have both, leaving out
+    runs taken while other work used the machine (their measurement is not the configuration's)."""
     out = []
     for p in points:
+        if is_busy(p.get("machine_load")):
+            continue
         m, e = p["metrics"].get(name), p["estimate"].get(name)
         if m and e is not None:
             out.append(abs(e - m) / abs(m))
@@ -60,19 +64,27 @@ def _fmt(v, name: str) -> str:
     return f"{v * 1e3:.0f}ms"
 
 
+def _load(load: Optional[dict]) -> str:
+    f = (load or {}).get("foreign_cpu")
+    if f is None:
+        return "-"
+    return f"{100 * f:.0f}%" + (" BUSY" if is_busy(load) else "")
+
+
 def _knobs(p: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in p["knobs"].items()) or "(defaults)"
 
 
 def render(points: Sequence[dict], constraints: Sequence[Constraint], fronts: Sequence[str] = ()) -> str:
     cols = [THROUGHPUT, "goodput", "ttft_p95", "itl_median", "itl_p95", "e2e_latency_p95"]
-    lines = ["| configuration | " + " | ".join(cols) + " | est. tput | est. itl p50 | meets SLO |",
-             "|---|" + "---|" * (len(cols) + 3)]
+    lines = ["| configuration | " + " | ".join(cols) + " | est. tput | est. itl p50 | meets SLO | other load |",
+             "|---|" + "---|" * (len(cols) + 4)]
     for p in points:
         m, e = p["metrics"], p["estimate"]
         meets = "yes" if all(c.ok(m) for c in constraints) else "no"
         lines.append(f"| {_knobs(p)} | " + " | ".join(_fmt(m.get(c), c) for c in cols)
-                     + f" | {_fmt(e.get(THROUGHPUT), THROUGHPUT)} | {_fmt(e.get('itl_median'), 'itl')} | {meets} |")
+                     + f" | {_fmt(e.get(THROUGHPUT), THROUGHPUT)} | {_fmt(e.get('itl_median'), 'itl')} | {meets} | "
+                     + f"{_load(p.get('machine_load'))} |")
     out = ["\n".join(lines), ""]
     b = best(points)
     bc = best(points, constraints) if constraints else None
@@ -92,7 +104,9 @@ def render(points: Sequence[dict], constraints: Sequence[Constraint], fronts: Se
             out.append(f"    {p['metrics'][THROUGHPUT]:8.1f} tok/s  {_fmt(p['metrics'][y], y):>8}  {_knobs(p)}\n"
                        f"        {p['serve_command']}")
     errs = error_table(points)
-    out.append("estimate vs measured (|est - meas| / meas):")
+    busy = sum(1 for p in points if is_busy(p.get("machine_load")))
+    out.append("estimate vs measured (|est - meas| / meas" + (f"; {busy} runs on a busy machine left out" if busy
+                                                              else "") + "):")
     for r in errs:
         if r["n"]:
             out.append(f"    {r['metric']:<20} median {100 * r['median_abs_err']:.0f}%  p95 {100 * r['p95_abs_err']:.0f}%"

@@ -10,13 +10,15 @@
   var KNOBS = D.knobs || [];
   var MACHINES = D.machines || {};
   var SWEEPS = D.sweeps || [];
+  var LAYERS = D.estimate_profiles || {};   // profile -> label: estimates for other hardware, never measured
   var U = ExplorerUtil;  // explorer_util.js: the pure helpers and fixed tables
+  var E = ExplorerEstimates;  // explorer_estimates.js: estimate vs measured, layered estimates
   var STATS = U.STATS, FAMILIES = U.FAMILIES, ESTIMATES = U.ESTIMATES, DIMS = U.DIMS,
       PLOT_CONFIG = U.PLOT_CONFIG, PALETTE = U.PALETTE, PLOTS = U.PLOTS, valueKey = U.valueKey, finite = U.finite,
       metric = U.metric, estimate = U.estimate, groupKey = U.groupKey, paretoFront = U.paretoFront, el = U.el,
       emptyLayout = U.emptyLayout, familyLabel = U.familyLabel, fmt = U.fmt, copyButton = U.copyButton;
   var GROUP = 'group';
-  var state = {sel: {}, stat: 'p50', color: GROUP, compare: [], cdf: 'ttft'};
+  var state = {sel: {}, stat: 'p50', color: GROUP, compare: [], cdf: 'ttft', layers: []};
   var byId = {};
   RUNS.forEach(function (r) { byId[r.id] = r; });
   var GROUP_COLOR = {};
@@ -84,6 +86,7 @@
       });
       box.appendChild(fs);
     });
+    E.layerBoxes(document.getElementById('layers'), LAYERS, state.layers, function () { readFilters(); render(); });
     var color = document.getElementById('color-by');
     color.textContent = '';
     [GROUP].concat(filterKeys()).forEach(function (key) {
@@ -101,6 +104,8 @@
   }
   function readFilters() {
     state.sel = {};
+    state.layers = [];
+    document.querySelectorAll('#layers input.layer').forEach(function (cb) { if (cb.checked) state.layers.push(cb.value); });
     document.querySelectorAll('#filters fieldset').forEach(function (fs) {
       var key = fs.getAttribute('data-key');
       var boxes = fs.querySelectorAll('input[type=checkbox]');
@@ -127,6 +132,9 @@
     if (q.get('stat') && STATS.some(function (s) { return s[0] === q.get('stat'); })) state.stat = q.get('stat');
     if (q.get('color') && [GROUP].concat(filterKeys()).indexOf(q.get('color')) >= 0) state.color = q.get('color');
     if (['ttft', 'itl', 'e2e'].indexOf(q.get('cdf')) >= 0) state.cdf = q.get('cdf');
+    if (q.get('layers')) {
+      state.layers = q.get('layers').split(',').filter(function (n) { return LAYERS[n]; });
+    }
     if (q.get('compare')) {
       state.compare = q.get('compare').split(',').filter(function (id) { return byId[id]; });
     }
@@ -140,6 +148,7 @@
     if (state.color !== GROUP) q.set('color', state.color);
     if (state.compare.length) q.set('compare', state.compare.join(','));
     if (state.cdf !== 'ttft') q.set('cdf', state.cdf);
+    if (state.layers.length) q.set('layers', state.layers.join(','));
     var s = q.toString();
     try { history.replaceState(null, '', s ? '#' + s : window.location.pathname + window.location.search); }
     catch (e) { /* some file:// contexts refuse replaceState; the view still works */ }
@@ -190,6 +199,7 @@
                    marker: {symbol: 'star', size: 12, color: GROUP_COLOR[gk], line: {width: 1, color: '#222'}},
                    hoverinfo: 'skip'});
     });
+    traces = traces.concat(E.layerTraces(runs, name, state.layers, LAYERS, hoverText));
     function plotted(r) { return metric(r, name) !== null && metric(r, 'throughput') !== null; }
     var picks = runs.filter(function (r) { return r.best && plotted(r); });
     if (picks.length) {
@@ -210,36 +220,6 @@
     return {traces: traces, n: n, why: runs.length ? 'No run shown has this latency' : 'No runs match the filters',
             title: familyLabel(family) + ' ' + state.stat + ' (ms, x) vs throughput'};
   }
-  function estimateTraces(runs, key, label) {
-    var axes = null;
-    var pts = runs.filter(function (r) { return metric(r, key) !== null && estimate(r, key) !== null; });
-    var traces = [{type: 'scatter', mode: 'markers', meta: 'runs', name: 'runs',
-                   x: pts.map(function (r) { return metric(r, key); }),
-                   y: pts.map(function (r) { return estimate(r, key); }),
-                   customdata: pts.map(function (r) { return r.id; }), text: pts.map(hoverText),
-                   hovertemplate: '%{text}<br>measured %{x:.4g}<br>estimated %{y:.4g}<extra></extra>',
-                   marker: {size: 9, opacity: 0.8}}];
-    var title = label + ': estimate vs measured (dashed: equal)';
-    if (pts.length) {
-      var all = [];
-      pts.forEach(function (r) { all.push(metric(r, key), estimate(r, key)); });
-      var lo = Math.min.apply(null, all), hi = Math.max.apply(null, all);
-      // Estimates off by an order of magnitude would squash the rest: both axes go logarithmic then,
-      // over one shared range, so the diagonal stays the diagonal.
-      if (lo > 0 && hi / lo > 20) {
-        var pad = 0.1 * (Math.log10(hi) - Math.log10(lo));
-        axes = {type: 'log', range: [Math.log10(lo) - pad, Math.log10(hi) + pad]};
-      }
-      traces.push({type: 'scatter', mode: 'lines', meta: 'reference', name: 'estimate = measured',
-                   x: [lo, hi], y: [lo, hi], line: {dash: 'dash', color: '#888'}, hoverinfo: 'skip'});
-      var errs = pts.map(function (r) { return Math.abs(estimate(r, key) / metric(r, key) - 1); });
-      errs.sort(function (a, b) { return a - b; });
-      title += ' (median |error| ' + (100 * errs[Math.floor((errs.length - 1) / 2)]).toFixed(0) + '%)';
-    }
-    return {traces: traces, n: pts.length, title: title, axes: axes,
-            why: runs.length ? 'No run shown has both an estimate and a measurement' : 'No runs match the filters'};
-  }
-
   // The compared configurations' per-request latencies as distributions (empirical CDFs).
   function cdfTraces(family) {
     var chosen = state.compare.map(function (id) { return byId[id]; }).filter(Boolean);
@@ -270,7 +250,7 @@
       xt = '';
       yt = 'fraction of requests';
     } else {
-      t = estimateTraces(runs, p.key, p.label);
+      t = E.estimateTraces(runs, p.key, p.label, hoverText);
       xt = 'measured';
       yt = 'estimated';
     }
@@ -359,6 +339,15 @@
       });
     });
     ESTIMATES.forEach(function (e) { rows.push(['estimated ' + e[1], function (r) { return estimate(r, e[0]); }]); });
+    Object.keys(LAYERS).sort().forEach(function (prof) {
+      ESTIMATES.forEach(function (e) {
+        rows.push(['estimated on ' + prof + ' (not measured) ' + e[1],
+                   function (r) { var x = ((r.profile_estimates || {})[prof] || {})[e[0]]; return finite(x) ? x : null; }]);
+      });
+    });
+    rows.push(['other work during the run', function (r) {
+      return r.load + (finite(r.foreign_cpu) ? ' (' + (100 * r.foreign_cpu).toFixed(0) + '% of the machine)' : '');
+    }]);
     rows.push(['sweep constraints', function (r) { return (r.constraints || 'none') + ' (' + r.slo + ')'; }]);
     rows.push(['sweep pick', function (r) { return r.best ? 'yes: most throughput under the constraints' : 'no'; }]);
     var head = el('tr');
@@ -453,7 +442,7 @@
                sweeps_listed: document.querySelectorAll('#picks li').length};
     PLOTS.forEach(function (p) {
       var gd = document.getElementById(p.id);
-      var c = {points: 0, pareto: 0, best: 0, drawn_points: 0, traces: (gd.data || []).length};
+      var c = {points: 0, pareto: 0, best: 0, drawn_points: 0, estimated: 0, traces: (gd.data || []).length};
       var layers = gd.querySelectorAll('.scatterlayer .trace');
       (gd.data || []).forEach(function (t, i) {
         var n = (t.x || []).length;
@@ -461,6 +450,7 @@
         if (t.meta === 'runs') { c.points += n; c.drawn_points += drawn; }
         if (t.meta === 'pareto') c.pareto += n;
         if (t.meta === 'best') c.best += n;
+        if (t.meta === 'estimate-layer') c.estimated += n;
       });
       out.plots[p.id] = c;
     });
@@ -480,7 +470,7 @@
 
   function start() {
     document.getElementById('reset').addEventListener('click', function () {
-      state.sel = {}; state.compare = []; state.stat = 'p50'; state.color = GROUP;
+      state.sel = {}; state.compare = []; state.stat = 'p50'; state.color = GROUP; state.layers = [];
       buildFilters(); render();
     });
     document.getElementById('color-by').addEventListener('change', function () { readFilters(); render(); });

@@ -10,7 +10,8 @@ var ExplorerUtil = (function () {
   var FAMILIES = [['ttft', 'TTFT'], ['itl', 'ITL'], ['e2e', 'E2E latency']];
   var ESTIMATES = [['throughput', 'Throughput (tok/s)'], ['itl_p50', 'ITL p50 (ms)'], ['ttft_p50', 'TTFT p50 (ms)'],
                    ['e2e_p50', 'E2E latency p50 (ms)']];
-  var DIMS = [['model', 'Model'], ['machine', 'Machine'], ['workload', 'Workload'], ['slo', 'Sweep constraints (SLO)']];
+  var DIMS = [['model', 'Model'], ['machine', 'Machine'], ['workload', 'Workload'], ['slo', 'Sweep constraints (SLO)'],
+              ['load', 'Other work during the run']];
   var PLOT_CONFIG = {displaylogo: false, responsive: true};
 
   // Each Pareto group (model / machine / workload) has its own colour; points take it too by default.

@@ -1,0 +1,54 @@
+"""The load recorded with each optimiser run: CPU time of processes outside the measured tree, as a
+share of the machine (optimize/machine_load.py), checked against processes whose CPU use is known."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llmkern.optimize import machine_load
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
+
+BURN = "import time\nt = time.time() + {s}\nwhile time.time() < t: pass\n"
+
+
+def _burners(n: int, seconds: float, detached: bool):
+    """n processes spinning for `seconds`; detached ones are re-parented away from this process
+    (a shell starts them in the background and exits), as another job's processes would be."""
+    code = BURN.format(s=seconds)
+    if detached:
+        cmd = " ".join(f"{sys.executable} -c '{code}' >/dev/null 2>&1 &" for _ in range(n))
+        subprocess.run(["sh", "-c", cmd], check=True)
+        return []
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+def _measure(n, detached, seconds=1.5):
+    m = machine_load.LoadMeter().start()
+    procs = _burners(n, seconds, detached)
+    time.sleep(seconds)
+    if not detached:
+        for p in procs:
+            p.wait(10)
+    return m.stop()
+
+
+def test_other_processes_count_as_load_and_our_own_do_not():
+    n = os.cpu_count() or 1
+    other = _measure(n, detached=True)
+    time.sleep(0.5)
+    own = _measure(n, detached=False)
+    # every CPU spun for the whole window in another tree: most of the machine is foreign
+    assert other["foreign_cpu"] > 0.6, other
+    assert machine_load.is_busy(other)
+    # the same work in our own children is ours (reaped children land in our cutime)
+    assert own["foreign_cpu"] < other["foreign_cpu"] - 0.4, (own, other)
+    assert own["load_1m_before"] is not None and own["load_1m_after"] is not None
+
+
+def test_is_busy_threshold():
+    assert not machine_load.is_busy(None) and not machine_load.is_busy({"foreign_cpu": None})
+    assert not machine_load.is_busy({"foreign_cpu": 0.1}) and machine_load.is_busy({"foreign_cpu": 0.3})
+    assert not machine_load.is_busy({"foreign_cpu": 0.3}, max_foreign=0.5)
