@@ -66,10 +66,7 @@ def run_optimize(a) -> int:
     from . import profiles
 
     for name in a.estimate_profiles:   # unknown names fail before anything runs
-        try:
-            profiles.load(name)
-        except ValueError as e:
-            raise ValueError(str(e).replace("--profile:", "--estimate-profile:", 1)) from None
+        profiles.load(name, "--estimate-profile")
     return sweep.run(a)
 
 

@@ -14,8 +14,8 @@ cores. So the swept model itself is measured, with the configuration's dtype and
 
 For a serving workload all three go through `llmkern serve` (streaming, its per-token work
 included), for an offline one through LLM.generate. The fit is kept apart from the machine's rates
-(apply() combines them), so --recalibrate's later probes of the machine keep it. Nothing from the
-sweep's own requests is used."""
+(apply() combines them with the profile it was fitted against). Nothing from the sweep's own
+requests is used."""
 from __future__ import annotations
 
 import asyncio

@@ -96,19 +96,20 @@ def save(p: HardwareProfile, path: Optional[str] = None) -> str:
     return path
 
 
-def load(name: str) -> HardwareProfile:
-    """A datasheet name (H100, H200, A100, A100-40GB, L40S), a saved profile's name, or a JSON file path."""
+def load(name: str, option: str = "--profile") -> HardwareProfile:
+    """A datasheet name (H100, H200, A100, A100-40GB, L40S), a saved profile's name, or a JSON file
+    path. ValueError naming `option` (the command-line option that gave the name) otherwise."""
     if name in DATASHEETS:
         return DATASHEETS[name]
     path = name if name.endswith(".json") else os.path.join(profile_dir(), name + ".json")
     if not os.path.isfile(path):
-        raise ValueError(f"--profile: no profile {name!r} (expected one of {', '.join(DATASHEETS)}, a profile "
+        raise ValueError(f"{option}: no profile {name!r} (expected one of {', '.join(DATASHEETS)}, a profile "
                          f"saved by `llmkern estimate --calibrate`, or a .json file)")
     try:
         with open(path) as f:
             return HardwareProfile.from_dict(json.load(f))
     except (json.JSONDecodeError, TypeError) as e:
-        raise ValueError(f"--profile: {path!r} is not a profile ({e})") from None
+        raise ValueError(f"{option}: {path!r} is not a profile ({e})") from None
 
 
 def cpu_model() -> str:
@@ -176,11 +177,13 @@ def _quant_gemm_flops(device: str, min_time: float, n: int = 1024, rows: int = 2
     return 2 * rows * n * n / t
 
 
-def _tiny_engine(device: str, layers: int = 1, **parallel):
+def _tiny_engine(device: str, layers: int = 1, kv_heads: int = 2, **parallel):
+    """An engine over a tiny random model (hidden 64) whose arithmetic is negligible: what it
+    measures is the runtime's own cost."""
     from ..engine import LLM
 
     cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-           "num_hidden_layers": layers, "num_attention_heads": 2, "num_key_value_heads": 2,
+           "num_hidden_layers": layers, "num_attention_heads": 2, "num_key_value_heads": kv_heads,
            "max_position_embeddings": 512, "tie_word_embeddings": True}
     return LLM(cfg, load_format="dummy", device=device, max_num_seqs=64, kv_cache_memory_gb=0.05, **parallel)
 
@@ -217,12 +220,9 @@ def _engine_parallel_costs(device: str, layers: int = 10) -> "tuple[float, float
 def _runtime_overheads(device: str):
     """Fixed cost per engine step and per sequence: decode steps of a tiny random model (1 layer,
     hidden 64), whose arithmetic is negligible, at 1 and 16 sequences."""
-    from ..engine import LLM, SamplingParams
+    from ..engine import SamplingParams
 
-    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-           "max_position_embeddings": 512, "tie_word_embeddings": True}
-    llm = LLM(cfg, load_format="dummy", device=device, max_num_seqs=64, kv_cache_memory_gb=0.05)
+    llm = _tiny_engine(device, layers=1, kv_heads=1)
     n_out = 48
 
     def per_step(nseq: int) -> float:

@@ -161,7 +161,8 @@ def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_to
         extra = (["--kv-cache-memory-gb", str(a.kv_cache_memory_gb)] if a.kv_cache_memory_gb else []) + \
                 (["--dtype", a.dtype] if a.dtype else [])
         shape_c = shape.dense() if c.get("quantization") == "none" else shape
-        ek = EngineKnobs.from_knobs(_engine_knobs(c, wl, extra), kv_cache_tokens(shape, a.kv_cache_memory_gb or 2.0))
+        run_knobs = _engine_knobs(c, wl, extra)
+        ek = EngineKnobs.from_knobs(run_knobs, kv_cache_tokens(shape, a.kv_cache_memory_gb or 2.0))
         if fw == "llmkern" and hw.calibrated and hw.device == "cpu" and not a.no_engine_calibration:
             # The fit was measured on the engine against this profile: it stands for the engine's
             # speed as a whole, and re-scaling it with later probes of the machine (a synthetic read
@@ -183,7 +184,7 @@ def _run_configs(a, db, sweep_id, todo, wl, prompt_ids, prompt_tokens, prefix_to
             sim["profile_seq_overhead_ms"] = hw_now.seq_overhead_s * 1e3
             for k, v in (hw_now.extra or {}).items():   # the engine calibration's fit and measurements
                 sim[f"profile_{k}"] = v
-            other = _profile_estimates(a, sim_reqs, shape_c, c, _engine_knobs(c, wl, extra))
+            other = _profile_estimates(a, sim_reqs, shape_c, c, run_knobs)
         cmd = knobs_mod.serve_command(a.model, server_knobs, extra)
         bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in c.items())[:60])
         for attempt in range(1 + max(0, a.retry_busy)):
