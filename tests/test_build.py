@@ -17,6 +17,29 @@ def test_build_info_keys():
     assert "cpu" in info["backends"]
     assert info["cpu_simd"] in info["cpu_simd_compiled"]
     assert info["version"] == llmkern.__version__
+    # every CPU kernel family names the instructions it runs on
+    paths = info["cpu_kernels"]
+    assert {"linear fp32", "linear bf16", "linear quantised", "attention bf16", "moe", "sampling"} <= set(paths)
+    assert info["cpu_amx"] in ("off", "hardware", "emulated")
+    assert (info["cpu_simd"] == "amx") == (info["cpu_amx"] != "off")
+    assert paths["linear bf16"].startswith("amx-bf16") == (info["cpu_amx"] != "off")
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(not {"amx_tile", "amx_bf16"} <= set(_cpu_flags()), reason="this CPU has no AMX")
+def test_amx_taken_where_the_cpu_has_it():
+    # A CPU with AMX runs the tile kernels unless the OS refused the tile state (then: off, and why
+    # is the first thing to check in an AMX machine's report).
+    info = llmkern.build_info()
+    if "amx" in info["cpu_simd_compiled"]:
+        assert info["cpu_amx"] == "hardware" and info["cpu_simd"] == "amx", info
 
 
 def test_build_info_says_what_the_build_carries():
@@ -73,7 +96,7 @@ def test_every_op_is_registered_with_torch_library():
         assert hasattr(torch.ops.llmkern, name), name
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "amx", "amx-emulated"])
 def test_each_simd_level_runs(isa):
     # Each SIMD build of the CPU kernels gives the same bytes (subprocess: the level is read once).
     code = (
@@ -84,16 +107,22 @@ def test_each_simd_level_runs(isa):
         "s = torch.randperm(30)[:9]\n"
         "llmkern.reshape_and_cache_flash(k, v, kc, vc, s)\n"
         "assert torch.equal(kc.view(-1, 2, 16)[s], k)\n"
-        "print(llmkern.build_info()['cpu_simd'])\n"
+        "print(llmkern.build_info()['cpu_simd'], llmkern.build_info()['cpu_amx'])\n"
     )
     env = dict(os.environ, LLMKERN_CPU_ISA=isa)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    supported = llmkern.build_info()["cpu_simd_supported"]
-    order = ["scalar", "avx2", "avx512"]
-    expect = isa if order.index(isa) <= order.index(supported) else supported
-    if isa not in llmkern.build_info()["cpu_simd_compiled"]:
-        expect = "scalar"
+    info = llmkern.build_info()
+    supported, compiled = info["cpu_simd_supported"], info["cpu_simd_compiled"]
+    order = ["scalar", "avx2", "avx512", "amx"]
+    if isa == "amx-emulated":  # the tile kernels' software model: any CPU with the AVX-512 level
+        emulated = "amx" in compiled and order.index(supported) >= order.index("avx512")
+        expect = "amx emulated" if emulated else f"{supported} off"
+    else:
+        level = isa if order.index(isa) <= order.index(supported) else supported
+        if isa not in compiled:
+            level = "scalar"
+        expect = f"{level} {'hardware' if level == 'amx' else 'off'}"
     assert out.stdout.strip() == expect
 
 

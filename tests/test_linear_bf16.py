@@ -164,6 +164,29 @@ def test_widening_path_and_other_simd_levels(env):
     run_python(_OTHER_PATH.format(cases=CASES[:12]), **env)
 
 
+# The AMX tile GEMM (from 16 rows) through the tiles' software model, so that its blocking, padding
+# and epilogues are tested on every AVX-512 CPU: rows 16 .. 600 (partial 16- and 32-row blocks, two
+# row groups), K a multiple of 32 (x read in place; three k chunks) or not (padded copy, a partial
+# tile of k pairs), an odd panel count, and K = 0. On a CPU with AMX the default-level tests above
+# run the same GEMM on the hardware tiles.
+_AMX_CASES = [(16, 64, 32), (17, 576, 48), (24, 1536, 200), (31, 9, 40), (33, 577, 33), (37, 200, 100),
+              (40, 577, 192), (300, 576, 80), (600, 96, 40), (20, 0, 5)]
+
+
+def test_amx_tile_gemm_emulated():
+    from runtime_helpers import run_python
+
+    if "amx" not in llmkern.build_info()["cpu_simd_compiled"]:
+        pytest.skip("this build has no AMX tile kernels")
+    check = ("info = llmkern.build_info()\n"
+             "assert info['cpu_amx'] == 'emulated', info\n"
+             "assert info['cpu_kernels']['linear bf16'].startswith('amx-bf16 emulated'), info\n")
+    code = _OTHER_PATH.format(cases=_AMX_CASES).replace("/ k ** 0.5", "/ max(k, 1) ** 0.5")
+    head, body = code.split("torch.manual_seed(0)\n", 1)
+    run_python(head + check + "torch.manual_seed(0)\n" + body,
+               timeout=300, LLMKERN_CPU_ISA="amx-emulated")
+
+
 def test_layers_use_the_bf16_gemm():
     from llmkern.layers import GateUpLinear, Linear
 

@@ -3,7 +3,62 @@
 
 #include "common/dispatch.h"
 
+#if LLMK_MULTI_ISA && (defined(__x86_64__) || defined(_M_X64))
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
+
 namespace llmk {
+
+namespace {
+
+#if LLMK_MULTI_ISA && LLMK_WITH_AMX && (defined(__x86_64__) || defined(_M_X64))
+// AMX-TILE and AMX-BF16 in CPUID, tile state enabled by the OS (XCR0 bits 17-18), and, on Linux,
+// this process granted the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM): without that grant
+// the first tile instruction faults. The grant covers every thread of the process.
+bool amx_hardware() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
+  if (!tile || !bf16) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG | XTILEDATA
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+#endif
+  return true;
+}
+#else
+bool amx_hardware() { return false; }
+#endif
+
+// LLMKERN_CPU_ISA: scalar | avx2 | avx512 | amx cap the level; amx-emulated runs the tile kernels
+// through their software model (needs the AVX-512 level).
+const char* isa_env() {
+  const char* env = std::getenv("LLMKERN_CPU_ISA");
+  return env && *env ? env : nullptr;
+}
+
+bool amx_emulated_requested() {
+  const char* env = isa_env();
+  return env && std::strcmp(env, "amx-emulated") == 0;
+}
+
+}  // namespace
+
+bool amx_compiled() {
+#if LLMK_MULTI_ISA && LLMK_WITH_AMX
+  return true;
+#else
+  return false;
+#endif
+}
 
 CpuIsa cpu_isa_supported() {
 #if LLMK_MULTI_ISA && (defined(__x86_64__) || defined(_M_X64))
@@ -11,7 +66,7 @@ CpuIsa cpu_isa_supported() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-      return CpuIsa::Avx512;
+      return amx_hardware() ? CpuIsa::Amx : CpuIsa::Avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::Avx2;
     return CpuIsa::Scalar;
   }();
@@ -22,21 +77,40 @@ CpuIsa cpu_isa_supported() {
 }
 
 CpuIsa cpu_isa() {
-  // LLMKERN_CPU_ISA=scalar|avx2|avx512 caps the level (for testing each path on one machine).
   static const CpuIsa chosen = [] {
-    CpuIsa best = cpu_isa_supported();
-    const char* env = std::getenv("LLMKERN_CPU_ISA");
-    if (!env || !*env) return best;
-    CpuIsa want = std::strcmp(env, "scalar") == 0 ? CpuIsa::Scalar
-                  : std::strcmp(env, "avx2") == 0 ? CpuIsa::Avx2
-                                                   : CpuIsa::Avx512;
-    return static_cast<int>(want) < static_cast<int>(best) ? want : best;
+    const CpuIsa best = cpu_isa_supported();
+    const char* env = isa_env();
+    if (!env) return best;
+    if (amx_emulated_requested())
+      return amx_compiled() && best >= CpuIsa::Avx512 ? CpuIsa::Amx : best;
+    const CpuIsa want = std::strcmp(env, "scalar") == 0 ? CpuIsa::Scalar
+                        : std::strcmp(env, "avx2") == 0 ? CpuIsa::Avx2
+                        : std::strcmp(env, "avx512") == 0 ? CpuIsa::Avx512
+                                                          : CpuIsa::Amx;
+    return want < best ? want : best;
   }();
   return chosen;
 }
 
+AmxMode amx_mode() {
+  static const AmxMode mode = [] {
+    if (cpu_isa() != CpuIsa::Amx) return AmxMode::Off;
+    return amx_emulated_requested() ? AmxMode::Emulated : AmxMode::Hardware;
+  }();
+  return mode;
+}
+
+const char* amx_mode_name(AmxMode mode) {
+  switch (mode) {
+    case AmxMode::Hardware: return "hardware";
+    case AmxMode::Emulated: return "emulated";
+    default: return "off";
+  }
+}
+
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::Amx: return "amx";
     case CpuIsa::Avx512: return "avx512";
     case CpuIsa::Avx2: return "avx2";
     default: return "scalar";

@@ -13,10 +13,20 @@
 
 namespace llmk {
 
-enum class CpuIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// Amx is the AVX-512 build plus AMX tile kernels (Intel Sapphire Rapids and later): the cpu_avx512
+// objects run it, their GEMM-shaped kernels switching to tiles when amx_mode() is not Off.
+enum class CpuIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Amx = 3 };
 CpuIsa cpu_isa();               // best level this CPU supports, capped by LLMKERN_CPU_ISA
 const char* cpu_isa_name(CpuIsa isa);
 CpuIsa cpu_isa_supported();     // best level this CPU supports
+
+// How the tile kernels run: on the CPU's AMX units (CPUID AMX-TILE + AMX-BF16, and Linux granted
+// this process the tile state), on a software model of the tiles (LLMKERN_CPU_ISA=amx-emulated: any
+// AVX-512 CPU, for tests; slow), or not at all.
+enum class AmxMode : int { Off = 0, Hardware = 1, Emulated = 2 };
+AmxMode amx_mode();
+const char* amx_mode_name(AmxMode mode);
+bool amx_compiled();            // this build holds tile kernels (x86-64, a compiler with -mamx-tile)
 
 }  // namespace llmk
 
@@ -32,6 +42,7 @@ CpuIsa cpu_isa_supported();     // best level this CPU supports
 #define LLMK_CPU_CALL(name, ...)                                                  \
   do {                                                                            \
     switch (::llmk::cpu_isa()) {                                                  \
+      case ::llmk::CpuIsa::Amx:                                                   \
       case ::llmk::CpuIsa::Avx512: ::llmk::cpu_avx512::name(__VA_ARGS__); break;  \
       case ::llmk::CpuIsa::Avx2: ::llmk::cpu_avx2::name(__VA_ARGS__); break;      \
       default: ::llmk::cpu_scalar::name(__VA_ARGS__); break;                      \

@@ -14,6 +14,18 @@
 
 namespace py = pybind11;
 
+// common/kernel_paths_cpu.cpp, once per SIMD level.
+#define LLMK_KERNEL_PATHS_DECL(ns) \
+  namespace llmk { namespace ns { std::vector<std::pair<std::string, std::string>> kernel_paths(); } }
+#if defined(LLMK_SIMT)
+#elif LLMK_MULTI_ISA
+LLMK_KERNEL_PATHS_DECL(cpu_scalar)
+LLMK_KERNEL_PATHS_DECL(cpu_avx2)
+LLMK_KERNEL_PATHS_DECL(cpu_avx512)
+#else
+LLMK_KERNEL_PATHS_DECL(cpu_scalar)
+#endif
+
 #ifndef LLMK_CUDA_TOOLKIT  // _simt, and a _C built without CUDA
 #define LLMK_CUDA_TOOLKIT ""
 #define LLMK_CUDA_SASS ""
@@ -42,11 +54,29 @@ py::dict build_info() {
   d["cuda_device_count"] = llmk::cuda_device_count();
   d["cpu_simd"] = llmk::cpu_isa_name(llmk::cpu_isa());
   d["cpu_simd_supported"] = llmk::cpu_isa_name(llmk::cpu_isa_supported());
+  d["cpu_amx"] = llmk::amx_mode_name(llmk::amx_mode());
 #if LLMK_MULTI_ISA
-  d["cpu_simd_compiled"] = py::make_tuple("scalar", "avx2", "avx512");
+  if (llmk::amx_compiled()) d["cpu_simd_compiled"] = py::make_tuple("scalar", "avx2", "avx512", "amx");
+  else d["cpu_simd_compiled"] = py::make_tuple("scalar", "avx2", "avx512");
 #else
   d["cpu_simd_compiled"] = py::make_tuple("scalar");
 #endif
+  py::dict paths;
+#if !defined(LLMK_SIMT)
+  std::vector<std::pair<std::string, std::string>> kp;
+#if LLMK_MULTI_ISA
+  switch (llmk::cpu_isa()) {
+    case llmk::CpuIsa::Amx:
+    case llmk::CpuIsa::Avx512: kp = llmk::cpu_avx512::kernel_paths(); break;
+    case llmk::CpuIsa::Avx2: kp = llmk::cpu_avx2::kernel_paths(); break;
+    default: kp = llmk::cpu_scalar::kernel_paths(); break;
+  }
+#else
+  kp = llmk::cpu_scalar::kernel_paths();
+#endif
+  for (const auto& [family, path] : kp) paths[py::str(family)] = path;
+#endif
+  d["cpu_kernels"] = paths;  // the instructions each CPU kernel family runs on (kernel_paths_cpu.cpp)
   d["num_threads"] = llmk::pool_threads();
   d["threads"] = llmk::use_openmp() ? "openmp" : "pool";
 #if defined(_OPENMP)

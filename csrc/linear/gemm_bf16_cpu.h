@@ -173,6 +173,30 @@ LLMK_ALWAYS_INLINE void tiles_bf16(bool dot, int np, int r, const uint32_t* xb, 
   tile_rows_bf16_widen<1>(r, xb, xs, w, pstride, kc, c, ldc, init);
 }
 
+// The epilogue of the bf16 GEMMs: fp32 tile rows c (row stride ldc) of `rows` rows against np panels
+// from panel p -> bf16 out (row stride ldo, the tile's first row): + bias, or for gated W (gate/up
+// panel pairs) silu(gate) * up.
+LLMK_ALWAYS_INLINE void store_rows_bf16(const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
+                                        const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
+  const int64_t n0 = (gated ? p / 2 : p) * PW;
+  const int ncols = int(std::min<int64_t>((gated ? 1 : np) * PW, N - n0));
+  uint16_t* o = out + n0;
+  for (int row = 0; row < rows; ++row) {
+    const float* cr = c + row * ldc;
+    uint16_t* orow = o + row * ldo;
+    if (gated) {
+#pragma omp simd
+      for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(silu_fast(cr[j]) * cr[PW + j]);
+    } else if (bias) {
+#pragma omp simd
+      for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j] + vec::bf16_to_f32(bias[n0 + j]));
+    } else {
+#pragma omp simd
+      for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j]);
+    }
+  }
+}
+
 // Words of x-pair scratch gemm_bf16 needs for M rows of K.
 inline int64_t xpack_pairs_words(int64_t M, int64_t K) { return (M + MR - 1) / MR * MR * ((K + 1) / 2); }
 
@@ -199,23 +223,7 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
     tiles_bf16(dot, np, r, xpack + b * MR * KH + h0 * xs, xs, w + p * pstride + h0 * PW, pstride, kc, c, ldc, init);
   };
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
-    const int64_t n0 = (gated ? p / 2 : p) * PW;
-    const int ncols = int(std::min<int64_t>((gated ? 1 : np) * PW, N - n0));
-    uint16_t* o = out + blk.start(b) * ldo + n0;
-    for (int row = 0; row < blk.rows(b); ++row) {
-      const float* cr = c + row * ldc;
-      uint16_t* orow = o + row * ldo;
-      if (gated) {
-#pragma omp simd
-        for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(silu_fast(cr[j]) * cr[PW + j]);
-      } else if (bias) {
-#pragma omp simd
-        for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j] + vec::bf16_to_f32(bias[n0 + j]));
-      } else {
-#pragma omp simd
-        for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j]);
-      }
-    }
+    store_rows_bf16(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
   };
   gemm_units(blk, npanels, unit, gw, KH, KC2, grain, tiles, store);
 }

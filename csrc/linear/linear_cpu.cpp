@@ -2,13 +2,14 @@
 // dotted with every row of x while it is in L1; threads split the output features.
 // linear_packed: the register-tiled GEMM of gemm_cpu.h on weights packed at load time;
 // linear_packed_silu_mul: the same with the MLP's gated SiLU as the epilogue. bf16 x with weights
-// packed in k pairs run gemm_bf16_cpu.h's GEMM instead.
+// packed in k pairs run gemm_bf16_cpu.h's GEMM instead (gemm_bf16_amx_cpu.h's on AMX tiles).
 #include <cstdlib>
 #include <vector>
 
 #include "common/checks.h"
 #include "common/vec_cpu.h"
 #include "common/parallel.h"
+#include "linear/gemm_bf16_amx_cpu.h"
 #include "linear/gemm_bf16_cpu.h"
 #include "linear/gemm_cpu.h"
 #include "linear/linear.h"
@@ -94,10 +95,17 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
   });
 }
 
-// The bf16 GEMM (plain or gated) into out; x-pair scratch reused across calls.
+// The bf16 GEMM (plain or gated) into out: on AMX tiles from kAmxMinRows rows when the AMX level
+// runs, else the vdpbf16ps / widening tiles (x-pair scratch reused across calls).
 void run_bf16(const TensorView& x, const TensorView& packed, int64_t N, const TensorView* bias, bool gated,
               const TensorView& out) {
   const int64_t M = x.size(0), K = x.size(1);
+#if LLMK_AMX_TILES
+  if (gemm::use_amx(M))
+    return gemm::gemm_bf16_amx(x.ptr<const uint16_t>(), x.stride(0), M, K, packed.ptr<const uint16_t>(), N,
+                               bias ? bias->ptr<const uint16_t>() : nullptr, gated, out.ptr<uint16_t>(),
+                               out.stride(0), ::llmk::amx_mode() == ::llmk::AmxMode::Emulated);
+#endif
   thread_local std::vector<uint32_t> xpack;
   const size_t need = size_t(gemm::xpack_pairs_words(M, K));
   if (xpack.size() < need) xpack.resize(need);

@@ -327,6 +327,14 @@ void run(const TensorView& x, const TensorView& wq, int64_t N, int id, const Ten
 
 }  // namespace
 
+bool linear_quant_vnni() {
+#if defined(__AVX512F__)
+  return vnni();
+#else
+  return false;
+#endif
+}
+
 void linear_quant(const TensorView& x, const TensorView& weight_q, int64_t out_features, int64_t layout,
                   const TensorView* bias, bool gated, const TensorView& out, int64_t /*stream*/) {
   if (x.dtype == DType::BF16) return run<DType::BF16>(x, weight_q, out_features, int(layout), bias, gated, out);

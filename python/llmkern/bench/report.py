@@ -107,6 +107,10 @@ def machine_lines(res: dict) -> list:
     if m.get("simd"):
         rows.append(["SIMD", f"{m['simd']} in use (CPU supports {m.get('simd_supported')}; built: "
                              f"{', '.join(m.get('simd_compiled') or [])})"])
+    if m.get("cpu_flags") is not None:
+        rows.append(["CPU features", ", ".join(m["cpu_flags"]) or "none of " + "/".join(("avx2", "avx512", "amx"))])
+    if m.get("cpu_kernels"):
+        rows.append(["Kernel paths", "; ".join(f"{k}: {v}" for k, v in m["cpu_kernels"].items())])
     mem = m.get("memory_bytes")
     rows.append(["Memory", (f"{mem / 2**30:.1f} GiB" if mem else "?") + f", last-level cache {m.get('llc_bytes', 0) >> 20} MiB"])
     for g in m.get("gpus") or []:

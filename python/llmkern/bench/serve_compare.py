@@ -22,9 +22,9 @@ from typing import Dict, List, Tuple
 
 from ..loadgen import Req, chat_mix, drive, random_tokens, shared_prefix, summarise_tpot
 from . import peers_serving, serve_compare_report as report, vllm_bench_client
+from .suite import CPU_FLAGS
 
 WORKLOADS = ("random", "shared-prefix", "mixed")
-CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 COMPLETIONS = "/v1/completions"
 
 

@@ -142,6 +142,19 @@ def _gpu_info() -> list:
     return gpus
 
 
+# The CPU features the kernels' paths depend on, as /proc/cpuinfo names them.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def _cpu_flags() -> list:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [f for f in CPU_FLAGS if f in flags]
+
+
 def machine_info() -> dict:
     """What the figures were measured on (no measurement here; see machine_limits)."""
     info = {
@@ -161,7 +174,8 @@ def machine_info() -> dict:
 
         bi = llmkern.build_info()
         info.update(simd=bi.get("cpu_simd"), simd_supported=bi.get("cpu_simd_supported"),
-                    simd_compiled=bi.get("cpu_simd_compiled"), llmkern_threads=bi.get("num_threads"),
+                    simd_compiled=bi.get("cpu_simd_compiled"), cpu_kernels=bi.get("cpu_kernels"),
+                    cpu_flags=_cpu_flags(), llmkern_threads=bi.get("num_threads"),
                     llmkern_backends=bi.get("backends"), cuda_archs=bi.get("cuda_archs"))
     except Exception as e:  # noqa: BLE001
         info["llmkern_error"] = f"{type(e).__name__}: {e}"

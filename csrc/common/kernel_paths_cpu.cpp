@@ -1,0 +1,51 @@
+// Which instructions each CPU kernel family runs on in this process: the SIMD level's objects, and
+// inside them the extensions each family checks on its own (AMX tiles, AVX512_BF16, AVX512_VNNI)
+// with their test switches applied. build_info()["cpu_kernels"] reports it, and the benchmark
+// reports print it beside every figure, so figures from different paths are never mixed.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/dispatch.h"
+#include "common/macros.h"
+#include "linear/gemm_bf16_amx_cpu.h"
+
+LLMK_NS_BEGIN
+
+namespace gemm {
+bool bf16_dot();           // linear_cpu.cpp
+}
+namespace attn {
+bool cpu_bf16_dot();       // attention/flash_attn_tiles_cpu.cpp
+}
+bool linear_quant_vnni();  // linear/linear_quant_cpu.cpp
+
+std::vector<std::pair<std::string, std::string>> kernel_paths() {
+#if defined(__AVX512F__)
+  const std::string isa = "avx512";
+#elif defined(__AVX2__)
+  const std::string isa = "avx2";
+#else
+  const std::string isa = "scalar";
+#endif
+  const std::string widened = isa + " (bf16 widened to fp32)";
+  std::string linear_bf16 = gemm::bf16_dot() ? "avx512-bf16" : widened;
+#if LLMK_AMX_TILES
+  const AmxMode amx = amx_mode();
+  if (amx != AmxMode::Off)
+    linear_bf16 = std::string(amx == AmxMode::Emulated ? "amx-bf16 emulated" : "amx-bf16") + " from " +
+                  std::to_string(gemm::kAmxMinRows) + " rows, " + linear_bf16 + " below";
+#endif
+  return {
+      {"linear fp32", isa},
+      {"linear bf16", linear_bf16},
+      {"linear quantised", linear_quant_vnni() ? "avx512-vnni" : isa},
+      {"attention fp32", isa},
+      {"attention bf16", attn::cpu_bf16_dot() ? "avx512-bf16" : widened},
+      {"moe", isa + " (fp32 experts)"},
+      {"sampling", isa},
+      {"norms, rotary, kv cache", isa},
+  };
+}
+
+LLMK_NS_END
