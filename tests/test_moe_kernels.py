@@ -2,6 +2,8 @@
 CUDA kernels emulated; cuda) against plain-torch references written here: a per-token loop over the
 chosen experts in fp64, and the same loop in the storage dtype for the tolerance (flash-attn's rule:
 error <= 2 * the error of torch in that dtype + tiny). Bad inputs: tests/bad_inputs/moe.py."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -174,17 +176,47 @@ def test_fused_moe_out_and_in_place(backend):
     assert empty.shape == (0, H)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_moe_packed_cpu(dtype):
+@pytest.mark.parametrize("dtype,pack", [(torch.float32, None), (torch.float16, None), (torch.bfloat16, None),
+                                        (torch.bfloat16, torch.float32)], ids=["fp32", "fp16", "bf16", "bf16-fp32-panels"])
+def test_fused_moe_packed_cpu(dtype, pack):
+    # skewed routing: expert 0 gets all 29 rows (the GEMMs' prefill shapes: AMX tiles from 16 rows),
+    # the others a few (decode shapes)
     T, E, H, I, k = 29, 6, 72, 40, 2
     x, w13, w2 = make_moe(T, E, H, I, dtype, "cpu")
     w, ids = route(T, E, k, seed=2, skew=True)
     emap = torch.tensor([3, -1, 0, 1, 2, 4, 5], dtype=torch.int32)  # 7 global experts, one elsewhere
     ids[ids == 6] = 1
-    packed = llmkern.pack_moe_weights(w13, w2)
-    assert packed.w13.shape == (E, -(-2 * I // 16), H, 16) and packed.intermediate_size == I
+    packed = llmkern.pack_moe_weights(w13, w2, dtype=pack)
+    if dtype == torch.bfloat16 and pack is None:  # bf16 panels in k pairs, gate/up interleaved
+        assert packed.w13.dtype == torch.bfloat16
+        assert packed.w13.shape == (E, 2 * -(-I // 16), H // 2, 16, 2) and packed.w2.shape == (E, -(-H // 16), I // 2, 16, 2)
+        with pytest.raises(ValueError, match="hidden_states"):
+            llmkern.fused_moe(x.float(), packed, None, w, ids, expert_map=emap)
+    else:
+        assert packed.w13.shape == (E, -(-2 * I // 16), H, 16) and packed.w13.dtype == torch.float32
+    assert packed.intermediate_size == I
     out = llmkern.fused_moe(x, packed, None, w, ids, expert_map=emap)
     assert_moe_close(out, x, w13, w2, w, ids, expert_map=emap)
+
+
+def test_fused_moe_bf16_packed_on_amx_tiles_emulated():
+    """The bf16 experts' GEMMs on the AMX tiles' software model (the expert with all rows), odd H and I."""
+    from runtime_helpers import run_python
+
+    if "amx" not in llmkern.build_info()["cpu_simd_compiled"]:
+        pytest.skip("this build has no AMX tile kernels")
+    code = (
+        "import sys, torch, llmkern\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from test_moe_kernels import make_moe, route, assert_moe_close\n"
+        "assert llmkern.build_info()['cpu_amx'] == 'emulated'\n"
+        "for T, E, H, I in [(29, 6, 72, 40), (40, 3, 33, 17)]:\n"
+        "    x, w13, w2 = make_moe(T, E, H, I, torch.bfloat16, 'cpu')\n"
+        "    w, ids = route(T, E, 2, seed=2, skew=True)\n"
+        "    out = llmkern.fused_moe(x, llmkern.pack_moe_weights(w13, w2), None, w, ids)\n"
+        "    assert_moe_close(out, x, w13, w2, w, ids)\n"
+    )
+    run_python(code, timeout=300, LLMKERN_CPU_ISA="amx-emulated")
 
 
 def test_opcheck_and_compile():

@@ -174,5 +174,20 @@ inline bool use_amx(int64_t M) {
 #endif
 }
 
+// The bf16 GEMM as every caller runs it (linear_packed, the MoE experts): on AMX tiles from
+// kAmxMinRows rows when the AMX level runs, else gemm_bf16 (its x-pair scratch kept per thread).
+inline void gemm_bf16_run(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
+                          const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
+#if LLMK_AMX_TILES
+  if (use_amx(M))
+    return gemm_bf16_amx(x, ldx, M, K, packed, N, bias, gated, out, ldo,
+                         ::llmk::amx_mode() == ::llmk::AmxMode::Emulated);
+#endif
+  thread_local std::vector<uint32_t> xpack;
+  const size_t need = size_t(xpack_pairs_words(M, K));
+  if (xpack.size() < need) xpack.resize(need);
+  gemm_bf16(x, ldx, M, K, packed, N, bias, gated, out, ldo, xpack.data());
+}
+
 }  // namespace gemm
 LLMK_NS_END

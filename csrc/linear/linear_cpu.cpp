@@ -95,23 +95,11 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
   });
 }
 
-// The bf16 GEMM (plain or gated) into out: on AMX tiles from kAmxMinRows rows when the AMX level
-// runs, else the vdpbf16ps / widening tiles (x-pair scratch reused across calls).
+// The bf16 GEMM (plain or gated) into out (gemm_bf16_run: AMX tiles or the vdpbf16ps / widening ones).
 void run_bf16(const TensorView& x, const TensorView& packed, int64_t N, const TensorView* bias, bool gated,
               const TensorView& out) {
-  const int64_t M = x.size(0), K = x.size(1);
-#if LLMK_AMX_TILES
-  if (gemm::use_amx(M))
-    return gemm::gemm_bf16_amx(x.ptr<const uint16_t>(), x.stride(0), M, K, packed.ptr<const uint16_t>(), N,
-                               bias ? bias->ptr<const uint16_t>() : nullptr, gated, out.ptr<uint16_t>(),
-                               out.stride(0), ::llmk::amx_mode() == ::llmk::AmxMode::Emulated);
-#endif
-  thread_local std::vector<uint32_t> xpack;
-  const size_t need = size_t(gemm::xpack_pairs_words(M, K));
-  if (xpack.size() < need) xpack.resize(need);
-  gemm::gemm_bf16(x.ptr<const uint16_t>(), x.stride(0), M, K, packed.ptr<const uint16_t>(), N,
-                  bias ? bias->ptr<const uint16_t>() : nullptr, gated, out.ptr<uint16_t>(), out.stride(0),
-                  xpack.data());
+  gemm::gemm_bf16_run(x.ptr<const uint16_t>(), x.stride(0), x.size(0), x.size(1), packed.ptr<const uint16_t>(), N,
+                      bias ? bias->ptr<const uint16_t>() : nullptr, gated, out.ptr<uint16_t>(), out.stride(0));
 }
 
 }  // namespace

@@ -155,17 +155,37 @@ void fused_moe(TensorView out, TensorView x, TensorView w13, TensorView w2, Tens
 void fused_moe_packed(TensorView out, TensorView x, TensorView w13_packed, TensorView w2_packed, int64_t inter,
                       TensorView topk_weights, TensorView topk_ids, std::optional<TensorView> expert_map,
                       int64_t stream) {
-  check_ndim(w13_packed, "w13", 4, "[num_experts, ceil(2 * intermediate_size / 16), hidden_size, 16] (packed)");
-  check_ndim(w2_packed, "w2", 4, "[num_experts, ceil(hidden_size / 16), intermediate_size, 16] (packed)");
-  const int64_t E = w13_packed.size(0), H = w13_packed.size(2);
+  // fp32 panels [E, ceil(N / 16), K, 16] (gemm_cpu.h), or bf16 panels in k pairs
+  // [E, ceil(N / 16), ceil(K / 2), 16, 2] (gemm_bf16_cpu.h; w13's gate and up panels interleaved)
+  const bool bf16 = w13_packed.dtype == DType::BF16;
+  if (bf16) {
+    check_ndim(w13_packed, "w13", 5, "[num_experts, 2 * ceil(intermediate_size / 16), ceil(hidden_size / 2), 16, 2] (bf16 packed)");
+    check_ndim(w2_packed, "w2", 5, "[num_experts, ceil(hidden_size / 16), ceil(intermediate_size / 2), 16, 2] (bf16 packed)");
+  } else {
+    check_ndim(w13_packed, "w13", 4, "[num_experts, ceil(2 * intermediate_size / 16), hidden_size, 16] (packed)");
+    check_ndim(w2_packed, "w2", 4, "[num_experts, ceil(hidden_size / 16), intermediate_size, 16] (packed)");
+  }
+  // bf16 panels hold ceil(H / 2) k pairs: H itself comes from hidden_states, checked against them
+  const int64_t E = w13_packed.size(0), H = bf16 ? x.size(-1) : w13_packed.size(2);
+  if (bf16)
+    LLMK_CHECK(x.ndim == 2 && (H + 1) / 2 == w13_packed.size(2), ValueError, "hidden_states: expected [num_tokens, ",
+               "hidden_size] with ceil(hidden_size / 2) = ", w13_packed.size(2), " (w13's k pairs), got shape ",
+               shape_str(x));
   LLMK_CHECK(E >= 1 && E <= kMaxExperts, ValueError, "w13: number of experts must be in [1, ", kMaxExperts,
              "], got ", E);
   LLMK_CHECK(inter >= 1 && H >= 1, ValueError, "intermediate_size: must be positive, got ", inter);
-  check_shape(w13_packed, "w13", {E, (2 * inter + 15) / 16, H, 16}, "packed [E, ceil(2I / 16), H, 16]");
-  check_shape(w2_packed, "w2", {E, (H + 15) / 16, inter, 16}, "packed [E, ceil(H / 16), I, 16]");
+  if (bf16) {
+    check_shape(w13_packed, "w13", {E, 2 * ((inter + 15) / 16), (H + 1) / 2, 16, 2},
+                "bf16 packed [E, 2 ceil(I / 16), ceil(H / 2), 16, 2]");
+    check_shape(w2_packed, "w2", {E, (H + 15) / 16, (inter + 1) / 2, 16, 2}, "bf16 packed [E, ceil(H / 16), ceil(I / 2), 16, 2]");
+    check_dtype(x, "hidden_states", DType::BF16);  // the bf16 GEMM reads x as it is
+  } else {
+    check_shape(w13_packed, "w13", {E, (2 * inter + 15) / 16, H, 16}, "packed [E, ceil(2I / 16), H, 16]");
+    check_shape(w2_packed, "w2", {E, (H + 15) / 16, inter, 16}, "packed [E, ceil(H / 16), I, 16]");
+  }
   for (auto* w : {&w13_packed, &w2_packed}) {
     const char* name = w == &w13_packed ? "w13" : "w2";
-    check_dtype(*w, name, DType::F32);
+    check_dtype(*w, name, bf16 ? DType::BF16 : DType::F32);
     check_on_cpu(*w, name);
     check_contiguous(*w, name);
   }

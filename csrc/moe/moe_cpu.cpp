@@ -8,6 +8,7 @@
 
 #include "common/parallel.h"
 #include "common/vec_cpu.h"
+#include "linear/gemm_bf16_amx_cpu.h"
 #include "linear/gemm_cpu.h"
 #include "moe/moe.h"
 #include "moe/moe_math.h"
@@ -107,23 +108,48 @@ inline void gemm_on_panels(const float* X, int64_t M, int64_t K, const float* pa
 
 constexpr int64_t kPackRows = 32;  // from this many rows per expert, pack unpacked weights per call
 
-// The per-expert pipeline; gemm(e, X, M, C, which) computes C = X W^T for expert e's w13 (which 0,
-// N = 2I) or w2 (which 1, N = H).
-template <DType DT, typename Gemm, typename T = vec::elem_t<DT>>
-void run_moe(const TensorView& out, const TensorView& x, int64_t E, int64_t I, const TensorView& topk_weights,
-             const TensorView& topk_ids, const TensorView* expert_map, const Gemm& gemm) {
+LLMK_ALWAYS_INLINE float as_f32(float v) { return v; }
+LLMK_ALWAYS_INLINE float as_f32(uint16_t bf16) { return vec::bf16_to_f32(bf16); }
+
+// The loop over experts both pipelines share: for each local expert with rows, expert(e, pairs, M)
+// returns its M output rows (row stride H; fp32 or bf16), which are added with their routing
+// weights into an fp32 accumulator in token order; out is rounded once to its dtype.
+template <DType DT, typename Expert>
+void each_expert(const TensorView& out, const TensorView& x, int64_t E, const TensorView& topk_weights,
+                 const TensorView& topk_ids, const TensorView* expert_map, const Expert& expert) {
   const int64_t Tn = x.size(0), H = x.size(1), k = topk_ids.size(1);
   const Groups g = group_pairs(topk_ids, expert_map, E);
   const float* tw = topk_weights.ptr<const float>();
-  const T* xp = x.ptr<const T>();
   std::vector<float> acc(Tn * H, 0.f);
-  int64_t max_rows = 0;
-  for (int64_t e = 0; e < E; ++e) max_rows = std::max(max_rows, g.offs[e + 1] - g.offs[e]);
-  std::vector<float> X(max_rows * H), G(max_rows * 2 * I), A(max_rows * I), Y(max_rows * H);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t M = g.offs[e + 1] - g.offs[e];
     if (M == 0) continue;
     const int32_t* pairs = g.pairs.data() + g.offs[e];
+    const auto* Y = expert(e, pairs, M);
+    for (int64_t r = 0; r < M; ++r) {  // pairs of one token are in different groups: no races, no threads
+      const float w = tw[pairs[r]];
+      float* dst = acc.data() + (pairs[r] / k) * H;
+      const auto* y = Y + r * H;
+#pragma omp simd
+      for (int64_t h = 0; h < H; ++h) dst[h] += w * as_f32(y[h]);
+    }
+  }
+  using T = vec::elem_t<DT>;
+  T* op = out.ptr<T>();
+  for (int64_t t = 0; t < Tn; ++t)
+    for (int64_t h = 0; h < H; ++h) op[t * out.stride(0) + h] = vec::from_f32<DT>(acc[t * H + h]);
+}
+
+// The fp32 pipeline; gemm(e, X, M, C, which) computes C = X W^T for expert e's w13 (which 0,
+// N = 2I) or w2 (which 1, N = H).
+template <DType DT, typename Gemm, typename T = vec::elem_t<DT>>
+void run_moe(const TensorView& out, const TensorView& x, int64_t E, int64_t I, const TensorView& topk_weights,
+             const TensorView& topk_ids, const TensorView* expert_map, const Gemm& gemm) {
+  const int64_t H = x.size(1), k = topk_ids.size(1);
+  const T* xp = x.ptr<const T>();
+  std::vector<float> X, G, A, Y;
+  each_expert<DT>(out, x, E, topk_weights, topk_ids, expert_map, [&](int64_t e, const int32_t* pairs, int64_t M) {
+    X.resize(M * H), G.resize(M * 2 * I), A.resize(M * I), Y.resize(M * H);
     for (int64_t r = 0; r < M; ++r) {
       const T* src = xp + (pairs[r] / k) * x.stride(0);
       for (int64_t h = 0; h < H; ++h) X[r * H + h] = vec::to_f32<DT>(src[h]);
@@ -134,17 +160,28 @@ void run_moe(const TensorView& out, const TensorView& x, int64_t E, int64_t I, c
         for (int64_t i = 0; i < I; ++i) A[r * I + i] = moe::silu(G[r * 2 * I + i]) * G[r * 2 * I + I + i];
     });
     gemm(e, A.data(), M, Y.data(), 1);
-    for (int64_t r = 0; r < M; ++r) {  // pairs of one token are in different groups: no races, no threads
-      const float w = tw[pairs[r]];
-      float* dst = acc.data() + (pairs[r] / k) * H;
-      const float* y = Y.data() + r * H;
-#pragma omp simd
-      for (int64_t h = 0; h < H; ++h) dst[h] += w * y[h];
-    }
-  }
-  T* op = out.ptr<T>();
-  for (int64_t t = 0; t < Tn; ++t)
-    for (int64_t h = 0; h < H; ++h) op[t * out.stride(0) + h] = vec::from_f32<DT>(acc[t * H + h]);
+    return static_cast<const float*>(Y.data());
+  });
+}
+
+// bf16 experts packed in k pairs (w13: gate/up panel pairs, w2: plain panels; sa / sb elements per
+// expert) on the bf16 GEMM (AMX tiles or vdpbf16ps): x rows gathered as they are, the gated SiLU as
+// the gate/up GEMM's epilogue (the activations rounded to bf16, as the CUDA kernels and a bf16 HF
+// model round them), each expert's bf16 output added in fp32 with its routing weight.
+void run_moe_bf16(const TensorView& out, const TensorView& x, int64_t E, int64_t I, const uint16_t* w13, int64_t sa,
+                  const uint16_t* w2, int64_t sb, const TensorView& topk_weights, const TensorView& topk_ids,
+                  const TensorView* expert_map) {
+  const int64_t H = x.size(1), k = topk_ids.size(1);
+  const uint16_t* xp = x.ptr<const uint16_t>();
+  std::vector<uint16_t> X, A, Y;
+  each_expert<DType::BF16>(out, x, E, topk_weights, topk_ids, expert_map,
+                           [&](int64_t e, const int32_t* pairs, int64_t M) {
+    X.resize(M * H), A.resize(M * I), Y.resize(M * H);
+    for (int64_t r = 0; r < M; ++r) std::copy_n(xp + (pairs[r] / k) * x.stride(0), H, X.data() + r * H);
+    gemm::gemm_bf16_run(X.data(), H, M, H, w13 + e * sa, I, nullptr, true, A.data(), I);
+    gemm::gemm_bf16_run(A.data(), I, M, I, w2 + e * sb, H, nullptr, false, Y.data(), H);
+    return static_cast<const uint16_t*>(Y.data());
+  });
 }
 
 }  // namespace
@@ -212,6 +249,9 @@ void fused_moe_packed(const TensorView& out, const TensorView& x, const TensorVi
                       const TensorView& w2_packed, int64_t I, const TensorView& topk_weights,
                       const TensorView& topk_ids, const TensorView* expert_map, int64_t /*stream*/) {
   const int64_t E = w13_packed.size(0), H = x.size(1);
+  if (w13_packed.dtype == DType::BF16)
+    return run_moe_bf16(out, x, E, I, w13_packed.ptr<const uint16_t>(), w13_packed.numel() / E,
+                        w2_packed.ptr<const uint16_t>(), w2_packed.numel() / E, topk_weights, topk_ids, expert_map);
   const float* a = w13_packed.ptr<const float>();
   const float* b = w2_packed.ptr<const float>();
   const int64_t sa = w13_packed.numel() / E, sb = w2_packed.numel() / E;

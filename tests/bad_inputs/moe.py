@@ -14,6 +14,8 @@ buf = torch.randn(T + 1, H)
 bad = ids.clone()
 bad[0, 0] = 3
 P = llmkern.pack_moe_weights(w13, w2)
+PB = llmkern.pack_moe_weights(w13.bfloat16(), w2.bfloat16())
+xb = x.bfloat16()
 f = llmkern.fused_moe
 
 
@@ -63,6 +65,11 @@ CASES = [
     ("moe-packed-ids", lambda: f(x, P, None, w, bad), ValueError, "topk_ids"),
     ("moeweights-bad-panels", lambda: f(x, MoEWeights(P.w13[:, :, :8], P.w2, E, H, I), None, w, ids), ValueError, "w13"),
     ("moeweights-dtype", lambda: f(x, MoEWeights(P.w13.double(), P.w2, E, H, I), None, w, ids), TypeError, "w13"),
+    ("moe-bf16-packed-fp32-hidden", lambda: f(x, PB, None, w, ids), ValueError, "hidden_states"),
+    ("moe-bf16-packed-w2-shape", lambda: f(xb, MoEWeights(PB.w13, PB.w2[:, :, :2], E, H, I), None, w, ids), ValueError, "w2"),
+    ("moe-bf16-packed-w13-rank", lambda: f(xb, MoEWeights(PB.w13[0], PB.w2, E, H, I), None, w, ids), ValueError, "w13"),
+    ("moe-bf16-packed-mixed", lambda: f(xb, MoEWeights(PB.w13, P.w2, E, H, I), None, w, ids), ValueError, "w2"),
+    ("pack-dtype", lambda: llmkern.pack_moe_weights(w13, w2, dtype=torch.float16), ValueError, "dtype"),
     ("pack-rank", lambda: llmkern.pack_moe_weights(w13[0], w2), ValueError, "w13"),
     ("pack-w2", lambda: llmkern.pack_moe_weights(w13, w2[:2]), ValueError, "w2"),
     ("pack-int", lambda: llmkern.pack_moe_weights(w13.int(), w2.int()), TypeError, "w13"),

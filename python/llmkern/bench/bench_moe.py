@@ -7,8 +7,9 @@ Peers, each given the same hidden states, weights and routing (prepared outside 
   routing weight, index_add_ into the output.
 - "dense all-experts": every expert on every token (torch.bmm over [E, T, H]), combined with a
   dense [T, E] routing matrix (zeros where an expert was not chosen). Decode and 512 tokens only.
-llmkern runs on experts packed once at load time (pack_moe_weights: fp32 panels, the CPU GEMM) and,
-for bf16, also on the bf16 weights as they are (half the bytes to read at decode).
+llmkern runs on experts packed once at load time (pack_moe_weights, as the MoE layer packs them:
+fp32 panels for fp32, bf16 panels in k pairs for bf16 on the bf16 GEMM, AMX tiles where present)
+and, for bf16, also on the bf16 weights as they are.
 
 Decode (1 .. 64 tokens) reports GB/s of expert weights read (distinct experts hit x their bytes in
 the layout llmkern reads) against the measured read bandwidth; prefill (512 .. 2048 tokens) reports
@@ -69,13 +70,13 @@ def run(quick: bool = False, device: str = "cpu") -> list:
     g = torch.Generator().manual_seed(0)
     w13_f = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5
     w2_f = torch.randn(E, H, I, generator=g) / I ** 0.5
-    packed = llmkern.pack_moe_weights(w13_f, w2_f) if device == "cpu" else None
     decode = [1, 8, 64] if quick else [1, 4, 16, 64]
     prefill = [512] if quick else [512, 2048]
     records = []
     for dtype in (torch.float32, torch.bfloat16):
         flops_limit = matmul_flops(dtype, device) / 1e9
         w13, w2 = w13_f.to(dtype).to(device), w2_f.to(dtype).to(device)
+        packed = llmkern.pack_moe_weights(w13, w2) if device == "cpu" else None
         variants = [("packed", packed, None)] if packed is not None else []
         if dtype != torch.float32 or packed is None:
             variants.append(("plain", w13, w2))
@@ -92,7 +93,7 @@ def run(quick: bool = False, device: str = "cpu") -> list:
             for vname, a, b in variants:
                 out = torch.empty_like(x)
                 ours = lambda: llmkern.fused_moe(x, a, b, tw, ids, out=out)  # noqa: E731
-                elem = 4 if vname == "packed" else x.element_size()
+                elem = a.w13.element_size() if vname == "packed" else x.element_size()
                 wbytes = nexp * 3 * H * I * elem
                 for pname, peer in peers:
                     if is_decode:

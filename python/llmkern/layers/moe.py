@@ -30,7 +30,7 @@ class SharedExpert:
 class MoE:
     """Routed experts `[first_expert, first_expert + local experts)` of `num_experts` (all of them
     outside expert parallelism), stacked as w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I];
-    on CPU in fp32 packed once for llmkern's GEMM."""
+    on CPU packed once for llmkern's GEMMs (fp32 panels, or bf16 ones for the bf16 GEMM)."""
 
     def __init__(self, router: Linear, w13: torch.Tensor, w2: torch.Tensor, top_k: int, renormalize: bool,
                  num_experts: int, first_expert: int = 0, shared: Optional[SharedExpert] = None):
@@ -38,7 +38,7 @@ class MoE:
         self.top_k, self.renormalize, self.num_experts = top_k, renormalize, num_experts
         self.first_expert, self.num_local = first_expert, w13.shape[0]
         self.shared = shared
-        self.packed = w13.device.type == "cpu" and w13.dtype == torch.float32
+        self.packed = w13.device.type == "cpu" and w13.dtype in (torch.float32, torch.bfloat16)
         self.experts: Tuple[Union[torch.Tensor, MoEWeights], Optional[torch.Tensor]] = (
             (pack_moe_weights(w13, w2), None) if self.packed else (w13, w2))
         # global expert id -> row of the local stack, -1 for experts held by other ranks

@@ -5,8 +5,9 @@
   multiple of ``block_size`` (the row tiles of a grouped GEMM).
 - ``fused_moe``: ``out[t] = sum_k w[t,k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with
   ``e = topk_ids[t,k]``; experts that no token picked cost nothing.
-- ``pack_moe_weights``: the CPU path's experts packed once at load time for the register-tiled GEMM
-  (csrc/linear/gemm_cpu.h); ``fused_moe`` takes the packed object in place of ``w13, w2``.
+- ``pack_moe_weights``: the CPU path's experts packed once at load time for the register-tiled GEMMs
+  (csrc/linear/gemm_cpu.h, fp32; gemm_bf16_cpu.h / gemm_bf16_amx_cpu.h, bf16); ``fused_moe`` takes the
+  packed object in place of ``w13, w2``.
 
 Expert parallelism: ``topk_ids`` entries equal to -1 are skipped, and ``expert_map`` (int32
 ``[global_num_experts]``, -1 = expert not on this rank) maps the router's global ids to rows of
@@ -22,6 +23,7 @@ import torch
 from .._args import int_arg, optional_tensor
 from .._backend import _C, dl, kernel_op, lib_for, require_tensor, stream_of
 from ._index_args import as_int32_index
+from .linear import pack_gate_up_weight_bf16, pack_linear_weight_bf16
 
 __all__ = ["topk_softmax", "moe_align_block_size", "fused_moe", "pack_moe_weights", "MoEWeights"]
 # Not torch.library ops themselves: fused_moe picks one of the registered ops fused_moe_out /
@@ -116,9 +118,12 @@ def _(topk_ids, num_experts, block_size):
 
 @dataclass(frozen=True)
 class MoEWeights:
-    """Experts packed once for the CPU GEMM: ``w13 [E, ceil(2I/16), H, 16]`` and
-    ``w2 [E, ceil(H/16), I, 16]`` fp32 panels (each expert's matrix packed as pack_linear_weight
-    packs one), with the unpacked sizes. Made by ``pack_moe_weights``."""
+    """Experts packed once for the CPU GEMMs, with the unpacked sizes. Made by ``pack_moe_weights``:
+    fp32 panels ``w13 [E, ceil(2I/16), H, 16]``, ``w2 [E, ceil(H/16), I, 16]`` (each expert packed
+    as pack_linear_weight packs one), or bf16 panels in k pairs ``w13 [E, 2 ceil(I/16), ceil(H/2),
+    16, 2]`` (pack_gate_up_weight_bf16 of each expert's gate and up rows), ``w2 [E, ceil(H/16),
+    ceil(I/2), 16, 2]`` (pack_linear_weight_bf16), which run on the bf16 GEMM (AMX tiles or
+    AVX512_BF16) with bf16 hidden states."""
     w13: torch.Tensor
     w2: torch.Tensor
     num_experts: int
@@ -135,15 +140,29 @@ def _pack_experts(w: torch.Tensor) -> torch.Tensor:
     return w.view(E, w.shape[1] // PANEL, PANEL, k).transpose(2, 3).contiguous()
 
 
-def pack_moe_weights(w13: torch.Tensor, w2: torch.Tensor) -> MoEWeights:
+def _pack_experts_bf16(w13: torch.Tensor, w2: torch.Tensor, I: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    return (torch.stack([pack_gate_up_weight_bf16(w[:I], w[I:]) for w in w13]),
+            torch.stack([pack_linear_weight_bf16(w) for w in w2]))
+
+
+def pack_moe_weights(w13: torch.Tensor, w2: torch.Tensor, dtype: Optional[torch.dtype] = None) -> MoEWeights:
     """``w13 [E, 2I, H]`` (gate rows then up rows) and ``w2 [E, H, I]`` -> a ``MoEWeights`` for
-    ``fused_moe`` on CPU. Call once at load time; the originals can then be dropped."""
+    ``fused_moe`` on CPU. Call once at load time; the originals can then be dropped.
+    ``dtype``: the packed weights' dtype, ``torch.float32`` (any hidden-state dtype) or
+    ``torch.bfloat16`` (bf16 hidden states; half the bytes per decode step); default bf16 for
+    bf16 weights, else fp32."""
     E, H, I = _check_weights(w13, w2)
     for t, name in ((w13, "w13"), (w2, "w2")):
         if not t.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     if w13.is_cuda or w2.is_cuda:
         raise ValueError("w13: the packed layout is for the CPU GEMM; pass CPU tensors")
+    if dtype is None:
+        dtype = torch.bfloat16 if w13.dtype == torch.bfloat16 else torch.float32
+    if dtype == torch.bfloat16:
+        return MoEWeights(*_pack_experts_bf16(w13, w2, I), E, H, I)
+    if dtype != torch.float32:
+        raise ValueError(f"dtype: expected torch.float32 or torch.bfloat16, got {dtype}")
     return MoEWeights(_pack_experts(w13), _pack_experts(w2), E, H, I)
 
 
@@ -222,6 +241,9 @@ def fused_moe(hidden_states: torch.Tensor, w13: Union[torch.Tensor, MoEWeights],
     if packed:
         if w2 is not None:
             raise ValueError("w2: must be None when w13 is a MoEWeights (pack_moe_weights holds both)")
+        if w13.w13.dtype == torch.bfloat16 and hidden_states.dtype != torch.bfloat16:
+            raise ValueError(f"hidden_states: bf16-packed experts take bf16 hidden states, got {hidden_states.dtype} "
+                             "(pack_moe_weights(..., dtype=torch.float32) takes any)")
         H = w13.hidden_size
     else:
         _, H, _ = _check_weights(w13, w2)
