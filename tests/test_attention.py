@@ -430,3 +430,64 @@ def test_nan_in_a_causally_hidden_key(be):
     assert nan_rows[50:].all(), "rows that attend to the NaN value must be NaN"
     fin = ~nan_rows
     assert torch.isfinite(out[fin]).all() and torch.equal(out[fin], clean[fin])
+
+
+def test_prefill_on_amx_tiles_emulated():
+    """The AMX tile kernel of bf16 prefill (attend_gemm on tdpbf16ps), run on the tiles' software model
+    so that every AVX-512 CPU tests its packing and padding: head_dim 64 / 128, GQA 4:1, rows not a
+    multiple of 32, keys past one 64-key tile and a last tile of fewer than 32, causal, sliding window
+    with softcap and ALiBi, and a paged prefill over a cached prefix. head_dim 72 (not a multiple of
+    32) falls back to the vdpbf16ps kernel."""
+    import os
+    import subprocess
+    import sys
+
+    if "amx" not in llmkern.build_info()["cpu_simd_compiled"]:
+        pytest.skip("this build has no AMX tile kernels")
+    code = r'''
+import torch, llmkern
+from reference import ref_varlen
+info = llmkern.build_info()
+assert info["cpu_amx"] == "emulated" and info["cpu_kernels"]["attention bf16"].startswith("amx-bf16"), info
+torch.manual_seed(0)
+dt = torch.bfloat16
+def check(out, q, k, v, cu_q, cu_k, scale, **kw):
+    ref, _ = ref_varlen(q, k, v, cu_q, cu_k, scale, **kw)
+    same, _ = ref_varlen(q, k, v, cu_q, cu_k, scale, compute_dtype=dt, **kw)
+    err, tol = (out.float() - ref).abs().max(), 2 * (same.float() - ref).abs().max() + 1e-2
+    assert err <= tol, (err, tol, kw)
+for d in (64, 128, 72):
+    lens = [70, 130, 17]
+    cu = torch.tensor([0, 70, 200, 217], dtype=torch.int32)
+    q = torch.randn(217, 8, d).to(dt); k = torch.randn(217, 2, d).to(dt); v = torch.randn(217, 2, d).to(dt)
+    for kw in ({"causal": True}, {"causal": False}, {"causal": True, "window": (40, 0), "softcap": 5.0}):
+        extra = dict(window_size=kw["window"], softcap=kw["softcap"]) if "window" in kw else {}
+        out = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, 130, 130, causal=kw["causal"], **extra)
+        check(out, q, k, v, cu, cu, d ** -0.5, **kw)
+    slopes = torch.rand(8) * 0.2
+    out = llmkern.flash_attn_varlen_func(q, k, v, cu, cu, 130, 130, causal=True, alibi_slopes=slopes)
+    check(out, q, k, v, cu, cu, d ** -0.5, causal=True, alibi=slopes)
+# paged prefill: 40 new rows over 100 cached keys in 16-key blocks
+kc = torch.randn(12, 16, 2, 64).to(dt); vc = torch.randn(12, 16, 2, 64).to(dt)
+table = torch.randperm(12)[:9].view(1, 9).to(torch.int32)
+q = torch.randn(40, 8, 64).to(dt)
+cu_q = torch.tensor([0, 40], dtype=torch.int32); cu_k = torch.tensor([0, 140], dtype=torch.int32)
+out = llmkern.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 40, 140, causal=True, block_table=table)
+check(out, q, kc, vc, cu_q, cu_k, 64 ** -0.5, block_table=table, causal=True)
+# a task's scratch keeps what the last one left (here NaN values on every thread): keys past a short
+# tile must not carry it into the next sequence
+cu8 = torch.arange(9, dtype=torch.int32) * 64
+nan_v = torch.full((512, 2, 64), float("nan")).to(dt)
+llmkern.flash_attn_varlen_func(torch.randn(512, 8, 64).to(dt), torch.randn(512, 2, 64).to(dt), nan_v, cu8, cu8, 64, 64)
+cu1 = torch.tensor([0, 40], dtype=torch.int32)
+q, k, v = torch.randn(40, 8, 64).to(dt), torch.randn(40, 2, 64).to(dt), torch.randn(40, 2, 64).to(dt)
+out = llmkern.flash_attn_varlen_func(q, k, v, cu1, cu1, 40, 40, causal=True)
+assert not out.isnan().any()
+check(out, q, k, v, cu1, cu1, 64 ** -0.5, causal=True)
+print("ok")
+'''
+    here = os.path.dirname(os.path.abspath(__file__))
+    envs = dict(os.environ, LLMKERN_CPU_ISA="amx-emulated")
+    envs["PYTHONPATH"] = os.pathsep.join([here] + sys.path)
+    res = subprocess.run([sys.executable, "-c", code], env=envs, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]

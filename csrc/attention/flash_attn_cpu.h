@@ -45,6 +45,7 @@ struct Buf {
 // minus kvh*G (head-major); o has row stride dp (head_dim rounded up to the vector width).
 struct Scratch {
   Buf o, m, l, q, s, k, v, t, aux;
+  Buf ot;  // the AMX kernel's transposed output
   int dp = 0;
 };
 
@@ -56,6 +57,9 @@ Scratch& thread_scratch();
 constexpr int kSmallRows = 16;
 
 void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc);
+// attend_gemm on AMX tiles (flash_attn_amx_cpu.cpp) when the AMX level runs, the inputs are bf16
+// (no quantised KV) and head_dim is a multiple of 32 up to 256; returns false, doing nothing, otherwise.
+bool attend_gemm_amx(const AttnParams& p, const Task& t, Scratch& sc);
 void attend_small(const AttnParams& p, const Task& t, Scratch& sc);
 // The bf16 decode kernel of AVX-512 builds on AVX512_BF16 CPUs (flash_decode_cpu.cpp), head_dim a
 // multiple of 32 up to 256; returns false, doing nothing, for anything else.
@@ -77,6 +81,15 @@ struct Rows {
 };
 
 Rows make_rows(const AttnParams& p, const Task& t, int G, int Mp, float* aux);
+
+// The GEMM kernels' online softmax over one key tile (flash_attn_gemm_cpu.cpp): scores S^T
+// [nk][Mp] (rows in the lanes) -> probabilities, with each row's running max m, sum l and output
+// scale alpha.
+void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap, bool alibi, float* m,
+                  float* l, float* alpha);
+// The task's M bf16 query rows as d pairs, Qp [head_dim / 2][Mp] (one 32-bit word per row; lanes
+// past M zero): the B operand of the bf16 kernels' K . Q^T.
+void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint32_t* Qp);
 
 template <DType T>
 using E = typename Elem<T>::type;

@@ -13,6 +13,57 @@
 
 LLMK_NS_BEGIN
 namespace attn {
+
+// Scores S^T [nk][Mp] of one tile -> probabilities exp(s - m_new), with the running max m, sum l
+// and the output scale alpha of every row (lane-wise: rows are the vector lanes).
+void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap,
+                  bool alibi, float* m, float* l, float* alpha) {
+  const float inv_cap = cap > 0.f ? 1.f / cap : 0.f;
+  for (int o = 0; o < Mp; o += VL) {
+    const vf lo = loadu(R.lo + o), hi = loadu(R.hi + o), pos = loadu(R.pos + o);
+    const vf slope = loadu(R.slope + o);
+    vf mt = splat(-INFINITY);
+    if (cap <= 0.f && !alibi && full) {  // the common case: scores stay as they are
+      for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o));
+    } else for (int jj = 0; jj < nk; ++jj) {
+      float* sp = S + jj * Mp + o;
+      vf s = loadu(sp);
+      if (cap > 0.f) s = cap * vtanh(s * inv_cap);
+      const vf jf = splat(float(j0 + jj));
+      if (alibi) {
+        const vf dist = pos - jf;
+        s -= slope * (dist < 0.f ? -dist : dist);
+      }
+      if (!full) s = ((jf >= lo) & (jf < hi)) ? s : splat(-INFINITY);
+      storeu(sp, s);
+      mt = vmax(mt, s);
+    }
+    const vf mo = loadu(m + o);
+    const vf mn = vmax(mo, mt);
+    const vf base = mn == splat(-INFINITY) ? splat(0.f) : mn;
+    const vf a = vexp(mo - base);
+    vf sum = splat(0.f);
+    for (int jj = 0; jj < nk; ++jj) {
+      float* sp = S + jj * Mp + o;
+      const vf e = vexp(loadu(sp) - base);
+      storeu(sp, e);
+      sum += e;
+    }
+    storeu(l + o, loadu(l + o) * a + sum);
+    storeu(m + o, mn);
+    storeu(alpha + o, a);
+  }
+}
+
+void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint32_t* Qp) {
+  const int dpairs = p.head_dim / 2;
+  if (Mp != M) memset(Qp, 0, sizeof(uint32_t) * dpairs * Mp);
+  for (int r = 0; r < M; ++r) {
+    const uint16_t* src = q_row<DType::BF16>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+    for (int i = 0; i < dpairs; ++i) memcpy(Qp + int64_t(i) * Mp + r, src + 2 * i, 4);
+  }
+}
+
 namespace {
 
 #if defined(__AVX512F__)
@@ -89,47 +140,6 @@ struct Pick {
     }
   }
 };
-
-// Scores S^T [nk][Mp] of one tile -> probabilities exp(s - m_new), with the running max m, sum l
-// and the output scale alpha of every row (lane-wise: rows are the vector lanes).
-void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap,
-                  bool alibi, float* m, float* l, float* alpha) {
-  const float inv_cap = cap > 0.f ? 1.f / cap : 0.f;
-  for (int o = 0; o < Mp; o += VL) {
-    const vf lo = loadu(R.lo + o), hi = loadu(R.hi + o), pos = loadu(R.pos + o);
-    const vf slope = loadu(R.slope + o);
-    vf mt = splat(-INFINITY);
-    if (cap <= 0.f && !alibi && full) {  // the common case: scores stay as they are
-      for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o));
-    } else for (int jj = 0; jj < nk; ++jj) {
-      float* sp = S + jj * Mp + o;
-      vf s = loadu(sp);
-      if (cap > 0.f) s = cap * vtanh(s * inv_cap);
-      const vf jf = splat(float(j0 + jj));
-      if (alibi) {
-        const vf dist = pos - jf;
-        s -= slope * (dist < 0.f ? -dist : dist);
-      }
-      if (!full) s = ((jf >= lo) & (jf < hi)) ? s : splat(-INFINITY);
-      storeu(sp, s);
-      mt = vmax(mt, s);
-    }
-    const vf mo = loadu(m + o);
-    const vf mn = vmax(mo, mt);
-    const vf base = mn == splat(-INFINITY) ? splat(0.f) : mn;
-    const vf a = vexp(mo - base);
-    vf sum = splat(0.f);
-    for (int jj = 0; jj < nk; ++jj) {
-      float* sp = S + jj * Mp + o;
-      const vf e = vexp(loadu(sp) - base);
-      storeu(sp, e);
-      sum += e;
-    }
-    storeu(l + o, loadu(l + o) * a + sum);
-    storeu(m + o, mn);
-    storeu(alpha + o, a);
-  }
-}
 
 template <DType T>
 void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
@@ -271,11 +281,7 @@ LLMK_BF16_TARGET void gemm_bf16(const AttnParams& p, const Task& t, Scratch& sc)
   for (int r = 0; r < Mp; ++r) m[r] = -INFINITY, l[r] = 0.f;
   if (R.klo >= R.khi) return;
 
-  if (Mp != M) memset(Qp, 0, sizeof(uint32_t) * dpairs * Mp);
-  for (int r = 0; r < M; ++r) {
-    const E16* src = q_row<DType::BF16>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
-    for (int i = 0; i < dpairs; ++i) memcpy(Qp + int64_t(i) * Mp + r, src + 2 * i, 4);
-  }
+  pack_q_pairs(p, t, G, M, Mp, Qp);
   const E16* krow[kBK + kMR];
   for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
     const int nk = std::min(kBK, R.khi - j0), np = (nk + 1) / 2;
@@ -325,6 +331,7 @@ LLMK_BF16_TARGET void gemm_bf16(const AttnParams& p, const Task& t, Scratch& sc)
 }  // namespace
 
 void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc) {
+  if (attend_gemm_amx(p, t, sc)) return;
 #if defined(__AVX512F__)
   if (p.dtype == DType::BF16 && cpu_bf16_dot() && p.kv_quant == KvQuant::None)
     return gemm_bf16(p, t, sc);

@@ -30,18 +30,21 @@ std::vector<std::pair<std::string, std::string>> kernel_paths() {
 #endif
   const std::string widened = isa + " (bf16 widened to fp32)";
   std::string linear_bf16 = gemm::bf16_dot() ? "avx512-bf16" : widened;
+  std::string attention_bf16 = attn::cpu_bf16_dot() ? "avx512-bf16" : widened;
 #if LLMK_AMX_TILES
   const AmxMode amx = amx_mode();
-  if (amx != AmxMode::Off)
-    linear_bf16 = std::string(amx == AmxMode::Emulated ? "amx-bf16 emulated" : "amx-bf16") + " from " +
-                  std::to_string(gemm::kAmxMinRows) + " rows, " + linear_bf16 + " below";
+  if (amx != AmxMode::Off) {
+    const std::string tiles = amx == AmxMode::Emulated ? "amx-bf16 emulated" : "amx-bf16";
+    linear_bf16 = tiles + " from " + std::to_string(gemm::kAmxMinRows) + " rows, " + linear_bf16 + " below";
+    attention_bf16 = tiles + " for prefill (head_dim a multiple of 32), " + attention_bf16 + " for decode";
+  }
 #endif
   return {
       {"linear fp32", isa},
       {"linear bf16", linear_bf16},
       {"linear quantised", linear_quant_vnni() ? "avx512-vnni" : isa},
       {"attention fp32", isa},
-      {"attention bf16", attn::cpu_bf16_dot() ? "avx512-bf16" : widened},
+      {"attention bf16", attention_bf16},
       {"moe", isa + " (fp32 experts)"},
       {"sampling", isa},
       {"norms, rotary, kv cache", isa},

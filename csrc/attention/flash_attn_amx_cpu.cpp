@@ -1,0 +1,140 @@
+// The attention GEMM tile kernel (attend_gemm: prefill, many rows) on AMX tiles, for bf16 q/k/v
+// with head_dim a multiple of 32 up to 256. The tiles, the online softmax and the output are
+// flash_attn_gemm_cpu.cpp's bf16 kernel's; only the two products move to tdpbf16ps
+// (common/amx_tiles_cpu.h), each computed transposed so that both land in the layouts the softmax
+// and the vdpbf16ps kernel already use, rows of the task in the lanes:
+//   S^T [keys][rows]  = K . Q^T:  A = 16 keys x 32 d of K (the tile's rows packed contiguous),
+//                                 B = Q^T in d pairs, Qp [D/2][Mp] (packed once per task);
+//   O^T [d][rows]    += V^T . P^T: A = 16 d x 32 keys of V^T (packed per key tile),
+//                                 B = P^T in key pairs, Pp [kBK/2][Mp] (bf16, as flash-attn rounds P).
+// O^T stays in memory between key tiles (each tile rescales it by the rows' alpha), and is
+// transposed once into the [rows][d] output the task's store reads. Rows are padded to 32 (two B
+// tiles), keys to the tile's 64.
+#include <string.h>
+
+#include <algorithm>
+
+#include "attention/attn_vec_cpu.h"
+#include "attention/flash_attn_cpu.h"
+#include "attention/flash_attn_tiles_cpu.h"
+#include "common/amx_tiles_cpu.h"
+#include "common/dispatch.h"
+
+LLMK_NS_BEGIN
+namespace attn {
+
+#if LLMK_AMX_TILES
+namespace {
+
+static_assert(kBK % 32 == 0, "a key tile is whole A tiles of 32 keys");
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+template <typename Tiles>
+void gemm_amx(const AttnParams& p, const Task& t, Scratch& sc) {
+  const int D = p.head_dim, G = p.num_heads / p.num_kv_heads;
+  const int M = G * t.nq, Mp = round_up(M, 32), dpairs = D / 2;
+  sc.dp = D;
+  float* O = sc.o.get(size_t(M) * D);
+  float* Ot = sc.ot.get(size_t(D) * Mp);
+  float* m = sc.m.get(Mp);
+  float* l = sc.l.get(Mp);
+  uint32_t* Qp = reinterpret_cast<uint32_t*>(sc.q.get(size_t(dpairs) * Mp));
+  float* S = sc.s.get(size_t(kBK) * Mp);
+  uint32_t* Pp = reinterpret_cast<uint32_t*>(sc.k.get(size_t(kBK / 2) * Mp));
+  uint16_t* Kb = reinterpret_cast<uint16_t*>(sc.v.get(size_t(kBK) * D));  // [kBK][D], then V^T [D][kBK]
+  uint16_t* Vt = Kb + size_t(kBK) * D;
+  float* alpha = sc.t.get(Mp);
+  const Rows R = make_rows(p, t, G, Mp, sc.aux.get(4 * size_t(Mp)));
+
+  memset(O, 0, sizeof(float) * M * D);
+  for (int r = 0; r < Mp; ++r) m[r] = -INFINITY, l[r] = 0.f;
+  if (R.klo >= R.khi) return;
+
+  memset(Ot, 0, sizeof(float) * D * Mp);
+  pack_q_pairs(p, t, G, M, Mp, Qp);
+  const int64_t sq = int64_t(Mp) * 4;  // bytes between B rows (d pairs or key pairs) of Qp / Pp
+  Tiles::config();
+  for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
+    const int nk = std::min(kBK, R.khi - j0), nk32 = round_up(nk, 32);
+    // K rows contiguous and V^T. Past nk: K rows are left as they are (their scores are never read),
+    // V^T columns are zero (P is 0 there, and 0 x a stale NaN would not be)
+    for (int jj = 0; jj < nk; ++jj) {
+      memcpy(Kb + jj * D, kv_row<DType::BF16>(p, false, t.b, j0 + jj, t.kvh), size_t(D) * 2);
+      const uint16_t* v = kv_row<DType::BF16>(p, true, t.b, j0 + jj, t.kvh);
+      for (int d = 0; d < D; ++d) Vt[d * kBK + jj] = v[d];
+    }
+    if (nk < nk32)
+      for (int d = 0; d < D; ++d) memset(Vt + d * kBK + nk, 0, size_t(nk32 - nk) * 2);
+    // S^T = K . Q^T, 32 keys x 32 rows per block
+    for (int k0 = 0; k0 < nk32; k0 += 32)
+      for (int r0 = 0; r0 < Mp; r0 += 32) {
+        Tiles::zero_c();
+        for (int h = 0; h < dpairs; h += 16)
+          Tiles::step(Kb + k0 * D + 2 * h, D * 2, Kb + (k0 + 16) * D + 2 * h, D * 2,
+                      Qp + int64_t(h) * Mp + r0, sq, Qp + int64_t(h) * Mp + r0 + 16, sq);
+        Tiles::store_c(S + int64_t(k0) * Mp + r0, Mp);
+      }
+    for (int jj = 0; jj < nk; ++jj) {
+      float* s = S + int64_t(jj) * Mp;
+#pragma omp simd
+      for (int r = 0; r < Mp; ++r) s[r] *= p.softmax_scale;
+    }
+    softmax_tile(S, Mp, nk, j0, R, j0 >= R.full_lo && j0 + nk <= R.full_hi, p.softcap,
+                 p.alibi_slopes != nullptr, m, l, alpha);
+    // P^T in key pairs, bf16 (round to nearest even); pairs past nk are zero
+    for (int jp = 0; jp < nk32 / 2; ++jp) {
+      uint32_t* dst = Pp + int64_t(jp) * Mp;
+      const float* a = S + int64_t(2 * jp) * Mp;
+      const float* b = a + Mp;
+      const bool has_a = 2 * jp < nk, has_b = 2 * jp + 1 < nk;
+#pragma omp simd
+      for (int r = 0; r < Mp; ++r)
+        dst[r] = (has_a ? uint32_t(vec::f32_to_bf16(a[r])) : 0u) | (has_b ? uint32_t(vec::f32_to_bf16(b[r])) << 16 : 0u);
+    }
+    // O^T = alpha O^T + V^T . P^T, 32 d x 32 rows per block
+    for (int d = 0; d < D; ++d) {
+      float* o = Ot + int64_t(d) * Mp;
+#pragma omp simd
+      for (int r = 0; r < Mp; ++r) o[r] *= alpha[r];
+    }
+    for (int d0 = 0; d0 < D; d0 += 32)
+      for (int r0 = 0; r0 < Mp; r0 += 32) {
+        float* c = Ot + int64_t(d0) * Mp + r0;
+        Tiles::load_c(c, Mp);
+        for (int kp = 0; kp < nk32 / 2; kp += 16)
+          Tiles::step(Vt + d0 * kBK + 2 * kp, kBK * 2, Vt + (d0 + 16) * kBK + 2 * kp, kBK * 2,
+                      Pp + int64_t(kp) * Mp + r0, sq, Pp + int64_t(kp) * Mp + r0 + 16, sq);
+        Tiles::store_c(c, Mp);
+      }
+  }
+  Tiles::release();
+  for (int d = 0; d < D; ++d) {
+    const float* o = Ot + int64_t(d) * Mp;
+    for (int r = 0; r < M; ++r) O[int64_t(r) * D + d] = o[r];
+  }
+}
+
+#pragma GCC pop_options
+
+}  // namespace
+#endif  // LLMK_AMX_TILES
+
+bool attend_gemm_amx(const AttnParams& p, const Task& t, Scratch& sc) {
+#if LLMK_AMX_TILES
+  const AmxMode mode = amx_mode();
+  if (mode == AmxMode::Off || p.dtype != DType::BF16 || p.kv_quant != KvQuant::None || p.head_dim % 32 ||
+      p.head_dim > 256)
+    return false;
+  if (mode == AmxMode::Emulated) gemm_amx<amx::EmuTiles>(p, t, sc);
+  else gemm_amx<amx::HwTiles>(p, t, sc);
+  return true;
+#else
+  (void)p, (void)t, (void)sc;
+  return false;
+#endif
+}
+
+}  // namespace attn
+LLMK_NS_END
