@@ -19,10 +19,11 @@ def test_build_info_keys():
     assert info["version"] == llmkern.__version__
     # every CPU kernel family names the instructions it runs on
     paths = info["cpu_kernels"]
-    assert {"linear fp32", "linear bf16", "linear quantised", "attention bf16", "moe", "sampling"} <= set(paths)
+    assert {"linear fp32", "linear bf16", "linear quantised", "attention bf16", "moe bf16", "sampling"} <= set(paths)
     assert info["cpu_amx"] in ("off", "hardware", "emulated")
     assert (info["cpu_simd"] == "amx") == (info["cpu_amx"] != "off")
-    assert paths["linear bf16"].startswith("amx-bf16") == (info["cpu_amx"] != "off")
+    for family in ("linear bf16", "moe bf16", "attention bf16"):
+        assert paths[family].startswith("amx-bf16") == (info["cpu_amx"] != "off"), paths
 
 
 def _cpu_flags():

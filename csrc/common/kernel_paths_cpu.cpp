@@ -45,7 +45,8 @@ std::vector<std::pair<std::string, std::string>> kernel_paths() {
       {"linear quantised", linear_quant_vnni() ? "avx512-vnni" : isa},
       {"attention fp32", isa},
       {"attention bf16", attention_bf16},
-      {"moe", isa + " (fp32 experts)"},
+      {"moe fp32", isa},
+      {"moe bf16", linear_bf16},  // bf16 experts run the bf16 GEMM
       {"sampling", isa},
       {"norms, rotary, kv cache", isa},
   };
