@@ -11,6 +11,11 @@
 #endif
 #endif
 
+#if LLMK_MULTI_ISA && LLMK_WITH_AMX && (defined(__x86_64__) || defined(_M_X64))
+#include <cstdio>
+namespace llmk { namespace cpu_avx512 { bool amx_tiles_agree(); } }  // common/amx_selftest_cpu.cpp
+#endif
+
 namespace llmk {
 
 namespace {
@@ -32,6 +37,11 @@ bool amx_hardware() {
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
 #endif
+  if (!cpu_avx512::amx_tiles_agree()) {
+    std::fprintf(stderr, "llmkern: the AMX tiles disagree with their software model on this CPU; "
+                         "the bf16 kernels stay on AVX-512\n");
+    return false;
+  }
   return true;
 }
 #else
