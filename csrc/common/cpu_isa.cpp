@@ -21,10 +21,8 @@ namespace llmk {
 namespace {
 
 #if LLMK_MULTI_ISA && LLMK_WITH_AMX && (defined(__x86_64__) || defined(_M_X64))
-// AMX-TILE and AMX-BF16 in CPUID, tile state enabled by the OS (XCR0 bits 17-18), and, on Linux,
-// this process granted the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM): without that grant
-// the first tile instruction faults. The grant covers every thread of the process.
-bool amx_hardware() {
+// AMX-TILE and AMX-BF16 in CPUID, and the tile state enabled by the OS (XCR0 bits 17-18).
+bool amx_present() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
@@ -32,7 +30,13 @@ bool amx_hardware() {
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
   unsigned lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG | XTILEDATA
+  return (lo & (3u << 17)) == (3u << 17);  // XTILECFG | XTILEDATA
+}
+
+// Only when the AMX level is chosen: Linux's grant of the tile data state to this process
+// (arch_prctl ARCH_REQ_XCOMP_PERM; without it the first tile instruction faults; it covers every
+// thread), then the tiles checked against their software model.
+bool amx_enable() {
 #if defined(__linux__)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
@@ -45,7 +49,8 @@ bool amx_hardware() {
   return true;
 }
 #else
-bool amx_hardware() { return false; }
+bool amx_present() { return false; }
+bool amx_enable() { return false; }
 #endif
 
 // LLMKERN_CPU_ISA: scalar | avx2 | avx512 | amx cap the level; amx-emulated runs the tile kernels
@@ -76,7 +81,7 @@ CpuIsa cpu_isa_supported() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-      return amx_hardware() ? CpuIsa::Amx : CpuIsa::Avx512;
+      return amx_present() ? CpuIsa::Amx : CpuIsa::Avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::Avx2;
     return CpuIsa::Scalar;
   }();
@@ -90,14 +95,15 @@ CpuIsa cpu_isa() {
   static const CpuIsa chosen = [] {
     const CpuIsa best = cpu_isa_supported();
     const char* env = isa_env();
-    if (!env) return best;
     if (amx_emulated_requested())
       return amx_compiled() && best >= CpuIsa::Avx512 ? CpuIsa::Amx : best;
-    const CpuIsa want = std::strcmp(env, "scalar") == 0 ? CpuIsa::Scalar
-                        : std::strcmp(env, "avx2") == 0 ? CpuIsa::Avx2
+    const CpuIsa want = !env                            ? CpuIsa::Amx
+                        : std::strcmp(env, "scalar") == 0 ? CpuIsa::Scalar
+                        : std::strcmp(env, "avx2") == 0   ? CpuIsa::Avx2
                         : std::strcmp(env, "avx512") == 0 ? CpuIsa::Avx512
                                                           : CpuIsa::Amx;
-    return want < best ? want : best;
+    const CpuIsa level = want < best ? want : best;
+    return level == CpuIsa::Amx && !amx_enable() ? CpuIsa::Avx512 : level;
   }();
   return chosen;
 }
