@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_helpers import tiny_model_dir  # noqa: E402
 
+import llmkern  # noqa: E402
 from llmkern.bench import peers_serving, serve_compare, serve_compare_report as report, serving  # noqa: E402
 from llmkern.bench import vllm_bench_client  # noqa: E402
 from llmkern.loadgen import Result, poisson_arrivals, random_tokens, shared_prefix, summarise_tpot  # noqa: E402
@@ -148,6 +149,7 @@ def test_merge_ratios_and_table():
 def test_cpu_description_and_token_range(tmp_path):
     cpu = serve_compare.cpu_description()
     assert set(cpu["flags"]) <= set(serve_compare.CPU_FLAGS) and cpu["cpus"] == os.cpu_count()
+    assert cpu["kernels"] == llmkern.build_info()["cpu_kernels"]
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 260}))
     assert serve_compare.token_ids_range(str(tmp_path)) == (65, 260)
 

@@ -33,15 +33,17 @@ def _log(msg: str) -> None:
 
 
 def cpu_description() -> dict:
-    """lscpu's model name and which of CPU_FLAGS it lists."""
+    """lscpu's model name, which of CPU_FLAGS it lists, and llmkern's kernel paths."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         out = ""
     fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
     flags = set(fields.get("Flags", "").split())
+    from .._build import build_info  # the paths llmkern's kernels take here (the server inherits this environment)
+
     return {"model": fields.get("Model name", "").strip() or None, "flags": [f for f in CPU_FLAGS if f in flags],
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "kernels": build_info().get("cpu_kernels", {})}
 
 
 def token_ids_range(model_dir: str) -> Tuple[int, int]:
@@ -158,6 +160,7 @@ def write_report(a, rows: List[dict], not_run: Dict[str, str], notes: List[str],
            "ratios": [dict(r, rate=report.rate_label(r["rate"])) for r in report.ratios(merged)]}
     cpu = rep["cpu"]
     parts = [f"CPU: {cpu['model']} ({cpu['cpus']} CPUs; flags: {', '.join(cpu['flags']) or 'none of ' + ', '.join(CPU_FLAGS)})",
+             "llmkern kernel paths: " + ("; ".join(f"{k}: {v}" for k, v in cpu.get("kernels", {}).items()) or "-"),
              f"{a.num_requests} prompts per (workload, rate), {a.rounds} round(s); goodput: TTFT <= {a.slo_ttft_s} s "
              f"and TPOT <= {a.slo_tpot_s} s; cells: the range over rounds; ratios: of the medians."]
     for dtype in a.dtypes:
