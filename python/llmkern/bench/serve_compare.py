@@ -15,14 +15,13 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from typing import Dict, List, Tuple
 
 from ..loadgen import Req, chat_mix, drive, random_tokens, shared_prefix, summarise_tpot
 from . import peers_serving, serve_compare_report as report, vllm_bench_client
-from .suite import CPU_FLAGS
+from .._build import CPU_FLAGS, build_info, cpu_flags, cpu_model
 
 WORKLOADS = ("random", "shared-prefix", "mixed")
 COMPLETIONS = "/v1/completions"
@@ -33,17 +32,10 @@ def _log(msg: str) -> None:
 
 
 def cpu_description() -> dict:
-    """lscpu's model name, which of CPU_FLAGS it lists, and llmkern's kernel paths."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    flags = set(fields.get("Flags", "").split())
-    from .._build import build_info  # the paths llmkern's kernels take here (the server inherits this environment)
-
-    return {"model": fields.get("Model name", "").strip() or None, "flags": [f for f in CPU_FLAGS if f in flags],
-            "cpus": os.cpu_count(), "kernels": build_info().get("cpu_kernels", {})}
+    """The CPU's model name, which of CPU_FLAGS it has, and llmkern's kernel paths."""
+    # the kernel paths are this process's: the server under test inherits its environment
+    return {"model": cpu_model(), "flags": cpu_flags(), "cpus": os.cpu_count(),
+            "kernels": build_info().get("cpu_kernels", {})}
 
 
 def token_ids_range(model_dir: str) -> Tuple[int, int]:

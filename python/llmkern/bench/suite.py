@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 import torch  # noqa: E402
 
+from llmkern._build import cpu_flags, cpu_model  # noqa: E402
 from llmkern.bench import common  # noqa: E402
 
 # Known modules, in run order. New bench_*.py files are picked up too (see discover()).
@@ -79,17 +80,6 @@ def select(which: str = "all", only: Optional[Iterable[str]] = None, bench_dir: 
 
 
 # ---- machine description ---------------------------------------------------------------------
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _mem_total() -> Optional[int]:
     try:
         with open("/proc/meminfo") as f:
@@ -142,23 +132,10 @@ def _gpu_info() -> list:
     return gpus
 
 
-# The CPU features the kernels' paths depend on, as /proc/cpuinfo names them.
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
-
-
-def _cpu_flags() -> list:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [f for f in CPU_FLAGS if f in flags]
-
-
 def machine_info() -> dict:
     """What the figures were measured on (no measurement here; see machine_limits)."""
     info = {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch_threads": torch.get_num_threads(),
@@ -175,7 +152,7 @@ def machine_info() -> dict:
         bi = llmkern.build_info()
         info.update(simd=bi.get("cpu_simd"), simd_supported=bi.get("cpu_simd_supported"),
                     simd_compiled=bi.get("cpu_simd_compiled"), cpu_kernels=bi.get("cpu_kernels"),
-                    cpu_flags=_cpu_flags(), llmkern_threads=bi.get("num_threads"),
+                    cpu_flags=cpu_flags(), llmkern_threads=bi.get("num_threads"),
                     llmkern_backends=bi.get("backends"), cuda_archs=bi.get("cuda_archs"))
     except Exception as e:  # noqa: BLE001
         info["llmkern_error"] = f"{type(e).__name__}: {e}"

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional
+
+from .._build import cpu_model
 
 
 @dataclass
@@ -110,17 +111,6 @@ def load(name: str, option: str = "--profile") -> HardwareProfile:
             return HardwareProfile.from_dict(json.load(f))
     except (json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"{option}: {path!r} is not a profile ({e})") from None
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def memory_gb() -> Optional[float]:
