@@ -164,13 +164,14 @@ def test_widening_path_and_other_simd_levels(env):
     run_python(_OTHER_PATH.format(cases=CASES[:12]), **env)
 
 
-# The AMX tile GEMM (from 16 rows) through the tiles' software model, so that its blocking, padding
-# and epilogues are tested on every AVX-512 CPU: rows 16 .. 600 (partial 16- and 32-row blocks, two
-# row groups), K a multiple of 32 (x read in place; three k chunks) or not (padded copy, a partial
-# tile of k pairs), an odd panel count, and K = 0. On a CPU with AMX the default-level tests above
-# run the same GEMM on the hardware tiles.
-_AMX_CASES = [(16, 64, 32), (17, 576, 48), (24, 1536, 200), (31, 9, 40), (33, 577, 33), (37, 200, 100),
-              (40, 577, 192), (300, 576, 80), (600, 96, 40), (20, 0, 5)]
+# The AMX tile GEMM (from 4 rows) through the tiles' software model, so that its blocking, padding
+# and epilogues are tested on every AVX-512 CPU: rows 4 .. 600 (a block of fewer rows than one tile,
+# partial 16- and 32-row blocks, many row groups), K a multiple of 32 (x read in place; up to 16 k
+# chunks) or not (padded copy, a partial tile of k pairs), an odd panel count, and K = 0. On a CPU
+# with AMX the default-level tests above run the same GEMM on the hardware tiles.
+_AMX_CASES = [(4, 64, 32), (7, 577, 20), (15, 2048, 16), (16, 64, 32), (17, 576, 48), (24, 1536, 200),
+              (31, 9, 40), (33, 577, 33), (37, 200, 100), (40, 577, 192), (300, 576, 80), (600, 96, 40),
+              (20, 0, 5)]
 
 
 def test_amx_tile_gemm_emulated():

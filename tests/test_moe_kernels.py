@@ -179,7 +179,7 @@ def test_fused_moe_out_and_in_place(backend):
 @pytest.mark.parametrize("dtype,pack", [(torch.float32, None), (torch.float16, None), (torch.bfloat16, None),
                                         (torch.bfloat16, torch.float32)], ids=["fp32", "fp16", "bf16", "bf16-fp32-panels"])
 def test_fused_moe_packed_cpu(dtype, pack):
-    # skewed routing: expert 0 gets all 29 rows (the GEMMs' prefill shapes: AMX tiles from 16 rows),
+    # skewed routing: expert 0 gets all 29 rows (the GEMMs' prefill shapes: AMX tiles from 4 rows),
     # the others a few (decode shapes)
     T, E, H, I, k = 29, 6, 72, 40, 2
     x, w13, w2 = make_moe(T, E, H, I, dtype, "cpu")

@@ -11,7 +11,7 @@
 //
 // Work: units of two panels (32 features, or a gate/up pair) by row groups of kGroupBlocks blocks of
 // 32 rows; a thread takes consecutive (unit, group) items, so a unit's panels stay in L1/L2 while its
-// row blocks pass. k runs in chunks of kChunkPairs pairs (a unit's 2 x 16 KB stays in L1), the fp32
+// row blocks pass. k runs in chunks of kChunkPairs pairs (see below: the chunk stays in L1), the fp32
 // blocks of the group parked in a local buffer between chunks.
 #pragma once
 #include <algorithm>
@@ -26,13 +26,20 @@
 LLMK_NS_BEGIN
 namespace gemm {
 
-constexpr int64_t kAmxMinRows = 16;
+// From 4 rows the tiles win although a 16-row tile then holds zeros; below, reading W bounds both
+// paths and the vdpbf16ps GEMM wastes no work (measured on a Xeon with AMX: qkv 576 x 960 at 4 rows
+// 38 vs 47 us, gate/up 576 x 3072 78 vs 106 us; at 1-2 rows AVX-512 is faster or even).
+constexpr int64_t kAmxMinRows = 4;
 
 #if LLMK_AMX_TILES
 
 constexpr int kBlockRows = 32;         // two A tiles
-constexpr int64_t kGroupBlocks = 8;    // row blocks per work item: 8 x 4 KB of fp32 blocks
-constexpr int64_t kChunkPairs = 256;   // k pairs per chunk
+// Sized so that a work item's k chunk stays in L1 (48 KB): the unit's B chunk (2 x 96 x 64 B = 12 KB),
+// the group's A rows (2 x 32 rows x 192 bf16 = 24 KB) and its fp32 blocks (8 KB). Tile loads that
+// miss L1 run at about half speed; with 8 blocks of 256 pairs (the first choice) the working set was
+// 3x L1 and prefill-sized GEMMs ran 15-25% slower.
+constexpr int64_t kGroupBlocks = 2;    // row blocks per work item
+constexpr int64_t kChunkPairs = 96;    // k pairs per chunk
 
 struct AmxGemmArgs {
   int64_t M, KH, N, npanels, ngroups, nblocks;
