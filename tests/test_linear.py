@@ -48,9 +48,10 @@ def test_opcheck_and_compile():
 
 # linear_packed: the register-tiled GEMM on pre-packed weights. Rows cover every tile height and
 # the row-block split (AVX-512 tiles are 12 rows, AVX2 6, SSE 2), N covers the padded last panel and
-# a lone panel after the pairs, K covers the k chunks (2048).
+# a lone panel after the pairs, K covers the k chunks (2048), and the last two the row super-blocks
+# of 512 KB of x (several, a partial last one; with k chunks).
 PACKED_CASES = [(1, 64, 16), (2, 576, 960), (3, 100, 33), (5, 576, 577), (13, 576, 48), (24, 1536, 576),
-                (37, 200, 100), (64, 96, 1000), (150, 64, 40), (7, 4100, 50)]
+                (37, 200, 100), (64, 96, 1000), (150, 64, 40), (7, 4100, 50), (300, 1000, 40), (130, 4100, 20)]
 
 
 def _packed_ref(x, w, b):
@@ -133,7 +134,7 @@ def test_packed_weight_rows_is_an_embedding_lookup(n, k):
 # (rows, in_features, inter): decode and prefill row counts on both sides of the 4-row tile switch,
 # SmolLM2's MLP (576 -> 1536), K beyond one 2048 chunk, inter not a multiple of 16.
 GATED_CASES = [(1, 576, 1536), (3, 64, 48), (4, 100, 32), (5, 576, 64), (13, 96, 160), (37, 200, 96),
-               (2, 4100, 32), (9, 4100, 16), (6, 64, 40), (1, 8, 7)]
+               (2, 4100, 32), (9, 4100, 16), (6, 64, 40), (1, 8, 7), (260, 1000, 48)]
 
 
 def _gated_ref(x, gate, up):

@@ -12,7 +12,7 @@ import llmkern
 # lone panel after the pairs, odd K, K beyond one 1024-pair chunk.
 CASES = [(1, 576, 576), (2, 64, 16), (3, 577, 33), (4, 100, 48), (5, 575, 577), (7, 4100, 50), (8, 96, 1000),
          (12, 31, 17), (13, 576, 48), (24, 1536, 200), (31, 9, 40), (37, 200, 100), (40, 577, 192),
-         (300, 576, 80)]
+         (300, 576, 80), (600, 1000, 40)]
 
 
 def _inputs(rows, k, n, seed=0):
@@ -167,11 +167,12 @@ def test_widening_path_and_other_simd_levels(env):
 # The AMX tile GEMM (from 4 rows) through the tiles' software model, so that its blocking, padding
 # and epilogues are tested on every AVX-512 CPU: rows 4 .. 600 (a block of fewer rows than one tile,
 # partial 16- and 32-row blocks, many row groups), K a multiple of 32 (x read in place; up to 16 k
-# chunks) or not (padded copy, a partial tile of k pairs), an odd panel count, and K = 0. On a CPU
+# chunks) or not (padded copy, a partial tile of k pairs), an odd panel count, K = 0, and row
+# super-groups of 512 KB of x (the last case: three, the last partial). On a CPU
 # with AMX the default-level tests above run the same GEMM on the hardware tiles.
 _AMX_CASES = [(4, 64, 32), (7, 577, 20), (15, 2048, 16), (16, 64, 32), (17, 576, 48), (24, 1536, 200),
               (31, 9, 40), (33, 577, 33), (37, 200, 100), (40, 577, 192), (300, 576, 80), (600, 96, 40),
-              (20, 0, 5)]
+              (20, 0, 5), (600, 1000, 40)]
 
 
 def test_amx_tile_gemm_emulated():

@@ -43,6 +43,7 @@ constexpr int64_t kChunkPairs = 96;    // k pairs per chunk
 
 struct AmxGemmArgs {
   int64_t M, KH, N, npanels, ngroups, nblocks;
+  int64_t super_groups, super_items;  // row groups per super-group; items per full super-group
   const uint16_t* a;   // A rows: x (row stride lda elements) or its padded copy
   int64_t lda;
   int64_t direct_rows; // rows [0, direct_rows) come from a; the rest from tail (16-row padded copy)
@@ -69,7 +70,10 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
   Tiles::config();
   int64_t tail_unit = -1;
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t u = i / g.ngroups, grp = i % g.ngroups;
+    // Items run super-group by super-group; within one, unit-major (see gemm_bf16_amx).
+    const int64_t sup = i / g.super_items, in_sup = i % g.super_items;
+    const int64_t g0 = sup * g.super_groups, gn = std::min(g.super_groups, g.ngroups - g0);
+    const int64_t u = in_sup / gn, grp = g0 + in_sup % gn;
     const int64_t p0 = 2 * u;
     const int np = int(std::min<int64_t>(2, g.npanels - p0));
     if (steps != full_steps && tail_unit != u) {  // the unit's last, partial group of k pairs, zero-padded
@@ -160,7 +164,11 @@ inline void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, 
   g.lda = ldx;
   g.tail = padp;
   g.ltail = kpad;
+  // Row super-groups of about gemm::kXBlockBytes of x, each swept by every unit: x then stays in L2
+  // and W is re-read once per super-group, instead of all of x coming from L3 for every unit.
   const int64_t nunits = (g.npanels + 1) / 2, nitems = nunits * g.ngroups;
+  g.super_groups = std::max<int64_t>(1, kXBlockBytes / std::max<int64_t>(1, kGroupBlocks * kBlockRows * g.KH * 4));
+  g.super_items = nunits * g.super_groups;
   const int64_t kh1 = std::max<int64_t>(g.KH, 1), rows = std::min<int64_t>(M, kGroupBlocks * kBlockRows);
   const int64_t grain = task_grain(kh1 * PW * 4 * 2, 2 * rows * kh1 * 2 * PW * 2);
   parallel_for(nitems, grain, [&](int64_t i0, int64_t i1) {

@@ -225,7 +225,7 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
     store_rows_bf16(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
   };
-  gemm_units(blk, npanels, unit, gw, KH, KC2, grain, tiles, store);
+  gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, tiles, store);
 }
 
 }  // namespace gemm
