@@ -35,9 +35,16 @@ class LLM:
             raise RuntimeError("fake vllm cannot load " + model)
         assert skip_tokenizer_init and dtype in ("float32", "bfloat16"), (skip_tokenizer_init, dtype)
         self.kw = kw
+        self.emptied = False
+
+    def reset_prefix_cache(self):
+        self.emptied = True
 
     def generate(self, prompts, sps, use_tqdm=True):
         import time
+        if os.environ.get("FAKE_REQUIRE_FRESH") and not self.emptied:
+            raise RuntimeError("generate on a prefix cache that was not emptied")
+        self.emptied = False
         time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
         print("generating", file=sys.stdout)
         outs = []
@@ -208,6 +215,16 @@ def test_vllm_driver_maps_the_job(fake_peers, tmp_path):
         seconds, ids = p.generate(PROMPTS, LENGTHS, timeout=60)
     assert seconds >= 0
     assert ids == [[(sum(pr) + k) % 1000 for k in range(n)] for pr, n in zip(PROMPTS, LENGTHS)]
+
+
+def test_vllm_driver_empties_the_prefix_cache_for_fresh_runs(fake_peers, tmp_path):
+    env = {"PYTHONPATH": fake_peers, "FAKE_REQUIRE_FRESH": "1"}
+    with PeerProcess(sys.executable, "vllm_cpu_driver.py", env=env, start_timeout=60) as p:
+        p.init(str(tmp_path), "float32", 2)
+        for _ in range(2):
+            p.generate(PROMPTS, LENGTHS, timeout=60, fresh=True)
+        with pytest.raises(PeerError, match="not emptied"):
+            p.generate(PROMPTS, LENGTHS, timeout=60)
 
 
 def test_ct2_driver_converts_once_and_truncates_batches(fake_peers, tmp_path):

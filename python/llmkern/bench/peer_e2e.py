@@ -5,7 +5,9 @@ bf16 on the weights dequantised, and "gguf": the GGUF as stored
 
 Each pair is measured alternately (llmkern, peer, llmkern, peer, ...; medians reported) so load
 that comes and goes on a shared machine hits both sides alike; the load average is recorded with
-every row. Beside the speed: token agreement of the greedy outputs (peers/agreement.py), since a
+every row. Both engines' prefix caches are emptied (untimed) before each run, so every run
+computes its prompts as a one-shot job would (else the repeats would read the first run's cache,
+and the engine with the better cache would win on that alone). Beside the speed: token agreement of the greedy outputs (peers/agreement.py), since a
 faster engine that computes something else is no win. A peer that is not configured or fails is
 skipped with its reason, which the report carries."""
 from __future__ import annotations
@@ -35,7 +37,7 @@ class _Llmkern:
     def __init__(self, device: str):
         self.device, self.llms = device, {}
 
-    def run(self, dtype: str, prompts, outs) -> tuple:
+    def run(self, dtype: str, prompts, outs, fresh: bool = False) -> tuple:
         from ..engine.llm import LLM
         from ..engine.sampling_params import SamplingParams
 
@@ -44,6 +46,8 @@ class _Llmkern:
             self.llms[dtype] = LLM(device=self.device, kv_cache_memory_gb=1.0, **kw)
             self.run(dtype, prompts[:2], [4] * min(2, len(prompts)))  # warm-up
         sps = [SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in outs]
+        if fresh:
+            self.llms[dtype].reset_prefix_cache()
         t0 = time.perf_counter()
         res = self.llms[dtype].generate(prompts, sps, use_tqdm=False)
         dt = time.perf_counter() - t0
@@ -67,10 +71,10 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
     ours.run(dtype, prompts[:2], [4] * min(2, len(prompts)))
     load0 = os.getloadavg()[0]
     t_ours, t_peer, ids_ours, ids_peer = [], [], None, None
-    for _ in range(reps):
-        dt, ids_ours = ours.run(dtype, prompts, outs)
+    for _ in range(reps):  # every run computes its prompts: no engine reads the last run's prefix cache
+        dt, ids_ours = ours.run(dtype, prompts, outs, fresh=True)
         t_ours.append(dt)
-        dt, ids_peer = peer.generate(prompts, outs)
+        dt, ids_peer = peer.generate(prompts, outs, fresh=True)
         t_peer.append(dt)
     load1 = os.getloadavg()[0]
     agree = token_agreement(ids_ours, ids_peer)
@@ -84,7 +88,7 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
     extra = {"dtype": short, "peer_version": info.get("version"), "peer_config": info.get("config"),
              "agreement_prefix": agree["prefix"], "agreement_positionwise": agree["positionwise"],
              "identical_sequences": f"{agree['identical']}/{agree['sequences']}",
-             "runs": f"{reps} alternating pairs, medians",
+             "runs": f"{reps} alternating pairs, medians, prefix caches emptied before each",
              "llmkern_s_runs": " ".join(f"{t:.2f}" for t in t_ours),
              "peer_s_runs": " ".join(f"{t:.2f}" for t in t_peer),
              "loadavg_1m": f"{load0:.2f} -> {load1:.2f}"}

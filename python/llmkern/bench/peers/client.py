@@ -92,10 +92,11 @@ class PeerProcess:
         return self.request({"op": "init", "model_dir": model_dir, "dtype": dtype, "threads": threads,
                              "options": options}, timeout=self.start_timeout)["info"]
 
-    def generate(self, prompts, max_tokens, timeout: float = 900.0) -> tuple:
-        """(seconds, greedy output ids), each output checked to be exactly its max_tokens long."""
+    def generate(self, prompts, max_tokens, timeout: float = 900.0, fresh: bool = False) -> tuple:
+        """(seconds, greedy output ids), each output checked to be exactly its max_tokens long.
+        fresh: the peer's prefix cache is emptied first (untimed)."""
         r = self.request({"op": "generate", "prompts": [list(p) for p in prompts],
-                          "max_tokens": list(max_tokens)}, timeout)
+                          "max_tokens": list(max_tokens), "fresh": fresh}, timeout)
         ids = r["token_ids"]
         bad = [i for i, (s, n) in enumerate(zip(ids, max_tokens)) if len(s) != n]
         if len(ids) != len(prompts) or bad:

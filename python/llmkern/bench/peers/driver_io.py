@@ -8,8 +8,10 @@ One JSON object per line on stdin; one reply per line on the driver's private re
 
     {"op": "init", "model_dir": DIR, "dtype": "float32", "threads": 2, "options": {...}}
         -> {"ok": true, "info": {"peer": NAME, "version": V, "config": "..."}}
-    {"op": "generate", "prompts": [[token ids], ...], "max_tokens": [n, ...]}
+    {"op": "generate", "prompts": [[token ids], ...], "max_tokens": [n, ...], "fresh": true}
         -> {"ok": true, "seconds": S, "token_ids": [[greedy output ids], ...]}
+    ("fresh": the peer's prefix cache is emptied first, outside the timed call, so a repeated
+    workload is computed again rather than read from the previous run's cache.)
     {"op": "exit"} -> {"ok": true}
 
 Any failure -> {"ok": false, "error": "..."}. "seconds" is the wall time of the generate call
@@ -33,10 +35,11 @@ def open_channel():
     return out
 
 
-def serve(init, generate) -> int:
+def serve(init, generate, reset=None) -> int:
     """Answer requests until "exit" or end of input.
 
-    init(msg) -> (state, info dict); generate(state, prompts, max_tokens) -> list of id lists."""
+    init(msg) -> (state, info dict); generate(state, prompts, max_tokens) -> list of id lists;
+    reset(state), where the peer keeps a prefix cache across calls: empty it."""
     out = open_channel()
     state = None
     for line in sys.stdin:
@@ -54,6 +57,8 @@ def serve(init, generate) -> int:
                 prompts, max_tokens = msg["prompts"], msg["max_tokens"]
                 if len(prompts) != len(max_tokens):
                     raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
+                if msg.get("fresh") and reset is not None:
+                    reset(state)
                 t0 = time.perf_counter()
                 ids = generate(state, prompts, max_tokens)
                 reply["seconds"] = time.perf_counter() - t0

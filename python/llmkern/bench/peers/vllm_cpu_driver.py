@@ -34,5 +34,9 @@ def generate(llm, prompts, max_tokens):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def reset(llm):
+    llm.reset_prefix_cache()  # V1 caches prefixes by default, across generate calls
+
+
 if __name__ == "__main__":
-    sys.exit(serve(init, generate))
+    sys.exit(serve(init, generate, reset))
