@@ -43,7 +43,9 @@ class _Llmkern:
 
         if dtype not in self.llms:  # fp32 / bf16: the peers' dense weights; gguf: the file's own
             kw = {"quantization": "gguf"} if dtype == "gguf" else {"dtype": dtype, "quantization": None}
-            self.llms[dtype] = LLM(device=self.device, kv_cache_memory_gb=1.0, **kw)
+            # kv_prefault: the KV pool's pages are faulted in at start-up, as vLLM zero-fills its
+            # cache then; lazily, each run would pay for the pages the previous ones had not touched.
+            self.llms[dtype] = LLM(device=self.device, kv_cache_memory_gb=1.0, kv_prefault=True, **kw)
             self.run(dtype, prompts[:2], [4] * min(2, len(prompts)))  # warm-up
         sps = [SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in outs]
         if fresh:
