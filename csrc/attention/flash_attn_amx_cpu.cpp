@@ -28,6 +28,61 @@ namespace {
 
 static_assert(kBK % 32 == 0, "a key tile is whole A tiles of 32 keys");
 
+// r[i] = row i of 16 x 16 32-bit words -> r[j] = column j (lane transposes, then 64-bit, then
+// 128-bit blocks).
+inline void transpose16_epi32(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+// V^T [D][kBK] (row stride kBK) of the key tile j0 .. j0+nk-1, zero from nk to nk32. A row of V^T
+// is 16-key-pair words (key 2i low, 2i + 1 high), so the tile is built 16 pairs x 16 d of words at
+// a time: two V rows interleaved into pair words (unpack, then the lanes' order restored), and the
+// 16 x 16 word block transposed in registers. (Per element this was the kernel's largest cost.)
+void pack_vt(const AttnParams& p, const Task& t, int j0, int nk, int nk32, int D, uint16_t* Vt) {
+  const __m512i lo16 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi16 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int k0 = 0; k0 < nk32; k0 += 32) {
+    const uint16_t* v[32];
+    for (int jj = 0; jj < 32; ++jj)
+      v[jj] = k0 + jj < nk ? kv_row<DType::BF16>(p, true, t.b, j0 + k0 + jj, t.kvh) : nullptr;
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      __m512i w0[16], w1[16];  // pair i's words of d0 .. d0+15 and d0+16 .. d0+31
+      for (int i = 0; i < 16; ++i) {
+        const __m512i a = v[2 * i] ? _mm512_loadu_si512(v[2 * i] + d0) : _mm512_setzero_si512();
+        const __m512i b = v[2 * i + 1] ? _mm512_loadu_si512(v[2 * i + 1] + d0) : _mm512_setzero_si512();
+        const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+        w0[i] = _mm512_permutex2var_epi32(lo, lo16, hi);
+        w1[i] = _mm512_permutex2var_epi32(lo, hi16, hi);
+      }
+      transpose16_epi32(w0);
+      transpose16_epi32(w1);
+      for (int r = 0; r < 16; ++r) {
+        _mm512_storeu_si512(Vt + int64_t(d0 + r) * kBK + k0, w0[r]);
+        _mm512_storeu_si512(Vt + int64_t(d0 + 16 + r) * kBK + k0, w1[r]);
+      }
+    }
+  }
+}
+
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16")
 
@@ -60,13 +115,9 @@ void gemm_amx(const AttnParams& p, const Task& t, Scratch& sc) {
     const int nk = std::min(kBK, R.khi - j0), nk32 = round_up(nk, 32);
     // K rows contiguous and V^T. Past nk: K rows are left as they are (their scores are never read),
     // V^T columns are zero (P is 0 there, and 0 x a stale NaN would not be)
-    for (int jj = 0; jj < nk; ++jj) {
+    for (int jj = 0; jj < nk; ++jj)
       memcpy(Kb + jj * D, kv_row<DType::BF16>(p, false, t.b, j0 + jj, t.kvh), size_t(D) * 2);
-      const uint16_t* v = kv_row<DType::BF16>(p, true, t.b, j0 + jj, t.kvh);
-      for (int d = 0; d < D; ++d) Vt[d * kBK + jj] = v[d];
-    }
-    if (nk < nk32)
-      for (int d = 0; d < D; ++d) memset(Vt + d * kBK + nk, 0, size_t(nk32 - nk) * 2);
+    pack_vt(p, t, j0, nk, nk32, D, Vt);
     // S^T = K . Q^T, 32 keys x 32 rows per block
     for (int k0 = 0; k0 < nk32; k0 += 32)
       for (int r0 = 0; r0 < Mp; r0 += 32) {
