@@ -144,15 +144,17 @@ void gemm_amx(const AttnParams& p, const Task& t, Scratch& sc) {
       for (int r = 0; r < Mp; ++r)
         dst[r] = (has_a ? uint32_t(vec::f32_to_bf16(a[r])) : 0u) | (has_b ? uint32_t(vec::f32_to_bf16(b[r])) << 16 : 0u);
     }
-    // O^T = alpha O^T + V^T . P^T, 32 d x 32 rows per block
-    for (int d = 0; d < D; ++d) {
-      float* o = Ot + int64_t(d) * Mp;
-#pragma omp simd
-      for (int r = 0; r < Mp; ++r) o[r] *= alpha[r];
-    }
+    // O^T = alpha O^T + V^T . P^T, 32 d x 32 rows per block, each block rescaled just before its
+    // tiles load it (one pass over O^T per key tile, not two)
     for (int d0 = 0; d0 < D; d0 += 32)
       for (int r0 = 0; r0 < Mp; r0 += 32) {
         float* c = Ot + int64_t(d0) * Mp + r0;
+        const __m512 a0 = _mm512_loadu_ps(alpha + r0), a1 = _mm512_loadu_ps(alpha + r0 + 16);
+        for (int d = 0; d < 32; ++d) {
+          float* o = c + int64_t(d) * Mp;
+          _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), a0));
+          _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_loadu_ps(o + 16), a1));
+        }
         Tiles::load_c(c, Mp);
         for (int kp = 0; kp < nk32 / 2; kp += 16)
           Tiles::step(Vt + d0 * kBK + 2 * kp, kBK * 2, Vt + (d0 + 16) * kBK + 2 * kp, kBK * 2,
@@ -161,10 +163,14 @@ void gemm_amx(const AttnParams& p, const Task& t, Scratch& sc) {
       }
   }
   Tiles::release();
-  for (int d = 0; d < D; ++d) {
-    const float* o = Ot + int64_t(d) * Mp;
-    for (int r = 0; r < M; ++r) O[int64_t(r) * D + d] = o[r];
-  }
+  // O [M][D] = (O^T)^T, 16 x 16 blocks through registers
+  for (int d0 = 0; d0 < D; d0 += 16)
+    for (int r0 = 0; r0 < M; r0 += 16) {
+      __m512i b[16];
+      for (int i = 0; i < 16; ++i) b[i] = _mm512_loadu_si512(Ot + int64_t(d0 + i) * Mp + r0);
+      transpose16_epi32(b);
+      for (int j = 0; j < std::min(16, M - r0); ++j) _mm512_storeu_si512(O + int64_t(r0 + j) * D + d0, b[j]);
+    }
 }
 
 #pragma GCC pop_options
