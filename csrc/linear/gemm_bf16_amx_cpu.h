@@ -10,9 +10,10 @@
 // copy of its rows, so no tile reads past the end of the weights.
 //
 // Work: units of two panels (32 features, or a gate/up pair) by row groups of kGroupBlocks blocks of
-// 32 rows; a thread takes consecutive (unit, group) items, so a unit's panels stay in L1/L2 while its
-// row blocks pass. k runs in chunks of kChunkPairs pairs (see below: the chunk stays in L1), the fp32
-// blocks of the group parked in a local buffer between chunks.
+// 32 rows. Items run row super-group (~kXBlockBytes of x, which then stays in L2) by super-group and,
+// within one, unit-major; a thread takes consecutive items. k runs in chunks of kChunkPairs pairs
+// (see below: the chunk stays in L1), the fp32 blocks of the group parked in a local buffer between
+// chunks.
 #pragma once
 #include <algorithm>
 #include <cstdint>
