@@ -7,9 +7,10 @@ Each pair is measured alternately (llmkern, peer, llmkern, peer, ...; medians re
 that comes and goes on a shared machine hits both sides alike; the load average is recorded with
 every row. Both engines' prefix caches are emptied (untimed) before each run, so every run
 computes its prompts as a one-shot job would (else the repeats would read the first run's cache,
-and the engine with the better cache would win on that alone). Beside the speed: token agreement of the greedy outputs (peers/agreement.py), since a
-faster engine that computes something else is no win. A peer that is not configured or fails is
-skipped with its reason, which the report carries."""
+and the engine with the better cache would win on that alone). Beside the speed: token agreement
+of the greedy outputs (peers/agreement.py), since a faster engine that computes something else is
+no win. A peer that is not configured or fails is skipped with its reason, which the report
+carries."""
 from __future__ import annotations
 
 import os
