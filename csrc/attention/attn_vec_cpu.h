@@ -11,6 +11,18 @@ LLMK_NS_BEGIN
 namespace attn {
 using namespace vec;  // NOLINT: attn::VL, attn::load<T>, ... as before the library moved
 
+#if defined(__AVX512F__)
+// unpack{lo,hi}_epi16 of two rows (and vdpbf16ps on such pairs) leave the 32-bit results of a
+// 32-wide block as lo = {0-3, 8-11, 16-19, 24-27}, hi = {4-7, 12-15, 20-23, 28-31}, a group per
+// 128-bit lane: first / second get 0-15 / 16-31 back in order.
+LLMK_ALWAYS_INLINE void restore_unpack_order(__m512i lo, __m512i hi, __m512i& first, __m512i& second) {
+  const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  first = _mm512_permutex2var_epi32(lo, i0, hi);
+  second = _mm512_permutex2var_epi32(lo, i1, hi);
+}
+#endif
+
 // One row of the decode kernels' online softmax over a tile of nk keys from key j0. srow holds
 // the scores (storage up to nk rounded up to VL); softcap / ALiBi are applied, keys outside
 // [lo, hi) and the padding lanes masked (full: every key of the tile is visible, so only the

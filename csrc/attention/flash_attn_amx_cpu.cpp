@@ -55,11 +55,9 @@ inline void transpose16_epi32(__m512i r[16]) {
 
 // V^T [D][kBK] (row stride kBK) of the key tile j0 .. j0+nk-1, zero from nk to nk32. A row of V^T
 // is 16-key-pair words (key 2i low, 2i + 1 high), so the tile is built 16 pairs x 16 d of words at
-// a time: two V rows interleaved into pair words (unpack, then the lanes' order restored), and the
+// a time: two V rows interleaved into pair words (unpack, then restore_unpack_order), and the
 // 16 x 16 word block transposed in registers. (Per element this was the kernel's largest cost.)
 void pack_vt(const AttnParams& p, const Task& t, int j0, int nk, int nk32, int D, uint16_t* Vt) {
-  const __m512i lo16 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i hi16 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int k0 = 0; k0 < nk32; k0 += 32) {
     const uint16_t* v[32];
     for (int jj = 0; jj < 32; ++jj)
@@ -69,9 +67,7 @@ void pack_vt(const AttnParams& p, const Task& t, int j0, int nk, int nk32, int D
       for (int i = 0; i < 16; ++i) {
         const __m512i a = v[2 * i] ? _mm512_loadu_si512(v[2 * i] + d0) : _mm512_setzero_si512();
         const __m512i b = v[2 * i + 1] ? _mm512_loadu_si512(v[2 * i + 1] + d0) : _mm512_setzero_si512();
-        const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
-        w0[i] = _mm512_permutex2var_epi32(lo, lo16, hi);
-        w1[i] = _mm512_permutex2var_epi32(lo, hi16, hi);
+        restore_unpack_order(_mm512_unpacklo_epi16(a, b), _mm512_unpackhi_epi16(a, b), w0[i], w1[i]);
       }
       transpose16_epi32(w0);
       transpose16_epi32(w1);

@@ -155,14 +155,13 @@ LLMK_BF16_TARGET void pv_bf16(const float* S, const uint16_t* const* vr, int nk,
 
 // Restores the feature order of the rows of a p.v computed by pv_bf16.
 void unpermute_pv_bf16(float* O, int rows, int dp, int D) {
-  const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < D; c += 32) {
       float* o = O + int64_t(r) * dp + c;
-      const __m512 lo = _mm512_loadu_ps(o), hi = _mm512_loadu_ps(o + 16);
-      _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, i0, hi));
-      _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, i1, hi));
+      __m512i first, second;
+      restore_unpack_order(_mm512_loadu_si512(o), _mm512_loadu_si512(o + 16), first, second);
+      _mm512_storeu_si512(o, first);
+      _mm512_storeu_si512(o + 16, second);
     }
 }
 

@@ -168,7 +168,7 @@ inline void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, 
   // Row super-groups of about gemm::kXBlockBytes of x, each swept by every unit: x then stays in L2
   // and W is re-read once per super-group, instead of all of x coming from L3 for every unit.
   const int64_t nunits = (g.npanels + 1) / 2, nitems = nunits * g.ngroups;
-  g.super_groups = std::max<int64_t>(1, kXBlockBytes / std::max<int64_t>(1, kGroupBlocks * kBlockRows * g.KH * 4));
+  g.super_groups = units_per_x_block(kGroupBlocks * kBlockRows * g.KH * 4);
   g.super_items = nunits * g.super_groups;
   const int64_t kh1 = std::max<int64_t>(g.KH, 1), rows = std::min<int64_t>(M, kGroupBlocks * kBlockRows);
   const int64_t grain = task_grain(kh1 * PW * 4 * 2, 2 * rows * kh1 * 2 * PW * 2);

@@ -40,6 +40,11 @@ static_assert(MR <= 12, "tile_rows instantiates tiles of 1 .. 12 rows");
 constexpr int64_t KC = 2048;   // k chunk: a group of NP panels (KC x 128 B) stays in L2
 constexpr int64_t kXBlockBytes = 512 << 10;  // x per row super-block: half of the smaller L2s (Zen 4: 1 MB)
 
+// Units of `unit_bytes` of x (>= 1) per row super-block.
+inline int64_t units_per_x_block(int64_t unit_bytes) {
+  return std::max<int64_t>(1, kXBlockBytes / std::max<int64_t>(1, unit_bytes));
+}
+
 LLMK_ALWAYS_INLINE vf fmadd(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
@@ -146,9 +151,7 @@ struct RowBlocks {
   int64_t start(int64_t b) const { return b * base + std::min(b, extra); }
   int rows(int64_t b) const { return int(base + (b < extra)); }
   // Row blocks per super-block, for x rows of row_bytes each.
-  int64_t super_blocks(int64_t row_bytes) const {
-    return std::max<int64_t>(1, kXBlockBytes / std::max<int64_t>(1, MR * row_bytes));
-  }
+  int64_t super_blocks(int64_t row_bytes) const { return units_per_x_block(MR * row_bytes); }
 };
 
 LLMK_ALWAYS_INLINE void pack_x(const float* x, int64_t ldx, int64_t M, int64_t K, const RowBlocks& blk, int xs,
