@@ -29,11 +29,12 @@ LLMK_ALWAYS_INLINE float exp_nonpos(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
-// SiLU(g) = g * sigmoid(g), with the exponential of -|g| only (no overflow, vectorises).
+// SiLU(g) = g * sigmoid(g), with the exponential of -|g| only (no overflow, vectorises). The
+// numerator is selected before the one division: with a select of two quotients the vectorised loop
+// divides twice per vector, and vdivps was 15% of a gated bf16 GEMM on AMX.
 LLMK_ALWAYS_INLINE float silu_fast(float g) {
   const float e = exp_nonpos(g < 0.0f ? g : -g);
-  const float s = g < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
-  return g * s;
+  return g * ((g < 0.0f ? e : 1.0f) / (1.0f + e));
 }
 
 LLMK_NS_END
