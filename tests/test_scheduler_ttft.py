@@ -74,7 +74,7 @@ def test_config_and_serve_flag():
     assert serve_engine_kwargs(serve_parser().parse_args(["--decode-defer-steps", "2"]))["decode_defer_steps"] == 2
     assert serve_engine_kwargs(serve_parser().parse_args([]))["decode_defer_steps"] == 1
     cpu = serve_engine_kwargs(serve_parser().parse_args(["--device", "cpu"]))
-    assert cpu["max_num_batched_tokens"] == 512
+    assert cpu["max_num_batched_tokens"] == 1024
     assert serve_engine_kwargs(serve_parser().parse_args(["--device", "cpu", "--max-num-batched-tokens", "2048"]))[
         "max_num_batched_tokens"] == 2048
 
