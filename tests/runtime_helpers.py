@@ -55,3 +55,12 @@ def run_python(code: str, timeout: float = 120, **env: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True,
                          text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr
+
+
+def cpu_flags() -> list:
+    """/proc/cpuinfo's flags of the first CPU ([] where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []

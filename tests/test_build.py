@@ -8,6 +8,7 @@ import torch
 
 import llmkern
 from llmkern import _C
+from runtime_helpers import cpu_flags as _cpu_flags
 
 
 def test_build_info_keys():
@@ -24,14 +25,13 @@ def test_build_info_keys():
     assert (info["cpu_simd"] == "amx") == (info["cpu_amx"] != "off")
     for family in ("linear bf16", "moe bf16", "attention bf16"):
         assert paths[family].startswith("amx-bf16") == (info["cpu_amx"] != "off"), paths
-
-
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
+    # the int8 tiles need AMX-INT8 besides the AMX level (the model of them needs neither)
+    quant = paths["linear quantised"]
+    if info["cpu_amx"] == "emulated":
+        assert quant.startswith("amx-int8 emulated from "), paths
+    else:
+        int8 = info["cpu_amx"] == "hardware" and "amx_int8" in _cpu_flags()
+        assert quant.startswith("amx-int8 from ") == int8, paths
 
 
 @pytest.mark.skipif(not {"amx_tile", "amx_bf16"} <= set(_cpu_flags()), reason="this CPU has no AMX")

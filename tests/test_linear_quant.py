@@ -23,6 +23,7 @@ gguf = pytest.importorskip("gguf")
 
 import llmkern  # noqa: E402
 from llmkern.ops.gguf_blocks import FORMATS, decode, dequantize  # noqa: E402
+from runtime_helpers import cpu_flags as _cpu_flags  # noqa: E402
 
 NAMES = {name: t for t, (name, _, _) in FORMATS.items()}
 TEXT = os.path.join(os.path.dirname(__file__), "data", "ppl_text.txt")
@@ -204,6 +205,77 @@ def test_plain_integer_path_and_other_simd_levels(env):
     from runtime_helpers import run_python
 
     run_python(_OTHER_PATH.format(tests=os.path.dirname(os.path.abspath(__file__))), **env)
+
+
+# -- AMX-INT8 tiles -------------------------------------------------------------------------------
+# From the row count build_info names ("amx-int8 from N rows ..."), x runs on int8 tiles (the 8-bit
+# block-32 layout: Q8_0, Q5_K; the others stay on VNNI); fewer rows stay on the VNNI rows. Both scale each
+# sub-block's integer sums the same way, so the tiles must give the VNNI rows' results to the bit
+# (x one row at a time runs below the threshold), as well as match fp64. Rows around the threshold, partial 16- and 32-row blocks; out_features 40 and 72 (an
+# odd panel count: a lone panel after the pairs), plain with bias and gated, fp32 and bf16.
+_AMX = (
+    "import sys\n"
+    "sys.path.insert(0, {tests!r})\n"
+    "import test_linear_quant as t\n"
+    "t.check_amx_tiles({prefix!r})\n"
+)
+
+
+def check_amx_tiles(prefix):
+    path = llmkern.build_info()["cpu_kernels"]["linear quantised"]
+    assert path.startswith(prefix + " from "), path
+    first = int(path[len(prefix) + 6:].split()[0])
+    assert first > 1, path
+    torch.manual_seed(0)
+    for name in NAMES:
+        qtype = NAMES[name]
+        for rows, n, k in [(first - 1, 40, 256), (first, 72, 512), (first + 1, 40, 256), (first + 15, 72, 256),
+                           (first + 33, 40, 512)]:
+            g_raw, u_raw = _random_blocks(qtype, n, k, rows), _random_blocks(qtype, n, k, rows + 1)
+            g, u = _packed_weight(g_raw, qtype, n, k), _packed_weight(u_raw, qtype, n, k)
+            wq, layout = llmkern.pack_quant_weight(g_raw, qtype, n, k)
+            pq, _ = llmkern.pack_quant_gate_up(g_raw, u_raw, qtype, n, k)
+            x, bias = torch.randn(rows, k), torch.randn(n)
+            xr = _cpu_activations(x)
+            out = llmkern.linear_quant(x, wq, n, layout, bias)
+            ref, mag = xr @ g.T + bias.double(), xr.abs() @ g.abs().T + bias.double().abs()
+            assert _ratio_error(out, ref, mag) < 1e-5, (name, rows, n, k)
+            yg, yu = xr @ g.T, xr @ u.T
+            gated = llmkern.linear_quant_silu_mul(x, pq, n, layout)
+            mag = (xr.abs() @ g.abs().T) * (xr.abs() @ u.abs().T)
+            assert _ratio_error(gated, F.silu(yg) * yu, mag) < 1e-5, (name, rows, n, k)
+            for dt in (torch.float32, torch.bfloat16):
+                xd, bd = x.to(dt), bias.to(dt)
+                whole = llmkern.linear_quant(xd, wq, n, layout, bd), llmkern.linear_quant_silu_mul(xd, pq, n, layout)
+                one = [torch.cat([llmkern.linear_quant(xd[i:i + 1], wq, n, layout, bd) for i in range(rows)]),
+                       torch.cat([llmkern.linear_quant_silu_mul(xd[i:i + 1], pq, n, layout) for i in range(rows)])]
+                assert torch.equal(whole[0], one[0]) and torch.equal(whole[1], one[1]), (name, rows, n, k, dt)
+
+
+def _amx_or_skip():
+    if "amx" not in llmkern.build_info()["cpu_simd_compiled"]:
+        pytest.skip("this build has no AMX tile kernels")
+
+
+def test_amx_int8_tiles_emulated():
+    """The tile kernel through the tiles' software model: on any AVX-512 CPU."""
+    from runtime_helpers import run_python
+
+    _amx_or_skip()
+    run_python(_AMX.format(tests=os.path.dirname(os.path.abspath(__file__)), prefix="amx-int8 emulated"),
+               timeout=300, LLMKERN_CPU_ISA="amx-emulated")
+
+
+@pytest.mark.skipif(not {"amx_tile", "amx_bf16", "amx_int8"} <= set(_cpu_flags()), reason="this CPU has no AMX-INT8")
+def test_amx_int8_tiles_hardware():
+    import subprocess
+    import sys
+
+    _amx_or_skip()
+    code = _AMX.format(tests=os.path.dirname(os.path.abspath(__file__)), prefix="amx-int8")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONFAULTHANDLER", "LLMKERN_CPU_ISA")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
 
 
 # -- the engine -----------------------------------------------------------------------------------

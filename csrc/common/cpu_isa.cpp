@@ -13,7 +13,7 @@
 
 #if LLMK_MULTI_ISA && LLMK_WITH_AMX && (defined(__x86_64__) || defined(_M_X64))
 #include <cstdio>
-namespace llmk { namespace cpu_avx512 { bool amx_tiles_agree(); } }  // common/amx_selftest_cpu.cpp
+namespace llmk { namespace cpu_avx512 { bool amx_tiles_agree(); bool amx_int8_tiles_agree(); } }  // common/amx_selftest_cpu.cpp
 #endif
 
 namespace llmk {
@@ -33,6 +33,11 @@ bool amx_present() {
   return (lo & (3u << 17)) == (3u << 17);  // XTILECFG | XTILEDATA
 }
 
+bool amx_int8_present() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+}
+
 // Only when the AMX level is chosen: Linux's grant of the tile data state to this process
 // (arch_prctl ARCH_REQ_XCOMP_PERM; without it the first tile instruction faults; it covers every
 // thread), then the tiles checked against their software model.
@@ -48,9 +53,20 @@ bool amx_enable() {
   }
   return true;
 }
+// After amx_enable: the int8 tiles checked as the bf16 ones were.
+bool amx_int8_enable() {
+  if (!amx_int8_present()) return false;
+  if (!cpu_avx512::amx_int8_tiles_agree()) {
+    std::fprintf(stderr, "llmkern: the AMX-INT8 tiles disagree with their software model on this CPU; "
+                         "the quantised kernels stay on AVX-512\n");
+    return false;
+  }
+  return true;
+}
 #else
 bool amx_present() { return false; }
 bool amx_enable() { return false; }
+bool amx_int8_enable() { return false; }
 #endif
 
 // LLMKERN_CPU_ISA: scalar | avx2 | avx512 | amx cap the level; amx-emulated runs the tile kernels
@@ -112,6 +128,14 @@ AmxMode amx_mode() {
   static const AmxMode mode = [] {
     if (cpu_isa() != CpuIsa::Amx) return AmxMode::Off;
     return amx_emulated_requested() ? AmxMode::Emulated : AmxMode::Hardware;
+  }();
+  return mode;
+}
+
+AmxMode amx_int8_mode() {
+  static const AmxMode mode = [] {
+    const AmxMode m = amx_mode();
+    return m == AmxMode::Hardware && !amx_int8_enable() ? AmxMode::Off : m;
   }();
   return mode;
 }

@@ -25,6 +25,9 @@ CpuIsa cpu_isa_supported();     // best level this CPU supports
 // AVX-512 CPU, for tests; slow), or not at all.
 enum class AmxMode : int { Off = 0, Hardware = 1, Emulated = 2 };
 AmxMode amx_mode();
+// The int8 tiles (tdpbsud, the quantised projections): amx_mode() where the CPU also has AMX-INT8
+// (CPUID.7.0:EDX[25]; a CPU may have AMX-BF16 without it) and its tiles agree with their model.
+AmxMode amx_int8_mode();
 const char* amx_mode_name(AmxMode mode);
 bool amx_compiled();            // this build holds tile kernels (x86-64, a compiler with -mamx-tile)
 

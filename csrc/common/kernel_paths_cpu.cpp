@@ -19,6 +19,7 @@ namespace attn {
 bool cpu_bf16_dot();       // attention/flash_attn_tiles_cpu.cpp
 }
 bool linear_quant_vnni();  // linear/linear_quant_cpu.cpp
+int64_t linear_quant_amx_rows();
 
 std::vector<std::pair<std::string, std::string>> kernel_paths() {
 #if defined(__AVX512F__)
@@ -31,6 +32,7 @@ std::vector<std::pair<std::string, std::string>> kernel_paths() {
   const std::string widened = isa + " (bf16 widened to fp32)";
   std::string linear_bf16 = gemm::bf16_dot() ? "avx512-bf16" : widened;
   std::string attention_bf16 = attn::cpu_bf16_dot() ? "avx512-bf16" : widened;
+  std::string linear_quant = linear_quant_vnni() ? "avx512-vnni" : isa;
 #if LLMK_AMX_TILES
   const AmxMode amx = amx_mode();
   if (amx != AmxMode::Off) {
@@ -38,11 +40,15 @@ std::vector<std::pair<std::string, std::string>> kernel_paths() {
     linear_bf16 = tiles + " from " + std::to_string(gemm::kAmxMinRows) + " rows, " + linear_bf16 + " below";
     attention_bf16 = tiles + " for prefill (head_dim a multiple of 32), " + attention_bf16 + " for decode";
   }
+  if (const int64_t rows = linear_quant_amx_rows()) {
+    const std::string tiles = amx_int8_mode() == AmxMode::Emulated ? "amx-int8 emulated" : "amx-int8";
+    linear_quant = tiles + " from " + std::to_string(rows) + " rows (8-bit block-32 layout), " + linear_quant + " below";
+  }
 #endif
   return {
       {"linear fp32", isa},
       {"linear bf16", linear_bf16},
-      {"linear quantised", linear_quant_vnni() ? "avx512-vnni" : isa},
+      {"linear quantised", linear_quant},
       {"attention fp32", isa},
       {"attention bf16", attention_bf16},
       {"moe fp32", isa},

@@ -13,7 +13,9 @@
 #include <cstring>
 #include <vector>
 
+#include "common/amx_int8_tiles_cpu.h"
 #include "common/checks.h"
+#include "common/dispatch.h"
 #include "common/parallel.h"
 #include "common/vec_cpu.h"
 #include "linear/linear_quant.h"
@@ -124,6 +126,14 @@ void panel_rows_generic(const uint8_t* w, const Layout& L, int64_t nb, const int
 }
 
 #if defined(__AVX512F__)
+// acc + a sub-block's 16 integer sums s of one row, scaled: s * (d * dx) + m * (dx * sum q). The
+// VNNI rows and the AMX tiles both apply it, so their results are the same to the bit.
+LLMK_ALWAYS_INLINE __m512 scale_block(__m512 acc, __m512i s, __m512 dw, __m512 mw, const float* mt, int block,
+                                      int64_t k0) {
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(mt[0])), acc);
+  return _mm512_fmadd_ps(mw, _mm512_set1_ps(offset_sum(mt, block, k0)), acc);
+}
+
 #define LLMK_VNNI_TARGET __attribute__((target("avx512vnni,avx512bw,avx512f,f16c")))
 
 // True when the vpdpbusd tiles run: AVX-512 build, a CPU with AVX512_VNNI, LLMKERN_LINEAR_VNNI != 0
@@ -181,11 +191,7 @@ LLMK_VNNI_TARGET void panel_rows_vnni(const uint8_t* w, int64_t nb, const int8_t
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB)));
     const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + CB + 32)));
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const float* mt = xm + (i * xnb + k0 / kXBlock) * kMeta;
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(dw, _mm512_set1_ps(mt[0])), acc[i]);
-      acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(offset_sum(mt, B, k0)), acc[i]);
-    }
+    for (int i = 0; i < R; ++i) acc[i] = scale_block(acc[i], s[i], dw, mw, xm + (i * xnb + k0 / kXBlock) * kMeta, B, k0);
   }
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(out[i], acc[i]);
 }
@@ -282,23 +288,151 @@ void panel_rows(const uint8_t* w, const Layout& L, int64_t nb, const int8_t* xq,
   panel_rows_generic(w, L, nb, xq, K, xm, R, acc);
 }
 
+// R rows of one output panel (nf features) from their fp32 sums: a, or the gated SiLU(a) * u, or a + bias.
+template <DType DT, typename T = vec::elem_t<DT>>
+LLMK_ALWAYS_INLINE void store_rows(const float (*a)[kPanel], const float (*u)[kPanel], int R, int nf,
+                                   const vec::elem_t<DT>* bias, T* out, int64_t ldo) {
+  for (int i = 0; i < R; ++i) {
+    T* orow = out + i * ldo;
+    for (int f = 0; f < nf; ++f) {
+      float v = a[i][f];
+      if (u) v = v / (1.f + std::exp(-v)) * u[i][f];
+      else if (bias) v += vec::to_f32<DT>(bias[f]);
+      orow[f] = vec::from_f32<DT>(v);
+    }
+  }
+}
+
+#if LLMK_AMX_TILES
+// From this many rows the 8-bit block-32 layout (Q8_0, Q5_K) runs on AMX-INT8 tiles, below on the
+// VNNI rows; both give the same results to the bit. The tiles are bound by their per-sub-block
+// epilogue (4 KB of int32 sums stored and scaled per 32 x 32 x 32 step), not by tdpbsud, so they only
+// draw level with VNNI. Measured on a Xeon with AMX-INT8, 2 threads, GFLOP/s tiles / VNNI, 512 rows,
+// K x N 576 x 1536, 576 x 5632, 2048 x 2048, 2048 x 5632: 8-bit 631/490 444/513 539/567 597/607;
+// 32 rows 357/306 (576 x 1536), 662/588 (2048 x 2048). 4-bit codes (unpacked per sub-block) ran
+// 369/450 485/490 513/584 620/585 and 511/608 at 32 rows, block 16 (two epilogues per 32 k)
+// 377/376 251/414 326/447 349/463: those layouts stay on VNNI at every row count.
+constexpr int64_t kAmxMinRows = 32;
+constexpr int kAmxBlockRows = 32;  // two A tiles
+
+struct AmxArgs {
+  const uint8_t* w;
+  int64_t pstride, nb, npanels;
+  const int8_t* xq;  // quantised x, zero rows up to a multiple of kAmxBlockRows
+  const float* xm;
+  int64_t K, M, nrb;  // nrb: blocks of kAmxBlockRows rows
+};
+
+// Items [i0, i1) of (unit of two panels, 32-row block), unit-major: a unit's codes stay in cache
+// while the row blocks pass. Per sub-block: one 2 x 2 tile step (32 rows x 32 features x block k),
+// then each row's 16 sums scaled into fp32 accumulators as the VNNI rows do (scale_block).
+template <typename Tiles, int BITS, int B, DType DT, typename T = vec::elem_t<DT>>
+void amx_items(const AmxArgs& g, int64_t i0, int64_t i1, int64_t N, const T* bias, bool gated, T* out,
+               int64_t ldo) {
+  constexpr int64_t CB = int64_t(kPanel) * B * BITS / 8;
+  constexpr int64_t BB = CB + 4 * kPanel;
+  const int64_t xnb = g.K / kXBlock;
+  // Two sets of tile results: sub-block b + 1's tile step is issued before b's epilogue.
+  alignas(64) int32_t c[2][4][16][16];
+  alignas(64) float acc[2][kAmxBlockRows][kPanel];
+  Tiles::config(B);
+  for (int64_t it = i0; it < i1; ++it) {
+    const int64_t unit = it / g.nrb, r0 = (it % g.nrb) * kAmxBlockRows, p0 = 2 * unit;
+    const int np = int(std::min<int64_t>(2, g.npanels - p0));
+    const int8_t* a0 = g.xq + r0 * g.K;
+    const uint8_t* w0 = g.w + p0 * g.pstride;
+    const uint8_t* w1 = g.w + (p0 + np - 1) * g.pstride;  // a lone panel: computed twice, stored once
+    auto issue = [&](int64_t b) {
+      Tiles::step(a0 + b * B, a0 + 16 * g.K + b * B, g.K, w0 + b * BB, w1 + b * BB, c[b & 1]);
+    };
+    std::memset(acc, 0, sizeof acc);
+    if (g.nb) issue(0);
+    for (int64_t b = 0; b < g.nb; ++b) {
+      if (b + 1 < g.nb) issue(b + 1);
+      const int64_t k0 = b * B;
+      const int32_t(*cb)[16][16] = c[b & 1];
+      const uint8_t* blk[2] = {w0 + b * BB + CB, w1 + b * BB + CB};
+      __m512 dw[2], mw[2];
+      for (int j = 0; j < 2; ++j) {
+        dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[j])));
+        mw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[j] + 32)));
+      }
+      for (int i = 0; i < kAmxBlockRows; ++i) {
+        const float* mt = g.xm + ((r0 + i) * xnb + k0 / kXBlock) * kMeta;
+        for (int j = 0; j < 2; ++j) {
+          const __m512i s = _mm512_load_si512(cb[2 * (i / 16) + j][i % 16]);
+          _mm512_store_ps(acc[j][i], scale_block(_mm512_load_ps(acc[j][i]), s, dw[j], mw[j], mt, B, k0));
+        }
+      }
+    }
+    const int R = int(std::min<int64_t>(kAmxBlockRows, g.M - r0));
+    T* orow = out + r0 * ldo;
+    if (gated) {
+      store_rows<DT>(acc[0], acc[1], R, int(std::min<int64_t>(kPanel, N - unit * kPanel)), nullptr,
+                     orow + unit * kPanel, ldo);
+    } else {
+      for (int j = 0; j < np; ++j) {
+        const int64_t f0 = (p0 + j) * kPanel;
+        store_rows<DT>(acc[j], nullptr, R, int(std::min<int64_t>(kPanel, N - f0)), bias ? bias + f0 : nullptr,
+                       orow + f0, ldo);
+      }
+    }
+  }
+  Tiles::release();
+}
+template <DType DT, typename T = vec::elem_t<DT>>
+void run_amx(const AmxArgs& g, int64_t N, const T* bias, bool gated, T* out, int64_t ldo) {
+  const bool emulated = amx_int8_mode() == AmxMode::Emulated;
+  const int64_t nitems = (g.npanels + 1) / 2 * g.nrb;
+  // ~1M multiply-adds per task, as below
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, 32 * kAmxBlockRows * g.K));
+  parallel_for(nitems, grain, [&](int64_t i0, int64_t i1) {
+    if (emulated) amx_items<amx::I8EmuTiles, 8, 32, DT>(g, i0, i1, N, bias, gated, out, ldo);
+    else amx_items<amx::I8HwTiles, 8, 32, DT>(g, i0, i1, N, bias, gated, out, ldo);
+  });
+}
+#endif  // LLMK_AMX_TILES
+
+// True when x of M rows runs on the AMX-INT8 tiles.
+bool use_amx(int64_t M, const Layout& L) {
+#if LLMK_AMX_TILES
+  return M >= kAmxMinRows && L.bits == 8 && L.block == kXBlock && amx_int8_mode() != AmxMode::Off;
+#else
+  (void)M, (void)L;
+  return false;
+#endif
+}
+
 template <DType DT, typename T = vec::elem_t<DT>>
 void run(const TensorView& x, const TensorView& wq, int64_t N, int id, const TensorView* bias, bool gated,
          const TensorView& out) {
   const int64_t M = x.size(0), K = x.size(1);
   const Layout L = qlayout::layout_of(id);
   const int64_t nb = K / L.block, pstride = nb * L.block_bytes();
+  const bool amx = use_amx(M, L);
+  // the tiles read x in blocks of 32 rows: the last block's missing rows are zeros
+  const int64_t mpad = amx ? (M + 31) / 32 * 32 : M, xnb = K / kXBlock;
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> xm;
-  if (xq.size() < size_t(M * K)) xq.resize(size_t(M * K));
-  if (xm.size() < size_t(M * (K / kXBlock) * kMeta)) xm.resize(size_t(M * (K / kXBlock) * kMeta));
+  if (xq.size() < size_t(mpad * K)) xq.resize(size_t(mpad * K));
+  if (xm.size() < size_t(mpad * xnb * kMeta)) xm.resize(size_t(mpad * xnb * kMeta));
   quantize_rows<DT>(x.ptr<const T>(), x.stride(0), M, K, xq.data(), xm.data());
+  if (mpad > M) {
+    std::memset(xq.data() + M * K, 0, size_t((mpad - M) * K));
+    std::memset(xm.data() + M * xnb * kMeta, 0, size_t((mpad - M) * xnb * kMeta) * sizeof(float));
+  }
   const int8_t* q = xq.data();
   const float* meta = xm.data();
   const uint8_t* w = wq.ptr<const uint8_t>();
   const T* bp = bias ? bias->ptr<const T>() : nullptr;
   T* op = out.ptr<T>();
   const int64_t panels = (N + kPanel - 1) / kPanel;
+#if LLMK_AMX_TILES
+  if (amx) {
+    const AmxArgs g{w, pstride, nb, (gated ? 2 : 1) * panels, q, meta, K, M, mpad / kAmxBlockRows};
+    return run_amx<DT>(g, N, bp, gated, op, out.stride(0));
+  }
+#endif
   // ~1M multiply-adds per task keeps the pool's wake-up cost small at batch 1
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, M * K));
   parallel_for(panels, grain, [&](int64_t p0, int64_t p1) {
@@ -307,19 +441,11 @@ void run(const TensorView& x, const TensorView& wq, int64_t N, int id, const Ten
       for (int64_t m0 = 0; m0 < M; m0 += kRows) {
         const int R = int(std::min<int64_t>(kRows, M - m0));
         const int8_t* xr = q + m0 * K;
-        const float* mr = meta + m0 * (K / kXBlock) * kMeta;
+        const float* mr = meta + m0 * xnb * kMeta;
         panel_rows(w + (gated ? 2 * p : p) * pstride, L, nb, xr, K, mr, R, a);
         if (gated) panel_rows(w + (2 * p + 1) * pstride, L, nb, xr, K, mr, R, u);
-        const int nf = int(std::min<int64_t>(kPanel, N - p * kPanel));
-        for (int i = 0; i < R; ++i) {
-          T* orow = op + (m0 + i) * out.stride(0) + p * kPanel;
-          for (int f = 0; f < nf; ++f) {
-            float v = a[i][f];
-            if (gated) v = v / (1.f + std::exp(-v)) * u[i][f];
-            else if (bp) v += vec::to_f32<DT>(bp[p * kPanel + f]);
-            orow[f] = vec::from_f32<DT>(v);
-          }
-        }
+        store_rows<DT>(a, gated ? u : nullptr, R, int(std::min<int64_t>(kPanel, N - p * kPanel)),
+                       bp ? bp + p * kPanel : nullptr, op + m0 * out.stride(0) + p * kPanel, out.stride(0));
       }
     }
   });
@@ -332,6 +458,15 @@ bool linear_quant_vnni() {
   return vnni();
 #else
   return false;
+#endif
+}
+
+// Rows from which linear_quant runs on AMX-INT8 tiles; 0 when it never does.
+int64_t linear_quant_amx_rows() {
+#if LLMK_AMX_TILES
+  return amx_int8_mode() != AmxMode::Off ? kAmxMinRows : 0;
+#else
+  return 0;
 #endif
 }
 
