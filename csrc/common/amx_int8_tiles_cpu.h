@@ -80,8 +80,8 @@ struct I8HwTiles {
     _tile_loadconfig(block == 32 ? &cfg32 : &cfg16);
   }
   static void release() { _tile_release(); }
-  // A rows sa bytes apart; B tiles are dense (64-byte rows). Not inlined: a kernel calling it
-  // needs no AMX target itself (GCC 12 then warns about its AVX-512 intrinsics).
+  // A rows sa bytes apart; B tiles are dense (64-byte rows). Not inlined, so that a kernel calling
+  // it needs no AMX target of its own.
   static void step(const int8_t* a0, const int8_t* a1, int64_t sa, const uint8_t* b0,
                    const uint8_t* b1, int32_t (*c)[16][16]) {
     _tile_zero(0);
