@@ -98,8 +98,10 @@ def test_scheduler_invariants_and_abort():
         return b
 
     sched.schedule = spy
-    ids = [eng.add_request(list(range(3, 3 + n)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-           for n in (8, 8, 8, 8, 5)]
+    # distinct prompts: one sharing a prefix being computed would wait for it (scheduler step 3)
+    ids = [eng.add_request(list(range(3 + 10 * i, 3 + 10 * i + n)),
+                           SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+           for i, n in enumerate((8, 8, 8, 8, 5))]
     done = {}
     for _ in range(3):
         for o in eng.step():

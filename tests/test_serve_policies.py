@@ -116,7 +116,7 @@ def test_stats_snapshot():
     total = eng.stats().kv_blocks_total
     assert eng.stats().kv_blocks_free == total and eng.stats().kv_usage == 0.0
     eng.add_request(list(range(3, 8)), sp(4))
-    eng.add_request(list(range(3, 10)), sp(4), priority=1)
+    eng.add_request(list(range(20, 27)), sp(4), priority=1)   # no shared prefix: both start at once
     s = eng.stats()
     assert (s.num_waiting, s.num_running, s.prefill_tokens_pending) == (2, 0, 12)
     eng.step()

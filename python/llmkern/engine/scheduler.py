@@ -7,9 +7,10 @@ Continuous policy, per step under a token budget (max_num_batched_tokens) and a 
      freed and it restarts from its tokens; swap: its blocks move to host memory);
   2. swapped sequences come back when their blocks fit;
   3. waiting sequences are admitted in arrival order, starting after their cached prefix; with
-     chunked prefill the last admitted one may get only part of its prompt. With
-     schedule="throughput" (offline work) the queue is ordered and admitted by admission.py's
-     rules instead: prefix groups together, biggest first, shared blocks computed once.
+     chunked prefill the last admitted one may get only part of its prompt. One whose prefix a
+     running sequence is still computing is passed over until it is cached (computed once; SGLang
+     does the same within a batch). With schedule="throughput" (offline work) the queue is ordered
+     by admission.py's rules instead: prefix groups together, biggest first.
 While a long prompt is prefilled in chunks, short waiting prompts (together within
 short_prompt_share of the budget) join each step beside its next chunk (_short_prompt_reserve).
 With decode_defer_steps = n > 0, a step in which a prompt completes leaves the running decodes
@@ -201,9 +202,11 @@ class Scheduler:
         if throughput and self._unordered:
             self.waiting = deque(admission.throughput_order(self.waiting, self.kv.block_size, self.max_model_len))
             self._unordered = False
+        # A prompt whose prefix another running sequence is computing right now waits for it to be
+        # cached instead of computing it again (a burst of one system prompt); later prompts go ahead.
         inflight = (admission.inflight_hashes(self.running, self.kv.block_size)
-                    if throughput and self.kv.enable_prefix_caching else set())
-        i = 0  # throughput: requests waiting for an in-flight prefix are passed over, not blocking
+                    if self.kv.enable_prefix_caching else set())
+        i = 0  # requests waiting for an in-flight prefix are passed over, not blocking
         while (i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs
                and len(batch.decodes) + len(batch.prefills) < cap):
             seq = self.waiting[i]
@@ -229,7 +232,7 @@ class Scheduler:
             budget -= n
             batch.prefills.append(seq)
             batch.prefill_lens.append(n)
-            if throughput and self.kv.enable_prefix_caching:
+            if self.kv.enable_prefix_caching:
                 inflight.update(admission.prompt_hashes(seq, self.kv.block_size)[seq.num_cached_blocks:])
         return self._defer_decodes(batch, pipelined=max_seqs is not None)
 
