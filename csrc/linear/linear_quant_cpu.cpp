@@ -265,10 +265,11 @@ struct AmxArgs {
 // Items [i0, i1) of (unit of two panels, 32-row block), unit-major: a unit's codes stay in cache
 // while the row blocks pass. Per sub-block: one 2 x 2 tile step (32 rows x 32 features x block k),
 // then each row's 16 sums scaled into fp32 accumulators as the VNNI rows do (scale_block).
-template <typename Tiles, int BITS, int B, DType DT, typename T = vec::elem_t<DT>>
+template <typename Tiles, DType DT, typename T = vec::elem_t<DT>>
 void amx_items(const AmxArgs& g, int64_t i0, int64_t i1, int64_t N, const T* bias, bool gated, T* out,
                int64_t ldo) {
-  constexpr int64_t CB = int64_t(kPanel) * B * BITS / 8;
+  constexpr int B = kXBlock;                     // the one layout on the tiles: 8-bit codes, 32-k blocks
+  constexpr int64_t CB = int64_t(kPanel) * B;    // code bytes of a sub-block
   constexpr int64_t BB = CB + 4 * kPanel;
   const int64_t xnb = g.K / kXBlock;
   // Two sets of tile results: sub-block b + 1's tile step is issued before b's epilogue.
@@ -326,8 +327,8 @@ void run_amx(const AmxArgs& g, int64_t N, const T* bias, bool gated, T* out, int
   // ~1M multiply-adds per task, as below
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, 32 * kAmxBlockRows * g.K));
   parallel_for(nitems, grain, [&](int64_t i0, int64_t i1) {
-    if (emulated) amx_items<amx::I8EmuTiles, 8, 32, DT>(g, i0, i1, N, bias, gated, out, ldo);
-    else amx_items<amx::I8HwTiles, 8, 32, DT>(g, i0, i1, N, bias, gated, out, ldo);
+    if (emulated) amx_items<amx::I8EmuTiles, DT>(g, i0, i1, N, bias, gated, out, ldo);
+    else amx_items<amx::I8HwTiles, DT>(g, i0, i1, N, bias, gated, out, ldo);
   });
 }
 #endif  // LLMK_AMX_TILES
