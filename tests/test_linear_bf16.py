@@ -47,6 +47,22 @@ def test_packed_bf16_matches_fp64(rows, k, n, bias):
     _check(out, F.linear(x.double(), w.double(), None if b is None else b.double()))
 
 
+@pytest.mark.parametrize("rows,n", [(2, 40), (16, 40), (64, 33)])
+def test_packed_bf16_rounds_to_nearest_even(rows, n):
+    """Exact fp32 sums that bf16 cannot hold (ties among them) and inf/NaN through the epilogue's
+    vector and per-column stores, below and on the AMX row count: rounded as torch rounds."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(-40, 41, (rows, 8), generator=g).bfloat16()
+    w = torch.randint(-40, 41, (n, 8), generator=g).bfloat16()
+    b = torch.randint(-300, 301, (n,), generator=g).bfloat16()
+    x[0, 0], x[-1, 1] = float("inf"), float("nan")
+    for bias in (None, b):
+        ref = x.float() @ w.float().T + (0 if bias is None else bias.float())   # integers: exact in fp32
+        out = llmkern.linear_packed(x, llmkern.pack_linear_weight_bf16(w), n, bias)
+        assert torch.equal(out.isnan(), ref.isnan())
+        assert torch.equal(out[~ref.isnan()], ref.bfloat16()[~ref.isnan()])
+
+
 def test_pair_layout_and_strided_rows():
     w = torch.randn(20, 7).bfloat16()
     p = llmkern.pack_linear_weight_bf16(w)

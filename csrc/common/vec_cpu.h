@@ -159,6 +159,34 @@ LLMK_ALWAYS_INLINE vf load_tail(const typename Elem<T>::type* p, int n) {
 #endif
 }
 
+// ---- vector stores with conversion from fp32 (round to nearest even, as from_f32) ----------
+
+// bf16 bit patterns of v, exactly as f32_to_bf16 rounds each lane (NaN stays a quiet NaN).
+LLMK_ALWAYS_INLINE vh to_bf16_bits(vf v) {
+  const vu u = reinterpret_cast<vu>(v);
+  const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const vu quiet = (u >> 16) | 0x40u;
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, vh);
+}
+
+// Stores VL elements at p, converted from fp32.
+template <DType T>
+LLMK_ALWAYS_INLINE void store(typename Elem<T>::type* p, vf v) {
+  if constexpr (T == DType::F32) {
+    storeu(p, v);
+  } else if constexpr (T == DType::BF16) {
+    *reinterpret_cast<vh_u*>(p) = to_bf16_bits(v);
+  } else {
+#if defined(__AVX512F__)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__) && defined(__AVX2__)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+    for (int i = 0; i < VL; ++i) p[i] = f32_to_f16(v[i]);
+#endif
+  }
+}
+
 // Prefetch a row of `bytes` bytes into L1 (decode streams K/V rows one tile ahead).
 LLMK_ALWAYS_INLINE void prefetch_row(const void* p, int bytes) {
   const char* c = static_cast<const char*>(p);

@@ -181,18 +181,21 @@ LLMK_ALWAYS_INLINE void store_rows_bf16(const float* c, int ldc, int rows, int64
   const int64_t n0 = (gated ? p / 2 : p) * PW;
   const int ncols = int(std::min<int64_t>((gated ? 1 : np) * PW, N - n0));
   uint16_t* o = out + n0;
+  // Whole vectors explicitly (the compiler vectorised these loops at half width and masked),
+  // the last partial panel's columns one by one; both round alike.
+  const int nv = ncols / vec::VL * vec::VL;
   for (int row = 0; row < rows; ++row) {
     const float* cr = c + row * ldc;
     uint16_t* orow = o + row * ldo;
-    if (gated) {
-#pragma omp simd
-      for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(silu_fast(cr[j]) * cr[PW + j]);
-    } else if (bias) {
-#pragma omp simd
-      for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j] + vec::bf16_to_f32(bias[n0 + j]));
-    } else {
-#pragma omp simd
-      for (int j = 0; j < ncols; ++j) orow[j] = vec::f32_to_bf16(cr[j]);
+    for (int j = 0; j < nv; j += vec::VL) {
+      vec::vf y = vec::loadu(cr + j);
+      if (gated) y = silu_fast(y) * vec::loadu(cr + PW + j);
+      else if (bias) y += vec::load<DType::BF16>(bias + n0 + j);
+      vec::store<DType::BF16>(orow + j, y);
+    }
+    for (int j = nv; j < ncols; ++j) {
+      const float y = gated ? silu_fast(cr[j]) * cr[PW + j] : bias ? cr[j] + vec::bf16_to_f32(bias[n0 + j]) : cr[j];
+      orow[j] = vec::f32_to_bf16(y);
     }
   }
 }
