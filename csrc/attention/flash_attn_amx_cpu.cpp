@@ -28,31 +28,6 @@ namespace {
 
 static_assert(kBK % 32 == 0, "a key tile is whole A tiles of 32 keys");
 
-// r[i] = row i of 16 x 16 32-bit words -> r[j] = column j (lane transposes, then 64-bit, then
-// 128-bit blocks).
-inline void transpose16_epi32(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 4; ++j) {
-      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
-      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
-    }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
-    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
-  }
-}
-
 // V^T [D][kBK] (row stride kBK) of the key tile j0 .. j0+nk-1, zero from nk to nk32. A row of V^T
 // is 16-key-pair words (key 2i low, 2i + 1 high), so the tile is built 16 pairs x 16 d of words at
 // a time: two V rows interleaved into pair words (unpack, then restore_unpack_order), and the

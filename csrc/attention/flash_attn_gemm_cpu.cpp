@@ -58,6 +58,23 @@ void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, fl
 void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint32_t* Qp) {
   const int dpairs = p.head_dim / 2;
   if (Mp != M) memset(Qp, 0, sizeof(uint32_t) * dpairs * Mp);
+#if defined(__AVX512F__)
+  if (dpairs % 16 == 0) {  // 16 rows x 16 pairs at a time, transposed in registers (~2x faster on
+    // short prompts than the pair words one by one below)
+    for (int r0 = 0; r0 < M; r0 += 16) {
+      const uint16_t* src[16];
+      for (int j = 0; j < 16; ++j)
+        src[j] = r0 + j < M ? q_row<DType::BF16>(p, t.b, t.i0 + (r0 + j) % t.nq, t.kvh * G + (r0 + j) / t.nq) : nullptr;
+      for (int i0 = 0; i0 < dpairs; i0 += 16) {
+        __m512i w[16];
+        for (int j = 0; j < 16; ++j) w[j] = src[j] ? _mm512_loadu_si512(src[j] + 2 * i0) : _mm512_setzero_si512();
+        transpose16_epi32(w);
+        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(Qp + int64_t(i0 + i) * Mp + r0, w[i]);
+      }
+    }
+    return;
+  }
+#endif
   for (int r = 0; r < M; ++r) {
     const uint16_t* src = q_row<DType::BF16>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
     for (int i = 0; i < dpairs; ++i) memcpy(Qp + int64_t(i) * Mp + r, src + 2 * i, 4);
