@@ -59,8 +59,8 @@ void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint
   const int dpairs = p.head_dim / 2;
   if (Mp != M) memset(Qp, 0, sizeof(uint32_t) * dpairs * Mp);
 #if defined(__AVX512F__)
-  if (dpairs % 16 == 0) {  // 16 rows x 16 pairs at a time, transposed in registers (~2x faster on
-    // short prompts than the pair words one by one below)
+  if (dpairs % 16 == 0) {  // 16 rows x 16 pairs at a time, transposed in registers: bf16 attention
+    // over 4 x 256 tokens ran ~10% faster than with the pair words one by one below
     for (int r0 = 0; r0 < M; r0 += 16) {
       const uint16_t* src[16];
       for (int j = 0; j < 16; ++j)

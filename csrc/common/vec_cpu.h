@@ -169,22 +169,12 @@ LLMK_ALWAYS_INLINE vh to_bf16_bits(vf v) {
   return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, vh);
 }
 
-// Stores VL elements at p, converted from fp32.
+// Stores VL elements at p, converted from fp32 (fp32 and bf16: the types a kernel stores so far).
 template <DType T>
 LLMK_ALWAYS_INLINE void store(typename Elem<T>::type* p, vf v) {
-  if constexpr (T == DType::F32) {
-    storeu(p, v);
-  } else if constexpr (T == DType::BF16) {
-    *reinterpret_cast<vh_u*>(p) = to_bf16_bits(v);
-  } else {
-#if defined(__AVX512F__)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#elif defined(__F16C__) && defined(__AVX2__)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#else
-    for (int i = 0; i < VL; ++i) p[i] = f32_to_f16(v[i]);
-#endif
-  }
+  static_assert(T != DType::F16, "vec::store: no fp16 conversion yet");
+  if constexpr (T == DType::F32) storeu(p, v);
+  else *reinterpret_cast<vh_u*>(p) = to_bf16_bits(v);
 }
 
 // Prefetch a row of `bytes` bytes into L1 (decode streams K/V rows one tile ahead).
