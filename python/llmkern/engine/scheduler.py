@@ -205,7 +205,7 @@ class Scheduler:
         # A prompt whose prefix another running sequence is computing right now waits for it to be
         # cached instead of computing it again (a burst of one system prompt); later prompts go ahead.
         inflight = (admission.inflight_hashes(self.running, self.kv.block_size)
-                    if self.kv.enable_prefix_caching else set())
+                    if self.kv.enable_prefix_caching and self.waiting else set())
         i = 0  # requests waiting for an in-flight prefix are passed over, not blocking
         while (i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs
                and len(batch.decodes) + len(batch.prefills) < cap):
