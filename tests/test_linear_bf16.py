@@ -63,6 +63,26 @@ def test_packed_bf16_rounds_to_nearest_even(rows, n):
         assert torch.equal(out[~ref.isnan()], ref.bfloat16()[~ref.isnan()])
 
 
+@pytest.mark.parametrize("rows,n", [(2, 40), (16, 40), (64, 33)])
+def test_packed_bf16_keeps_denormals(rows, n):
+    """Denormal sums reach the epilogue only through the bias (the products flush them), and must
+    round as torch rounds them, not to zero as the CPU's vcvtneps2bf16 would; one denormal lane
+    sends its whole vector to the software rounding, the other rows stay on the instruction."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(-40, 41, (rows, 8), generator=g).bfloat16()
+    x[::2] = 0  # these rows' sums are the bias alone
+    w = torch.randint(-40, 41, (n, 8), generator=g).bfloat16()
+    tiny = torch.tensor([2.0**-127, -(2.0**-130), 2.0**-133 * 3, -(2.0**-149) * 0, 1.5 * 2.0**-126])
+    b = torch.randint(-300, 301, (n,), generator=g).float()
+    b[::3] = tiny.repeat(n)[: len(b[::3])]
+    b = b.bfloat16()
+    assert (b.float().abs() < 2.0**-126).any() and (b.float() != 0).any()
+    ref = x.float() @ w.float().T + b.float()
+    out = llmkern.linear_packed(x, llmkern.pack_linear_weight_bf16(w), n, b)
+    assert torch.equal(out, ref.bfloat16())
+    assert (out[::2].float().abs() < 2.0**-126).logical_and(out[::2] != 0).any()
+
+
 def test_pair_layout_and_strided_rows():
     w = torch.randn(20, 7).bfloat16()
     p = llmkern.pack_linear_weight_bf16(w)

@@ -169,12 +169,39 @@ LLMK_ALWAYS_INLINE vh to_bf16_bits(vf v) {
   return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, vh);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// to_bf16_bits by the CPU's vcvtneps2bf16, for callers that know the CPU has AVX512-BF16 (one
+// instruction for the ~10 of the software rounding). It rounds to nearest even and quiets NaN
+// exactly as to_bf16_bits does, but flushes denormal inputs to zero, so a vector holding one takes
+// the software path. Inline asm: this build also runs on CPUs without the instruction, so no
+// function here may carry its target.
+LLMK_ALWAYS_INLINE vh to_bf16_bits_cvt(vf v) {
+  if (__builtin_expect(_mm512_fpclass_ps_mask(reinterpret_cast<__m512>(v), 0x20) != 0, 0)) return to_bf16_bits(v);
+  __m256i r;
+  asm("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+  return reinterpret_cast<vh>(r);
+}
+#endif
+
 // Stores VL elements at p, converted from fp32 (fp32 and bf16: the types a kernel stores so far).
 template <DType T>
 LLMK_ALWAYS_INLINE void store(typename Elem<T>::type* p, vf v) {
   static_assert(T != DType::F16, "vec::store: no fp16 conversion yet");
   if constexpr (T == DType::F32) storeu(p, v);
   else *reinterpret_cast<vh_u*>(p) = to_bf16_bits(v);
+}
+
+// store<BF16>, rounded by vcvtneps2bf16 when kCvt (AVX-512 builds; see to_bf16_bits_cvt): the
+// same bits either way.
+template <bool kCvt>
+LLMK_ALWAYS_INLINE void store_bf16(uint16_t* p, vf v) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  if constexpr (kCvt) {
+    *reinterpret_cast<vh_u*>(p) = to_bf16_bits_cvt(v);
+    return;
+  }
+#endif
+  store<DType::BF16>(p, v);
 }
 
 // Prefetch a row of `bytes` bytes into L1 (decode streams K/V rows one tile ahead).

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/amx_tiles_cpu.h"
@@ -116,7 +117,8 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
         Tiles::store_c(c, 2 * PW);
         if (last) {
           const int64_t row0 = b * kBlockRows;
-          store_rows_bf16(c, 2 * PW, int(std::min<int64_t>(kBlockRows, g.M - row0)), p0, np, g.N, g.bias, g.gated,
+          // Every AMX CPU has AVX512-BF16; the tiles' software model may run where none is.
+          store_rows_bf16<std::is_same_v<Tiles, amx::HwTiles>>(c, 2 * PW, int(std::min<int64_t>(kBlockRows, g.M - row0)), p0, np, g.N, g.bias, g.gated,
                           g.out + row0 * g.ldo, g.ldo);
         }
       }

@@ -175,7 +175,8 @@ LLMK_ALWAYS_INLINE void tiles_bf16(bool dot, int np, int r, const uint32_t* xb, 
 
 // The epilogue of the bf16 GEMMs: fp32 tile rows c (row stride ldc) of `rows` rows against np panels
 // from panel p -> bf16 out (row stride ldo, the tile's first row): + bias, or for gated W (gate/up
-// panel pairs) silu(gate) * up.
+// panel pairs) silu(gate) * up. kCvt: the CPU has AVX512-BF16 (vec::store_bf16).
+template <bool kCvt>
 LLMK_ALWAYS_INLINE void store_rows_bf16(const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
                                         const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
   const int64_t n0 = (gated ? p / 2 : p) * PW;
@@ -191,7 +192,7 @@ LLMK_ALWAYS_INLINE void store_rows_bf16(const float* c, int ldc, int rows, int64
       vec::vf y = vec::loadu(cr + j);
       if (gated) y = silu_fast(y) * vec::loadu(cr + PW + j);
       else if (bias) y += vec::load<DType::BF16>(bias + n0 + j);
-      vec::store<DType::BF16>(orow + j, y);
+      vec::store_bf16<kCvt>(orow + j, y);
     }
     for (int j = nv; j < ncols; ++j) {
       const float y = gated ? silu_fast(cr[j]) * cr[PW + j] : bias ? cr[j] + vec::bf16_to_f32(bias[n0 + j]) : cr[j];
@@ -226,7 +227,8 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
     tiles_bf16(dot, np, r, xpack + b * MR * KH + h0 * xs, xs, w + p * pstride + h0 * PW, pstride, kc, c, ldc, init);
   };
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
-    store_rows_bf16(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
+    if (dot) store_rows_bf16<true>(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
+    else store_rows_bf16<false>(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
   };
   gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, tiles, store);
 }
