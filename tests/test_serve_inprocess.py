@@ -1,10 +1,13 @@
 """In-process checks of the server's foundations: the kernels release the GIL (an asyncio
 heartbeat keeps ticking while a long kernel runs on another thread), and /health turns 503 when
-the engine loop dies (an app built with build_app over an engine whose step fails)."""
+the engine loop dies (an app built with build_app over an engine whose step fails), and the
+start-up objects are frozen out of the garbage collector's full collections."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 import time
 
 import pytest
@@ -170,3 +173,24 @@ def test_cors_off_unless_asked():
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://example.com"
     assert on.get("/v1/models", headers={"Origin": "http://example.com"}).status_code == 401
     assert on.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["id"] == "m"
+
+
+def test_freeze_gc_heap_hides_startup_objects_and_frees_dead_ones():
+    from llmkern.serve.server import freeze_gc_heap
+
+    class Node:
+        pass
+
+    a = Node()
+    a.me = a   # a cycle, alive at start-up: only the cyclic collector could free it
+    ref = weakref.ref(a)
+    try:
+        freeze_gc_heap()
+        assert gc.get_freeze_count() > 0
+        del a
+        gc.collect()
+        assert ref() is not None   # frozen: full collections no longer walk it
+        freeze_gc_heap()           # a later call first frees what died since
+        assert ref() is None
+    finally:
+        gc.unfreeze()

@@ -20,7 +20,7 @@ def run_router(router, host: str, port: int, admin_key: Optional[str] = None, lo
     at once. supervisor: the launcher's ReplicaSupervisor, started with the app."""
     import uvicorn
 
-    from ..serve.server import _DrainingServer
+    from ..serve.server import _DrainingServer, freeze_gc_heap
     from .app import build_router_app
 
     app = build_router_app(router, admin_key, supervisor=supervisor, grace_s=grace_s)
@@ -28,6 +28,7 @@ def run_router(router, host: str, port: int, admin_key: Optional[str] = None, lo
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=5,
                             timeout_graceful_shutdown=5)
+    freeze_gc_heap()   # the router relays every token: a full collection would stall all streams
     _DrainingServer(config, app.state.drain).run()
     return 0
 

@@ -8,6 +8,7 @@ DEATH_EXIT_S later), so that a supervisor can start a fresh one."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 
@@ -65,6 +66,20 @@ class _DrainingServer(uvicorn.Server):
         self.force_exit = True
 
 
+def freeze_gc_heap() -> None:
+    """Hide every object alive at start-up from the cyclic garbage collector.
+
+    A server holds ~220K long-lived tracked objects (model, tokenizer, the app). A full collection
+    walks all of them while holding the GIL: 60-90 ms measured on a 2-core Xeon, and the first one
+    came during the first burst of requests after start-up (whose survivors first crossed the
+    collector's threshold), delaying every request in flight. Frozen objects are skipped by later
+    collections (vLLM freezes its heap after start-up too). Unfreezing first lets objects frozen
+    by an earlier call that have died since be collected."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
 def run_server(engine, cfg: ServeConfig, model_name: str, log_level: str = "warning") -> int:
     loop = EngineLoop(engine)
     app = build_app(loop, cfg, model_name)
@@ -82,6 +97,7 @@ def run_server(engine, cfg: ServeConfig, model_name: str, log_level: str = "warn
           f"{', API key required' if cfg.api_key else ''})", file=sys.stderr, flush=True)
     if not loop.alive:   # died while the server was being set up
         server.engine_died(loop.error)
+    freeze_gc_heap()
     try:
         server.run()
     finally:
