@@ -49,6 +49,33 @@ def test_fused_add_rms_norm_in_place(backend, dtype):
     assert (x.cpu().float() - ref).abs().max().item() <= ulp_tol(dtype, ref)
 
 
+@pytest.mark.parametrize("cvt", ["1", "0"])
+def test_bf16_norm_rounding_is_torchs_with_denormals(cvt):
+    """The CPU's bf16 residual sums and norm outputs round as torch rounds, with the hardware
+    rounding (LLMKERN_BF16_CVT=1, where the CPU has it) and without: rows of 16-wide vectors and a
+    tail, denormal sums among them (the instruction would flush those)."""
+    from runtime_helpers import run_python
+
+    run_python(
+        "import torch, llmkern\n"
+        "g = torch.Generator().manual_seed(5)\n"
+        "x = (torch.randn(6, 72, generator=g) * 3).bfloat16(); r = (torch.randn(6, 72, generator=g) * 3).bfloat16()\n"
+        "tiny = torch.tensor([2.0 ** -127, -(2.0 ** -131), 3 * 2.0 ** -133, 2.0 ** -126]).bfloat16()\n"
+        "x[1, :4] = tiny; r[1, :4] = -tiny / 2   # sums that are denormal in bf16 too\n"
+        "x[4, 70:] = tiny[:2]; r[4, 70:] = tiny[2:]\n"
+        "w = (torch.rand(72, generator=g) + 0.5).bfloat16()\n"
+        "h = x + r\n"
+        "assert (h.float().abs() < 2.0 ** -126).logical_and(h != 0).any()\n"
+        "llmkern.fused_add_rms_norm(x, r, w, 1e-5)\n"
+        "assert torch.equal(r, h), (r - h).abs().max()\n"
+        "hf = h.float(); inv = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)\n"
+        "ref = (w.float() * (hf * inv).bfloat16().float()).bfloat16()\n"
+        "assert ((x.float() - ref.float()).abs() <= ref.float().abs() * 2 ** -7 + 1e-30).all()\n"
+        "out = torch.empty_like(h); llmkern.rms_norm(out, h, w, 1e-5)\n"
+        "assert torch.equal(out, x)\n",
+        LLMKERN_BF16_CVT=cvt)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(backend, dtype):
     dev = backend.device

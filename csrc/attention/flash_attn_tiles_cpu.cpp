@@ -21,7 +21,6 @@
 // This file: the small-rows kernel (attend_small) and what both kernels share (make_rows,
 // cpu_bf16_dot); the GEMM kernel is in flash_attn_gemm_cpu.cpp, the tile sizes in
 // flash_attn_tiles_cpu.h.
-#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -29,6 +28,7 @@
 #include "attention/attn_vec_cpu.h"
 #include "attention/flash_attn_cpu.h"
 #include "attention/flash_attn_tiles_cpu.h"
+#include "common/dispatch.h"
 
 LLMK_NS_BEGIN
 namespace attn {
@@ -287,10 +287,7 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
 
 bool cpu_bf16_dot() {
 #if defined(__AVX512F__)
-  static const bool v = [] {
-    const char* env = getenv("LLMKERN_ATTN_BF16_DOT");
-    return __builtin_cpu_supports("avx512bf16") && !(env && env[0] == '0');
-  }();
+  static const bool v = cpu_avx512_bf16("LLMKERN_ATTN_BF16_DOT");
   return v;
 #else
   return false;

@@ -140,6 +140,21 @@ AmxMode amx_int8_mode() {
   return mode;
 }
 
+bool cpu_avx512_bf16(const char* env_off) {
+#if LLMK_MULTI_ISA && (defined(__x86_64__) || defined(_M_X64))
+  const char* env = std::getenv(env_off);
+  return __builtin_cpu_supports("avx512bf16") && !(env && env[0] == '0');
+#else
+  (void)env_off;
+  return false;
+#endif
+}
+
+bool cpu_bf16_cvt() {
+  static const bool v = cpu_avx512_bf16("LLMKERN_BF16_CVT");
+  return v;
+}
+
 const char* amx_mode_name(AmxMode mode) {
   switch (mode) {
     case AmxMode::Hardware: return "hardware";

@@ -191,6 +191,15 @@ LLMK_ALWAYS_INLINE void store(typename Elem<T>::type* p, vf v) {
   else *reinterpret_cast<vh_u*>(p) = to_bf16_bits(v);
 }
 
+// v rounded to bf16 and back to fp32 (by vcvtneps2bf16 when kCvt; the same bits either way).
+template <bool kCvt>
+LLMK_ALWAYS_INLINE vf round_bf16(vf v) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  if constexpr (kCvt) return reinterpret_cast<vf>(__builtin_convertvector(to_bf16_bits_cvt(v), vu) << 16);
+#endif
+  return reinterpret_cast<vf>(__builtin_convertvector(to_bf16_bits(v), vu) << 16);
+}
+
 // store<BF16>, rounded by vcvtneps2bf16 when kCvt (AVX-512 builds; see to_bf16_bits_cvt): the
 // same bits either way.
 template <bool kCvt>

@@ -3,7 +3,6 @@
 // linear_packed: the register-tiled GEMM of gemm_cpu.h on weights packed at load time;
 // linear_packed_silu_mul: the same with the MLP's gated SiLU as the epilogue. bf16 x with weights
 // packed in k pairs run gemm_bf16_cpu.h's GEMM instead (gemm_bf16_amx_cpu.h's on AMX tiles).
-#include <cstdlib>
 #include <vector>
 
 #include "common/checks.h"
@@ -107,10 +106,7 @@ void run_bf16(const TensorView& x, const TensorView& packed, int64_t N, const Te
 namespace gemm {
 bool bf16_dot() {
 #if defined(__AVX512F__)
-  static const bool v = [] {
-    const char* env = std::getenv("LLMKERN_LINEAR_BF16_DOT");
-    return __builtin_cpu_supports("avx512bf16") && !(env && env[0] == '0');
-  }();
+  static const bool v = cpu_avx512_bf16("LLMKERN_LINEAR_BF16_DOT");
   return v;
 #else
   return false;
