@@ -31,8 +31,8 @@ AmxMode amx_int8_mode();
 const char* amx_mode_name(AmxMode mode);
 bool amx_compiled();            // this build holds tile kernels (x86-64, a compiler with -mamx-tile)
 // The CPU rounds fp32 to bf16 in one instruction (AVX512-BF16's vcvtneps2bf16: every AMX CPU, Zen 4):
-// bf16 stores of the AVX-512 build may use vec::store_bf16<true>, whose bits equal the software
-// rounding's. LLMKERN_BF16_CVT=0 keeps the software rounding (tests).
+// the AVX-512 build's bf16 GEMM epilogues and norms then store with vec::store_bf16<true>, whose
+// bits equal the software rounding's. LLMKERN_BF16_CVT=0 keeps the software rounding (tests).
 bool cpu_bf16_cvt();
 // CPUID has AVX512-BF16 and the environment variable env_off is not "0" (the switches that force
 // each bf16 kernel's other path for tests).

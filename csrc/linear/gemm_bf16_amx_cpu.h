@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "common/amx_tiles_cpu.h"
@@ -55,6 +54,7 @@ struct AmxGemmArgs {
   int64_t pstride;
   const uint16_t* bias;
   bool gated;
+  bool cvt;            // round the output with vcvtneps2bf16 (cpu_bf16_cvt)
   uint16_t* out;
   int64_t ldo;
 };
@@ -117,9 +117,9 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
         Tiles::store_c(c, 2 * PW);
         if (last) {
           const int64_t row0 = b * kBlockRows;
-          // Every AMX CPU has AVX512-BF16; the tiles' software model may run where none is.
-          store_rows_bf16<std::is_same_v<Tiles, amx::HwTiles>>(c, 2 * PW, int(std::min<int64_t>(kBlockRows, g.M - row0)), p0, np, g.N, g.bias, g.gated,
-                          g.out + row0 * g.ldo, g.ldo);
+          const int rows = int(std::min<int64_t>(kBlockRows, g.M - row0));
+          if (g.cvt) store_rows_bf16<true>(c, 2 * PW, rows, p0, np, g.N, g.bias, g.gated, g.out + row0 * g.ldo, g.ldo);
+          else store_rows_bf16<false>(c, 2 * PW, rows, p0, np, g.N, g.bias, g.gated, g.out + row0 * g.ldo, g.ldo);
         }
       }
       if (last) break;
@@ -145,6 +145,7 @@ inline void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, 
   g.pstride = g.KH * PW;
   g.bias = bias;
   g.gated = gated;
+  g.cvt = ::llmk::cpu_bf16_cvt();
   g.out = out;
   g.ldo = ldo;
   // A rows: in place when a row's k pairs fill whole tiles, else all from a padded copy.

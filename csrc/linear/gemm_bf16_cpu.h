@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/dispatch.h"
 #include "linear/gemm_cpu.h"
 
 LLMK_NS_BEGIN
@@ -175,7 +176,7 @@ LLMK_ALWAYS_INLINE void tiles_bf16(bool dot, int np, int r, const uint32_t* xb, 
 
 // The epilogue of the bf16 GEMMs: fp32 tile rows c (row stride ldc) of `rows` rows against np panels
 // from panel p -> bf16 out (row stride ldo, the tile's first row): + bias, or for gated W (gate/up
-// panel pairs) silu(gate) * up. kCvt: the CPU has AVX512-BF16 (vec::store_bf16).
+// panel pairs) silu(gate) * up. kCvt: cpu_bf16_cvt() (vec::store_bf16).
 template <bool kCvt>
 LLMK_ALWAYS_INLINE void store_rows_bf16(const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
                                         const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
@@ -222,12 +223,12 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   const int64_t kh1 = std::max<int64_t>(KH, 1);  // K = 0 (an empty sum) still writes the epilogue
   const int64_t grain = task_grain(kh1 * PW * 4 * unit, 2 * M * kh1 * 2 * PW * unit);
   const uint32_t* w = reinterpret_cast<const uint32_t*>(packed);
-  const bool dot = bf16_dot();
+  const bool dot = bf16_dot(), cvt = ::llmk::cpu_bf16_cvt();
   auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t h0, int64_t kc, float* c, int ldc, bool init) {
     tiles_bf16(dot, np, r, xpack + b * MR * KH + h0 * xs, xs, w + p * pstride + h0 * PW, pstride, kc, c, ldc, init);
   };
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
-    if (dot) store_rows_bf16<true>(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
+    if (cvt) store_rows_bf16<true>(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
     else store_rows_bf16<false>(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
   };
   gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, tiles, store);

@@ -70,7 +70,7 @@ def freeze_gc_heap() -> None:
     """Hide every object alive at start-up from the cyclic garbage collector.
 
     A server holds ~220K long-lived tracked objects (model, tokenizer, the app). A full collection
-    walks all of them while holding the GIL: 60-90 ms measured on a 2-core Xeon, and the first one
+    walks all of them while holding the GIL: 90-110 ms measured on a 2-core Xeon, and the first one
     came during the first burst of requests after start-up (whose survivors first crossed the
     collector's threshold), delaying every request in flight. Frozen objects are skipped by later
     collections (vLLM freezes its heap after start-up too). Unfreezing first lets objects frozen
