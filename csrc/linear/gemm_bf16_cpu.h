@@ -178,8 +178,8 @@ LLMK_ALWAYS_INLINE void tiles_bf16(bool dot, int np, int r, const uint32_t* xb, 
 // from panel p -> bf16 out (row stride ldo, the tile's first row): + bias, or for gated W (gate/up
 // panel pairs) silu(gate) * up. kCvt: cpu_bf16_cvt() (vec::store_bf16).
 template <bool kCvt>
-LLMK_ALWAYS_INLINE void store_rows_bf16(const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
-                                        const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
+LLMK_ALWAYS_INLINE void store_rows_bf16_as(const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
+                                           const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
   const int64_t n0 = (gated ? p / 2 : p) * PW;
   const int ncols = int(std::min<int64_t>((gated ? 1 : np) * PW, N - n0));
   uint16_t* o = out + n0;
@@ -200,6 +200,13 @@ LLMK_ALWAYS_INLINE void store_rows_bf16(const float* c, int ldc, int rows, int64
       orow[j] = vec::f32_to_bf16(y);
     }
   }
+}
+
+// store_rows_bf16_as, rounding as cvt (cpu_bf16_cvt()) says.
+LLMK_ALWAYS_INLINE void store_rows_bf16(bool cvt, const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
+                                        const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
+  if (cvt) store_rows_bf16_as<true>(c, ldc, rows, p, np, N, bias, gated, out, ldo);
+  else store_rows_bf16_as<false>(c, ldc, rows, p, np, N, bias, gated, out, ldo);
 }
 
 // Words of x-pair scratch gemm_bf16 needs for M rows of K.
@@ -228,8 +235,7 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
     tiles_bf16(dot, np, r, xpack + b * MR * KH + h0 * xs, xs, w + p * pstride + h0 * PW, pstride, kc, c, ldc, init);
   };
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
-    if (cvt) store_rows_bf16<true>(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
-    else store_rows_bf16<false>(c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
+    store_rows_bf16(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
   };
   gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, tiles, store);
 }
