@@ -89,10 +89,16 @@ def test_pair_layout_and_strided_rows():
     # W[16p + f, 2h + e] at [p, h, f, e]; padded features and the odd k's partner are zero
     assert torch.equal(p[1, 1, :4, 1], w[16:20, 3]) and torch.equal(p[0, 3, :, 0], w[:16, 6])
     assert not p[1, :, 4:].any() and not p[:, 3, :, 1].any()
-    big = torch.randn(30, 700).bfloat16()
-    x = big[:, 50:627]  # row stride 700, as a slice of a fused activation
     w = torch.randn(300, 577).bfloat16()
-    _check(llmkern.linear_packed(x, llmkern.pack_linear_weight_bf16(w), 300), F.linear(x.double(), w.double()))
+    p = llmkern.pack_linear_weight_bf16(w)
+    # Slices of a fused activation: row stride 700 (a k pair is one aligned word of the row), or an
+    # odd stride and start (pairs straddle words: x is packed element by element); 3 rows stay on
+    # the AVX-512 GEMM where AMX takes 30.
+    for stride, start in ((700, 50), (701, 51)):
+        big = torch.randn(30, stride).bfloat16()
+        for rows in (3, 30):
+            x = big[:rows, start:start + 577]
+            _check(llmkern.linear_packed(x, p, 300), F.linear(x.double(), w.double()))
 
 
 def _gated_ref(x, gate, up):

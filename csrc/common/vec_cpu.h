@@ -295,5 +295,32 @@ LLMK_ALWAYS_INLINE vf hsum_many(vf* v) {
   return hsum_pair<2>(v[0], v[1]);
 }
 
+#if defined(__AVX512F__)
+// r[i] = row i of 16 x 16 32-bit words -> r[j] = column j (lane transposes, then 64-bit, then
+// 128-bit blocks). The attention kernels' Q / V^T packs and the GEMMs' x packs.
+LLMK_ALWAYS_INLINE void transpose16_epi32(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+#endif
+
 }  // namespace vec
 LLMK_NS_END

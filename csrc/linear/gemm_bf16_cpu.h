@@ -41,11 +41,15 @@ LLMK_ALWAYS_INLINE float bits_f32(uint32_t u) {
 LLMK_ALWAYS_INLINE void pack_x_pairs_block(const uint16_t* x, int64_t ldx, int rows, int64_t K, int xs,
                                            uint32_t* dst) {
   const int64_t kh = K / 2;
-  for (int i = 0; i < rows; ++i) {
-    const uint16_t* xr = x + i * ldx;
-    for (int64_t h = 0; h < kh; ++h) dst[h * xs + i] = uint32_t(xr[2 * h]) | uint32_t(xr[2 * h + 1]) << 16;
-    if (K % 2) dst[kh * xs + i] = xr[K - 1];
+  if (ldx % 2 == 0 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__) {  // a pair is one word of the row
+    pack_kmajor(x, ldx / 2, rows, kh, xs, dst);
+  } else {
+    for (int i = 0; i < rows; ++i)
+      for (int64_t h = 0; h < kh; ++h)
+        dst[h * xs + i] = uint32_t(x[i * ldx + 2 * h]) | uint32_t(x[i * ldx + 2 * h + 1]) << 16;
   }
+  if (K % 2)
+    for (int i = 0; i < rows; ++i) dst[kh * xs + i] = x[i * ldx + K - 1];
 }
 
 LLMK_ALWAYS_INLINE void pack_x_pairs(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const RowBlocks& blk,
@@ -61,9 +65,11 @@ LLMK_ALWAYS_INLINE void pack_x_pairs(const uint16_t* x, int64_t ldx, int64_t M, 
 // (the k pairs split over accumulator sets as in the fp32 tile: ksplit_tile).
 template <int R, int P>
 LLMK_ALWAYS_INLINE void tile_bf16_widen(const uint32_t* __restrict xb, int xs, const uint32_t* __restrict w,
-                                        int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init) {
+                                        int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init,
+                                        NextPanels pf) {
   constexpr int V = P * VPP;
   ksplit_tile<R, V>(kc, c, ldc, nullptr, init, [&](vf (&acc)[R][V], int64_t h) __attribute__((always_inline)) {
+    pf.at(h, P, pstride);
     vf we[V], wo[V];
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) {
@@ -93,9 +99,9 @@ LLMK_ALWAYS_INLINE void tile_bf16_widen(const uint32_t* __restrict xb, int xs, c
 
 template <int P>
 void tile_rows_bf16_widen(int r, const uint32_t* xb, int xs, const uint32_t* w, int64_t pstride, int64_t kc,
-                          float* c, int64_t ldc, bool init) {
+                          float* c, int64_t ldc, bool init, NextPanels pf) {
 #define LLMK_WIDEN_TILE(R) \
-  if constexpr (R <= MR) tile_bf16_widen<R, P>(xb, xs, w, pstride, kc, c, ldc, init)
+  if constexpr (R <= MR) tile_bf16_widen<R, P>(xb, xs, w, pstride, kc, c, ldc, init, pf)
   LLMK_BF16_ROWS_SWITCH(r, LLMK_WIDEN_TILE)
 #undef LLMK_WIDEN_TILE
 }
@@ -123,7 +129,7 @@ LLMK_ALWAYS_INLINE LLMK_BF16_TARGET void dot_step(__m512 (&acc)[R][P], const uin
 template <int R, int P>
 LLMK_ALWAYS_INLINE LLMK_BF16_TARGET void tile_bf16_dot(const uint32_t* __restrict xb, int xs,
                                                        const uint32_t* __restrict w, int64_t pstride, int64_t kc,
-                                                       float* c, int64_t ldc, bool init) {
+                                                       float* c, int64_t ldc, bool init, NextPanels pf) {
   constexpr int S = ksplit<R, P>();
   __m512 acc[S][R][P];
 #pragma GCC unroll 16
@@ -137,8 +143,14 @@ LLMK_ALWAYS_INLINE LLMK_BF16_TARGET void tile_bf16_dot(const uint32_t* __restric
   int64_t h = 0;
   for (; h + S <= kc; h += S)
 #pragma GCC unroll 4
-    for (int s = 0; s < S; ++s) dot_step<R, P>(acc[s], xb, xs, w, pstride, h + s);
-  for (; h < kc; ++h) dot_step<R, P>(acc[0], xb, xs, w, pstride, h);
+    for (int s = 0; s < S; ++s) {
+      pf.at(h + s, P, pstride);
+      dot_step<R, P>(acc[s], xb, xs, w, pstride, h + s);
+    }
+  for (; h < kc; ++h) {
+    pf.at(h, P, pstride);
+    dot_step<R, P>(acc[0], xb, xs, w, pstride, h);
+  }
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
@@ -151,8 +163,8 @@ LLMK_ALWAYS_INLINE LLMK_BF16_TARGET void tile_bf16_dot(const uint32_t* __restric
 
 template <int P>
 LLMK_BF16_TARGET void tile_rows_bf16_dot(int r, const uint32_t* xb, int xs, const uint32_t* w, int64_t pstride,
-                                         int64_t kc, float* c, int64_t ldc, bool init) {
-#define LLMK_DOT_TILE(R) tile_bf16_dot<R, P>(xb, xs, w, pstride, kc, c, ldc, init)
+                                         int64_t kc, float* c, int64_t ldc, bool init, NextPanels pf) {
+#define LLMK_DOT_TILE(R) tile_bf16_dot<R, P>(xb, xs, w, pstride, kc, c, ldc, init, pf)
   LLMK_BF16_ROWS_SWITCH(r, LLMK_DOT_TILE)
 #undef LLMK_DOT_TILE
 }
@@ -160,18 +172,18 @@ LLMK_BF16_TARGET void tile_rows_bf16_dot(int r, const uint32_t* xb, int xs, cons
 
 // r rows of x pairs against np (1 or NP) panels: the vdpbf16ps tiles or the widening ones.
 LLMK_ALWAYS_INLINE void tiles_bf16(bool dot, int np, int r, const uint32_t* xb, int xs, const uint32_t* w,
-                                   int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init) {
+                                   int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init, NextPanels pf) {
 #if defined(__AVX512F__)
   if (dot) {
-    if (np == 2) tile_rows_bf16_dot<2>(r, xb, xs, w, pstride, kc, c, ldc, init);
-    else tile_rows_bf16_dot<1>(r, xb, xs, w, pstride, kc, c, ldc, init);
+    if (np == 2) tile_rows_bf16_dot<2>(r, xb, xs, w, pstride, kc, c, ldc, init, pf);
+    else tile_rows_bf16_dot<1>(r, xb, xs, w, pstride, kc, c, ldc, init, pf);
     return;
   }
 #endif
   (void)dot;
   if constexpr (NP == 2)
-    if (np == 2) return tile_rows_bf16_widen<2>(r, xb, xs, w, pstride, kc, c, ldc, init);
-  tile_rows_bf16_widen<1>(r, xb, xs, w, pstride, kc, c, ldc, init);
+    if (np == 2) return tile_rows_bf16_widen<2>(r, xb, xs, w, pstride, kc, c, ldc, init, pf);
+  tile_rows_bf16_widen<1>(r, xb, xs, w, pstride, kc, c, ldc, init, pf);
 }
 
 // The epilogue of the bf16 GEMMs: fp32 tile rows c (row stride ldc) of `rows` rows against np panels
@@ -231,13 +243,15 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   const int64_t grain = task_grain(kh1 * PW * 4 * unit, 2 * M * kh1 * 2 * PW * unit);
   const uint32_t* w = reinterpret_cast<const uint32_t*>(packed);
   const bool dot = bf16_dot(), cvt = ::llmk::cpu_bf16_cvt();
-  auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t h0, int64_t kc, float* c, int ldc, bool init) {
-    tiles_bf16(dot, np, r, xpack + b * MR * KH + h0 * xs, xs, w + p * pstride + h0 * PW, pstride, kc, c, ldc, init);
+  auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t h0, int64_t kc, float* c, int ldc, bool init,
+                   NextPanels pf) {
+    tiles_bf16(dot, np, r, xpack + b * MR * KH + h0 * xs, xs, w + p * pstride + h0 * PW, pstride, kc, c, ldc, init,
+               pf);
   };
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
     store_rows_bf16(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
   };
-  gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, tiles, store);
+  gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, w, pstride, tiles, store);
 }
 
 }  // namespace gemm

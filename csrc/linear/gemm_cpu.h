@@ -16,6 +16,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "common/exp_cpu.h"
 #include "common/vec_cpu.h"
@@ -57,10 +58,39 @@ LLMK_ALWAYS_INLINE vf fmadd(vf a, vf b, vf c) {
 
 inline int64_t num_panels(int64_t n) { return (n + PW - 1) / PW; }
 
+// Rows [0, rows) of kw 32-bit words (row stride ldx words) -> one k-major block dst[k * xs + i],
+// xs >= rows (rows beyond `rows` are never read; they may be written). fp32 x, or bf16 x read as
+// k pairs. On AVX-512 16 words of up to 16 rows at a time, transposed in registers: the element
+// loop ran at ~1 ns per value and was 6% of an fp32 decode step at 48 rows.
+LLMK_ALWAYS_INLINE void pack_kmajor(const void* x, int64_t ldx, int rows, int64_t kw, int xs, void* dst) {
+  const char* src = static_cast<const char*>(x);
+  char* d = static_cast<char*>(dst);
+  if (xs == 1) {  // one row: k-major is the row itself
+    if (rows == 1) std::memcpy(d, src, size_t(kw) * 4);
+    return;
+  }
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  if (xs <= 16) {
+    const __mmask16 lanes = __mmask16((1u << xs) - 1);
+    for (; k + 16 <= kw; k += 16) {
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < rows ? _mm512_loadu_si512(src + (i * ldx + k) * 4) : _mm512_setzero_si512();
+      vec::transpose16_epi32(r);
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) _mm512_mask_storeu_epi32(d + (k + j) * xs * 4, lanes, r[j]);
+    }
+  }
+#endif
+  for (int i = 0; i < rows; ++i)
+    for (int64_t kk = k; kk < kw; ++kk) std::memcpy(d + (kk * xs + i) * 4, src + (i * ldx + kk) * 4, 4);
+}
+
 // x rows [0, rows) -> one k-major block of stride xs >= rows (rows beyond `rows` are never read).
 LLMK_ALWAYS_INLINE void pack_x_block(const float* x, int64_t ldx, int rows, int64_t K, int xs, float* dst) {
-  for (int i = 0; i < rows; ++i)
-    for (int64_t k = 0; k < K; ++k) dst[k * xs + i] = x[i * ldx + k];
+  pack_kmajor(x, ldx, rows, K, xs, dst);
 }
 
 // Thin tiles (a decode step's 1-2 rows) would be one FMA latency chain per accumulator: k is split
@@ -99,22 +129,46 @@ LLMK_ALWAYS_INLINE void ksplit_tile(int64_t kc, float* c, int64_t ldc, const flo
     }
 }
 
+// The next panel group's W, read into L2 while the row blocks of a super-block sweep the current
+// group, so that the read from memory overlaps their arithmetic. A k step of a panel is one 64-byte
+// line (16 fp32, or 16 bf16 pairs). With n row blocks the lines are split between the first 2^s <=
+// n of them (s <= 4): block i prefetches every 2^s-th k step, a slice 1/2^s of the group. Issuing
+// the whole group from one block (n = 1: a decode step's 1-12 rows) leaves nothing to hide it
+// behind at a few row blocks; spread, a decode step's W arrives while the others compute.
+struct NextPanels {
+  const char* p = nullptr;  // this block's slice of the next group (panel 0, k offset applied)
+  int shift = 0;
+  LLMK_ALWAYS_INLINE void at(int64_t k, int P, int64_t pstride) const {
+    if (p && !(k & ((int64_t(1) << shift) - 1)))
+#pragma GCC unroll 4
+      for (int j = 0; j < P; ++j) __builtin_prefetch(p + (j * pstride + (k >> shift) * PW) * 4, 0, 2);
+  }
+};
+
+// Row block i of the n sweeping a group: its slice of `next` (4-byte words, panel 0 at the chunk's
+// first k step) over kc k steps; none when next is null or i is past the blocks that share it.
+inline NextPanels next_panels(const void* next, int64_t i, int64_t n, int64_t kc) {
+  if (!next) return {};
+  int s = 0;
+  while (s < 4 && (int64_t(2) << s) <= n) ++s;
+  if (i >= (int64_t(1) << s)) return {};
+  const int64_t lines = (kc + (int64_t(1) << s) - 1) >> s;
+  return {static_cast<const char*>(next) + i * lines * PW * 4, s};
+}
+
 // C[R, P*16] (+)= xb[kc][xs] . W panels; `w` points at panel 0 (k offset applied), panels `pstride`
 // floats apart. c has row stride ldc; init (first k chunk) starts from bias (or 0), else from c.
-// pf (or null): the next group's panels, prefetched one line per panel per k step, so that its
-// read from memory overlaps this tile's arithmetic.
+// pf: this block's slice of the next group (NextPanels).
 template <int R, int P>
 LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __restrict w, int64_t pstride,
                              int64_t kc, float* c, int64_t ldc, const float* bias, bool init,
-                             const float* pf) {
+                             NextPanels pf) {
   constexpr int V = P * VPP;
   const float* wv[V];
 #pragma GCC unroll 8
   for (int v = 0; v < V; ++v) wv[v] = w + (v / VPP) * pstride + (v % VPP) * VL;
   ksplit_tile<R, V>(kc, c, ldc, bias, init, [&](vf (&acc)[R][V], int64_t k) __attribute__((always_inline)) {
-    if (pf)
-#pragma GCC unroll 4
-      for (int j = 0; j < P; ++j) __builtin_prefetch(pf + j * pstride + k * PW, 0, 2);
+    pf.at(k, P, pstride);
     vf b[V];
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) b[v] = vec::loadu(wv[v] + k * PW);
@@ -129,7 +183,7 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __
 
 template <int P>
 LLMK_ALWAYS_INLINE void tile_rows(int r, const float* xb, int xs, const float* w, int64_t pstride, int64_t kc,
-                                  float* c, int64_t ldc, const float* bias, bool init, const float* pf) {
+                                  float* c, int64_t ldc, const float* bias, bool init, NextPanels pf) {
   switch (r) {  // one instantiation per row count keeps every tile's accumulators in registers
 #define LLMK_TILE_CASE(R) \
   case R:                 \
@@ -218,8 +272,13 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
               if (!init)
                 for (int i = 0; i < r; ++i) std::copy_n(out + (m0 + i) * ldo + n0, ncols, cbuf + i * ldc);
             }
-            // The last row block streams in the next group (of this thread) meanwhile.
-            const float* pf = gw == NP && b + 1 == s1 && g + 1 < g1 ? wg + gw * pstride : nullptr;
+            // The next group of this thread streams in meanwhile (after its last, the first again
+            // for the next super-block). Not up to 4 rows: one sequential stream reads faster.
+            const float* next = gw != NP ? nullptr
+                                : g + 1 < g1 ? wg + gw * pstride
+                                : k0 + kc < K ? packed + g0 * gw * pstride + (k0 + kc) * PW
+                                : s1 < blk.n ? packed + g0 * gw * pstride : nullptr;
+            const NextPanels pf = next_panels(next, b - s0, s1 - s0, kc);
             if (np == NP) tile_rows<NP>(r, xb, xs, wg, pstride, kc, c, ldc, bp, init, pf);
             else tile_rows<1>(r, xb, xs, wg, pstride, kc, c, ldc, bp, init, pf);
             if (edge)
@@ -235,27 +294,36 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
 // the npanels output panels are split into units of `unit` panels (a gate/up pair, or one tile's
 // panel group), each thread owns a range of units, and for each unit and row block accumulates
 // every k chunk in a local fp32 tile c (row stride unit * PW) before epi(b, p, np, c, ldc) writes
-// the output. tiles(r, b, p, np, k0, kc, c, ldc, init) computes row block b (r rows) against np <=
-// gw panels from panel p over k steps [k0, k0 + kc) into c. W stays in L1/L2 while the row blocks
-// of a super-block (x_row_bytes per row: see gemm_packed) stream past it.
+// the output. tiles(r, b, p, np, k0, kc, c, ldc, init, pf) computes row block b (r rows) against np
+// <= gw panels from panel p over k steps [k0, k0 + kc) into c, prefetching pf (NextPanels). W stays
+// in L1/L2 while the row blocks of a super-block (x_row_bytes per row: see gemm_packed) stream past
+// it. w: the packed panels, pstride 4-byte words apart (a k step of a panel is one 64-byte line).
 template <typename Tiles, typename Epi>
 LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int unit, int gw, int64_t ksteps,
-                                   int64_t kchunk, int64_t grain, int64_t x_row_bytes, const Tiles& tiles,
-                                   const Epi& epi) {
+                                   int64_t kchunk, int64_t grain, int64_t x_row_bytes, const void* w,
+                                   int64_t pstride, const Tiles& tiles, const Epi& epi) {
   const int64_t nunits = (npanels + unit - 1) / unit, sb = blk.super_blocks(x_row_bytes);
+  const char* wb = static_cast<const char*>(w);
   parallel_for(nunits, grain, [&](int64_t u0, int64_t u1) {
     alignas(64) float c[MR * 2 * PW];
     const int ldc = unit * PW;
     for (int64_t s0 = 0; s0 < blk.n; s0 += sb) {
+      const int64_t s1 = std::min(blk.n, s0 + sb);
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t p = u * unit;
         const int np = int(std::min<int64_t>(unit, npanels - p));
-        for (int64_t b = s0; b < std::min(blk.n, s0 + sb); ++b) {
+        // As gemm_packed: the next unit of this thread streams in (one tile per unit only).
+        const int64_t un = u + 1 < u1 ? u + 1 : s1 < blk.n && u0 != u ? u0 : -1;
+        const bool pre = unit == gw && gw == NP && un >= 0;
+        for (int64_t b = s0; b < s1; ++b) {
           const int r = blk.rows(b);
           int64_t k0 = 0;
           do {  // at least once: with no k steps the tiles start c at 0 (an empty sum)
             const int64_t kc = std::min(kchunk, ksteps - k0);
-            for (int j = 0; j < np; j += gw) tiles(r, b, p + j, std::min(gw, np - j), k0, kc, c + j * PW, ldc, k0 == 0);
+            const NextPanels pf = next_panels(pre ? wb + (un * unit * pstride + k0 * PW) * 4 : nullptr, b - s0,
+                                              s1 - s0, kc);
+            for (int j = 0; j < np; j += gw)
+              tiles(r, b, p + j, std::min(gw, np - j), k0, kc, c + j * PW, ldc, k0 == 0, pf);
             k0 += kchunk;
           } while (k0 < ksteps);
           epi(b, p, np, c, ldc);
@@ -281,12 +349,13 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
   const int gw = M <= 4 ? 1 : NP;
   const int64_t pstride = K * PW;
   const int64_t grain = task_grain(2 * K * PW * 4, 4 * M * K * PW);
-  auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t k0, int64_t kc, float* c, int ldc, bool init) {
+  auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t k0, int64_t kc, float* c, int ldc, bool init,
+                   NextPanels pf) {
     const float* xb = xpack + b * MR * K + k0 * xs;
     const float* w = pairs + p * pstride + k0 * PW;
     if constexpr (NP == 2)
-      if (np == 2) return tile_rows<2>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, init, nullptr);
-    tile_rows<1>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, init, nullptr);
+      if (np == 2) return tile_rows<2>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, init, pf);
+    tile_rows<1>(r, xb, xs, w, pstride, kc, c, ldc, nullptr, init, pf);
   };
   auto silu_mul = [&](int64_t b, int64_t p, int, const float* c, int ldc) {
     float* o = out + blk.start(b) * ldo + p / 2 * PW;
@@ -297,7 +366,7 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
       for (int j = 0; j < ncols; ++j) o[row * ldo + j] = silu_fast(g[j]) * g[PW + j];
     }
   };
-  gemm_units(blk, 2 * num_panels(N), 2, gw, K, KC, grain, K * 4, tiles, silu_mul);
+  gemm_units(blk, 2 * num_panels(N), 2, gw, K, KC, grain, K * 4, pairs, pstride, tiles, silu_mul);
 }
 
 }  // namespace gemm
