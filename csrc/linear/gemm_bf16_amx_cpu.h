@@ -59,6 +59,15 @@ struct AmxGemmArgs {
   int64_t ldo;
 };
 
+// Item i's unit (and row group): items run super-group by super-group; within one, unit-major
+// (see gemm_bf16_amx).
+inline int64_t item_unit(const AmxGemmArgs& g, int64_t i, int64_t* grp = nullptr) {
+  const int64_t sup = i / g.super_items, in_sup = i % g.super_items;
+  const int64_t g0 = sup * g.super_groups, gn = std::min(g.super_groups, g.ngroups - g0);
+  if (grp) *grp = g0 + in_sup % gn;
+  return in_sup / gn;
+}
+
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16")
 
@@ -72,10 +81,8 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
   Tiles::config();
   int64_t tail_unit = -1;
   for (int64_t i = i0; i < i1; ++i) {
-    // Items run super-group by super-group; within one, unit-major (see gemm_bf16_amx).
-    const int64_t sup = i / g.super_items, in_sup = i % g.super_items;
-    const int64_t g0 = sup * g.super_groups, gn = std::min(g.super_groups, g.ngroups - g0);
-    const int64_t u = in_sup / gn, grp = g0 + in_sup % gn;
+    int64_t grp;
+    const int64_t u = item_unit(g, i, &grp);
     const int64_t p0 = 2 * u;
     const int np = int(std::min<int64_t>(2, g.npanels - p0));
     if (steps != full_steps && tail_unit != u) {  // the unit's last, partial group of k pairs, zero-padded
@@ -87,6 +94,12 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
       tail_unit = u;
     }
     const int64_t b0 = grp * kGroupBlocks, b1 = std::min(g.nblocks, b0 + kGroupBlocks);
+    // The next item's unit, when it is another one (a decode step: every item), streams into L2
+    // meanwhile: each block of this item prefetches its share of the 16 lines per panel and step.
+    // Without it a decode step's tile loads waited on memory (bf16 W read at ~10 of ~21 GB/s).
+    const int64_t un = i + 1 < i1 ? item_unit(g, i + 1) : u;
+    const char* next = un != u ? reinterpret_cast<const char*>(g.w + 2 * un * g.pstride) : nullptr;
+    const int npn = next ? int(std::min<int64_t>(2, g.npanels - 2 * un)) : 0;
     for (int64_t h0 = 0; h0 < steps * 16 || h0 == 0; h0 += kChunkPairs) {
       const int64_t s0 = h0 / 16, s1 = std::min(steps, (h0 + kChunkPairs) / 16);
       const bool first = h0 == 0, last = h0 + kChunkPairs >= steps * 16;
@@ -103,7 +116,11 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
           else if (row < g.M) ap[r] = g.tail + (row - g.direct_rows) * g.ltail, as[r] = st;
           else ap[r] = nullptr, as[r] = 0;
         }
+        const int l0 = int(16 * (b - b0) / (b1 - b0)), l1 = int(16 * (b - b0 + 1) / (b1 - b0));
         for (int64_t s = s0; s < s1; ++s) {
+          if (next && s < full_steps)
+            for (int j = 0; j < npn; ++j)
+              for (int l = l0; l < l1; ++l) __builtin_prefetch(next + (j * g.pstride + s * 16 * PW) * 4 + l * 64, 0, 2);
           const void* bp[2];
           for (int j = 0; j < 2; ++j)
             bp[j] = j >= np ? amx::zero_tile()
