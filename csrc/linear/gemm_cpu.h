@@ -89,11 +89,6 @@ LLMK_ALWAYS_INLINE void pack_kmajor(const void* x, int64_t ldx, int rows, int64_
     for (int64_t kk = k; kk < kw; ++kk) std::memcpy(d + (kk * xs + i) * 4, src + (i * ldx + kk) * 4, 4);
 }
 
-// x rows [0, rows) -> one k-major block of stride xs >= rows (rows beyond `rows` are never read).
-LLMK_ALWAYS_INLINE void pack_x_block(const float* x, int64_t ldx, int rows, int64_t K, int xs, float* dst) {
-  pack_kmajor(x, ldx, rows, K, xs, dst);
-}
-
 // Thin tiles (a decode step's 1-2 rows) would be one FMA latency chain per accumulator: k is split
 // over this many independent accumulator sets, summed at the end.
 template <int R, int V>
@@ -213,7 +208,7 @@ LLMK_ALWAYS_INLINE void pack_x(const float* x, int64_t ldx, int64_t M, int64_t K
                                float* xpack) {
   // Packing x is O(M K) against the GEMM's O(M N K); worth threads only for prefill-sized x.
   parallel_for(blk.n, M * K >= (1 << 18) ? 1 : blk.n, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) pack_x_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K);
+    for (int64_t b = b0; b < b1; ++b) pack_kmajor(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K);
   });
 }
 
@@ -236,16 +231,11 @@ LLMK_ALWAYS_INLINE void for_gemm_items(int64_t nsuper, int64_t nunits, int64_t g
   ranges = std::max<int64_t>(1, std::min(ranges, (nunits + grain - 1) / grain));
   const int64_t per = (nunits + ranges - 1) / ranges;
   ranges = (nunits + per - 1) / per;
-  const int64_t items = nsuper * ranges;
-  auto item = [&](int64_t i) {
+  // One item per pool claim; in order on the calling thread when single-threaded or nested.
+  parallel_for_dynamic(nsuper * ranges, [&](int64_t i) {
     const int64_t s = i / ranges, u0 = i % ranges * per;
     f(s, u0, std::min(nunits, u0 + per));
-  };
-  if (nt <= 1 || items <= 1 || in_parallel()) {
-    for (int64_t i = 0; i < items; ++i) item(i);
-    return;
-  }
-  parallel_for_dynamic(items, item);
+  });
 }
 
 // out [M, N] (row stride ldo) = x [M, K] (row stride ldx) W^T + bias, W as packed panels
@@ -337,14 +327,13 @@ LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int un
       const int64_t p = u * unit;
       const int np = int(std::min<int64_t>(unit, npanels - p));
       // As gemm_packed: the item's next unit streams in (one tile per unit only).
-      const int64_t un = u + 1 < u1 ? u + 1 : -1;
-      const bool pre = unit == gw && gw == NP && un >= 0;
+      const bool pre = unit == gw && gw == NP && u + 1 < u1;
       for (int64_t b = s0; b < s1; ++b) {
         const int r = blk.rows(b);
         int64_t k0 = 0;
         do {  // at least once: with no k steps the tiles start c at 0 (an empty sum)
           const int64_t kc = std::min(kchunk, ksteps - k0);
-          const NextPanels pf = next_panels(pre ? wb + (un * unit * pstride + k0 * PW) * 4 : nullptr, b - s0,
+          const NextPanels pf = next_panels(pre ? wb + ((u + 1) * unit * pstride + k0 * PW) * 4 : nullptr, b - s0,
                                             s1 - s0, kc);
           for (int j = 0; j < np; j += gw)
             tiles(r, b, p + j, std::min(gw, np - j), k0, kc, c + j * PW, ldc, k0 == 0, pf);
