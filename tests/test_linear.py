@@ -74,6 +74,37 @@ def test_packed_matches_fp64_linear(rows, k, n, bias):
     assert err <= 2 * same + 1e-6 * k**0.5
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_packed_x_packed_by_its_readers_is_thread_count_invariant(gated):
+    # 700 x 1000 strided rows: several row super-blocks whose x the two threads' work items pack on
+    # demand into a scratch buffer kept between calls (a single thread packs it all up front). A new
+    # x per call, so a block read before it is packed shows the previous call's rows. The tiles do
+    # not depend on the thread count, so the bits must not either, and both must be torch's result.
+    k, n = 1000, 96
+    xs = [torch.randn(700, k + 24)[:, 3:3 + k] for _ in range(4)]
+    w = torch.randn(2 * n if gated else n, k) / k**0.5
+    h = [_packed_ref(x, w, None) for x in xs]
+    if gated:
+        p = llmkern.pack_gate_up_weight(w[:n], w[n:])
+        run = lambda x: llmkern.linear_packed_silu_mul(x, p, n)  # noqa: E731
+        refs = [F.silu(r[:, :n]) * r[:, n:] for r in h]
+    else:
+        p = llmkern.pack_linear_weight(w)
+        run = lambda x: llmkern.linear_packed(x, p, n)  # noqa: E731
+        refs = h
+    threads = llmkern.get_num_threads()
+    try:
+        llmkern.set_num_threads(1)
+        one = [run(x) for x in xs]
+        llmkern.set_num_threads(2)
+        two = [run(x) for x in xs]
+    finally:
+        llmkern.set_num_threads(threads)
+    for a, b, ref in zip(one, two, refs):
+        assert torch.equal(b, a)
+        assert (a.double() - ref).abs().max().item() < 1e-4
+
+
 def test_packed_layout_and_strided_rows():
     w = torch.randn(20, 8)
     p = llmkern.pack_linear_weight(w)

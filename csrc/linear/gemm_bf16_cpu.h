@@ -52,15 +52,6 @@ LLMK_ALWAYS_INLINE void pack_x_pairs_block(const uint16_t* x, int64_t ldx, int r
     for (int i = 0; i < rows; ++i) dst[kh * xs + i] = x[i * ldx + K - 1];
 }
 
-LLMK_ALWAYS_INLINE void pack_x_pairs(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const RowBlocks& blk,
-                                     int xs, uint32_t* xpack) {
-  const int64_t KH = (K + 1) / 2;
-  parallel_for(blk.n, M * K >= (1 << 18) ? 1 : blk.n, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      pack_x_pairs_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * KH);
-  });
-}
-
 // C[R, P*16] (+)= xb[kc pairs][xs] . W panels (pstride words apart), widened to fp32: every build
 // (the k pairs split over accumulator sets as in the fp32 tile: ksplit_tile).
 template <int R, int P>
@@ -233,7 +224,10 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   const RowBlocks blk(M);
   const int xs = blk.n == 1 ? int(M) : MR;
   const int64_t KH = (K + 1) / 2;
-  pack_x_pairs(x, ldx, M, K, blk, xs, xpack);
+  const auto pack = [&](int64_t b) {
+    pack_x_pairs_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * KH);
+  };
+  const RowPacker<decltype(pack)> rows(blk, M * K, pack);
   // As gemm_packed: up to 4 rows the GEMM is bound by reading W, one panel per tile keeps each
   // thread's reads one sequential stream.
   const int gw = M <= 4 ? 1 : NP;
@@ -251,7 +245,7 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
     store_rows_bf16(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
   };
-  gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, w, pstride, tiles, store);
+  gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, w, pstride, rows, tiles, store);
 }
 
 }  // namespace gemm

@@ -16,8 +16,10 @@
 // Measured on a 2-core Zen 4: ~2x torch's (MKL) sgemm at 8-64 rows, ~1.5x at 1024.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "common/exp_cpu.h"
 #include "common/vec_cpu.h"
@@ -40,6 +42,10 @@ constexpr int NP = 1, MR = 2;
 #endif
 static_assert(MR <= 12, "tile_rows instantiates tiles of 1 .. 12 rows");
 constexpr int64_t KC = 2048;   // k chunk: a group of NP panels (KC x 128 B) stays in L2
+// A tile of >= 3 rows prefetches its W this many k steps ahead into L1. W comes from L2 (a group of
+// 2 panels at K = 576 is 72 KB, over L1), and without it the loads stalled: the 12 x 32 tile swept
+// by a super-block ran at ~165 GFLOP/s per core on the Xeon, ~178 with it (distances 8-24 alike).
+constexpr int kWPrefetchSteps = 16, kWPrefetchRows = 3;
 constexpr int64_t kXBlockBytes = 512 << 10;  // x per row super-block: half of the smaller L2s (Zen 4: 1 MB)
 
 // Units of `unit_bytes` of x (>= 1) per row super-block.
@@ -165,6 +171,9 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __
   for (int v = 0; v < V; ++v) wv[v] = w + (v / VPP) * pstride + (v % VPP) * VL;
   ksplit_tile<R, V>(kc, c, ldc, bias, init, [&](vf (&acc)[R][V], int64_t k) __attribute__((always_inline)) {
     pf.at(k, P, pstride);
+    if (R >= kWPrefetchRows)
+#pragma GCC unroll 4
+      for (int j = 0; j < P; ++j) __builtin_prefetch(wv[j * VPP] + (k + kWPrefetchSteps) * PW, 0, 3);
     vf b[V];
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) b[v] = vec::loadu(wv[v] + k * PW);
@@ -204,13 +213,45 @@ struct RowBlocks {
   int64_t super_blocks(int64_t row_bytes) const { return units_per_x_block(MR * row_bytes); }
 };
 
-LLMK_ALWAYS_INLINE void pack_x(const float* x, int64_t ldx, int64_t M, int64_t K, const RowBlocks& blk, int xs,
-                               float* xpack) {
-  // Packing x is O(M K) against the GEMM's O(M N K); worth threads only for prefill-sized x.
-  parallel_for(blk.n, M * K >= (1 << 18) ? 1 : blk.n, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) pack_kmajor(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K);
-  });
-}
+// x's row blocks, packed up front on the calling thread when x is small (a decode step's: a pass
+// on two threads costs more than it saves), else each by the first work item that reads it (ready()):
+// a separate parallel pass wrote a prefill's packed x out to L3 and every super-block read it back,
+// ~5% of a 2048-row GEMM; packed by its reader, a super-block's x is still in L2 for the sweep.
+template <typename PackBlock>
+class RowPacker {
+ public:
+  RowPacker(const RowBlocks& blk, int64_t x_elems, const PackBlock& pack) : pack_(pack) {
+    if (x_elems < (1 << 18) || max_threads() <= 1) {
+      for (int64_t b = 0; b < blk.n; ++b) pack_(b);
+      return;
+    }
+    state_.reset(new std::atomic<uint8_t>[size_t(blk.n)]);
+    for (int64_t b = 0; b < blk.n; ++b) state_[b].store(kIdle, std::memory_order_relaxed);
+  }
+  // Blocks [b0, b1) packed: claims and packs those no thread has, starting at `first` (items sharing
+  // a super-block start apart, so they pack it together), then waits for the rest, which their
+  // claimers are packing (no wait is on a block nobody runs).
+  void ready(int64_t b0, int64_t b1, int64_t first) const {
+    if (!state_) return;
+    const int64_t n = b1 - b0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t b = b0 + (first - b0 + i) % n;
+      uint8_t idle = kIdle;
+      if (state_[b].load(std::memory_order_relaxed) == kIdle &&
+          state_[b].compare_exchange_strong(idle, kPacking, std::memory_order_acquire)) {
+        pack_(b);
+        state_[b].store(kPacked, std::memory_order_release);
+      }
+    }
+    for (int64_t b = b0; b < b1; ++b)
+      while (state_[b].load(std::memory_order_acquire) != kPacked) cpu_pause();
+  }
+
+ private:
+  static constexpr uint8_t kIdle = 0, kPacking = 1, kPacked = 2;
+  const PackBlock& pack_;
+  std::unique_ptr<std::atomic<uint8_t>[]> state_;  // null: all packed up front
+};
 
 // Pool tasks of >= ~5 us (>= 100 KB of W to read or >= 0.5 MFLOP) hide its wake-up cost.
 LLMK_ALWAYS_INLINE int64_t task_grain(int64_t unit_bytes, int64_t unit_flops) {
@@ -246,7 +287,8 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
                         const float* bias, float* out, int64_t ldo, float* xpack) {
   const RowBlocks blk(M);
   const int xs = blk.n == 1 ? int(M) : MR;
-  pack_x(x, ldx, M, K, blk, xs, xpack);
+  const auto pack = [&](int64_t b) { pack_kmajor(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K); };
+  const RowPacker<decltype(pack)> rows(blk, M * K, pack);
   // A group is the NP panels one tile spans. Up to 4 rows the GEMM is bound by reading W: one
   // panel at a time keeps each thread's reads a single sequential stream (the GEMV measured
   // interleaved weight-row streams ~30% below the read bandwidth).
@@ -258,6 +300,7 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
   for_gemm_items((blk.n + sb - 1) / sb, ngroups, grain, [&](int64_t si, int64_t g0, int64_t g1) {
     float cbuf[MR * NP * PW], bbuf[NP * PW];
     const int64_t s0 = si * sb, s1 = std::min(blk.n, s0 + sb);
+    rows.ready(s0, s1, s0 + g0 * (s1 - s0) / ngroups);
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const int64_t kc = std::min(KC, K - k0);
       const bool init = k0 == 0;
@@ -289,11 +332,13 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
               for (int i = 0; i < r; ++i) std::copy_n(out + (m0 + i) * ldo + n0, ncols, cbuf + i * ldc);
           }
           // The next group of this item streams in meanwhile (after its last, the first again
-          // for the next k chunk). Not up to 4 rows: one sequential stream reads faster.
+          // for the next k chunk). Not up to 4 rows: one sequential stream reads faster. Only in
+          // the first super-block: the later ones find W in L3, where the hardware prefetcher
+          // keeps up and the extra requests only held the fill buffers (2048 rows: ~5% slower).
           const float* next = gw != NP ? nullptr
                               : g + 1 < g1 ? wg + gw * pstride
                               : k0 + kc < K ? packed + g0 * gw * pstride + (k0 + kc) * PW : nullptr;
-          const NextPanels pf = next_panels(next, b - s0, s1 - s0, kc);
+          const NextPanels pf = next_panels(si == 0 ? next : nullptr, b - s0, s1 - s0, kc);
           if (np == NP) tile_rows<NP>(r, xb, xs, wg, pstride, kc, c, ldc, bp, init, pf);
           else tile_rows<1>(r, xb, xs, wg, pstride, kc, c, ldc, bp, init, pf);
           if (edge)
@@ -309,25 +354,26 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
 // panel group), work items are ranges of units against a row super-block (for_gemm_items), and
 // for each unit and row block an item accumulates
 // every k chunk in a local fp32 tile c (row stride unit * PW) before epi(b, p, np, c, ldc) writes
-// the output. tiles(r, b, p, np, k0, kc, c, ldc, init, pf) computes row block b (r rows) against np
+// the output. rows.ready(b0, b1, first) packs x's row blocks [b0, b1) before they are read (RowPacker). tiles(r, b, p, np, k0, kc, c, ldc, init, pf) computes row block b (r rows) against np
 // <= gw panels from panel p over k steps [k0, k0 + kc) into c, prefetching pf (NextPanels). W stays
 // in L1/L2 while the row blocks of a super-block (x_row_bytes per row: see gemm_packed) stream past
 // it. w: the packed panels, pstride 4-byte words apart (a k step of a panel is one 64-byte line).
-template <typename Tiles, typename Epi>
+template <typename Rows, typename Tiles, typename Epi>
 LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int unit, int gw, int64_t ksteps,
                                    int64_t kchunk, int64_t grain, int64_t x_row_bytes, const void* w,
-                                   int64_t pstride, const Tiles& tiles, const Epi& epi) {
+                                   int64_t pstride, const Rows& rows, const Tiles& tiles, const Epi& epi) {
   const int64_t nunits = (npanels + unit - 1) / unit, sb = blk.super_blocks(x_row_bytes);
   const char* wb = static_cast<const char*>(w);
   for_gemm_items((blk.n + sb - 1) / sb, nunits, grain, [&](int64_t si, int64_t u0, int64_t u1) {
     alignas(64) float c[MR * 2 * PW];
     const int ldc = unit * PW;
     const int64_t s0 = si * sb, s1 = std::min(blk.n, s0 + sb);
+    rows.ready(s0, s1, s0 + u0 * (s1 - s0) / nunits);
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t p = u * unit;
       const int np = int(std::min<int64_t>(unit, npanels - p));
-      // As gemm_packed: the item's next unit streams in (one tile per unit only).
-      const bool pre = unit == gw && gw == NP && u + 1 < u1;
+      // As gemm_packed: the item's next unit streams in (one tile per unit only; first super-block).
+      const bool pre = unit == gw && gw == NP && u + 1 < u1 && si == 0;
       for (int64_t b = s0; b < s1; ++b) {
         const int r = blk.rows(b);
         int64_t k0 = 0;
@@ -357,7 +403,8 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
                                  float* out, int64_t ldo, float* xpack) {
   const RowBlocks blk(M);
   const int xs = blk.n == 1 ? int(M) : MR;
-  pack_x(x, ldx, M, K, blk, xs, xpack);
+  const auto pack = [&](int64_t b) { pack_kmajor(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K); };
+  const RowPacker<decltype(pack)> rows(blk, M * K, pack);
   const int gw = M <= 4 ? 1 : NP;
   const int64_t pstride = K * PW;
   const int64_t grain = task_grain(2 * K * PW * 4, 4 * M * K * PW);
@@ -378,7 +425,7 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
       for (int j = 0; j < ncols; ++j) o[row * ldo + j] = silu_fast(g[j]) * g[PW + j];
     }
   };
-  gemm_units(blk, 2 * num_panels(N), 2, gw, K, KC, grain, K * 4, pairs, pstride, tiles, silu_mul);
+  gemm_units(blk, 2 * num_panels(N), 2, gw, K, KC, grain, K * 4, pairs, pstride, rows, tiles, silu_mul);
 }
 
 }  // namespace gemm
