@@ -44,7 +44,7 @@ static_assert(MR <= 12, "tile_rows instantiates tiles of 1 .. 12 rows");
 constexpr int64_t KC = 2048;   // k chunk: a group of NP panels (KC x 128 B) stays in L2
 // A tile of >= 3 rows prefetches its W this many k steps ahead into L1. W comes from L2 (a group of
 // 2 panels at K = 576 is 72 KB, over L1), and without it the loads stalled: the 12 x 32 tile swept
-// by a super-block ran at ~165 GFLOP/s per core on the Xeon, ~178 with it (distances 8-24 alike).
+// by a super-block ran at ~165 GFLOP/s per core on the Xeon, ~176 with it (distances 8-24 alike).
 constexpr int kWPrefetchSteps = 16, kWPrefetchRows = 3;
 constexpr int64_t kXBlockBytes = 512 << 10;  // x per row super-block: half of the smaller L2s (Zen 4: 1 MB)
 
