@@ -8,21 +8,11 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 #include "common/macros.h"
 #include "common/thread_pool.h"
 
 LLMK_NS_BEGIN
-
-// One step of a spin wait on another pool thread.
-inline void cpu_pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#endif
-}
 
 inline int max_threads() { return ::llmk::pool_threads(); }
 

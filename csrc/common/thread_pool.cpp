@@ -35,15 +35,9 @@
 
 #include "common/cpu_quota.h"
 #include "common/errors.h"
+#include "common/spin_wait.h"
 #include "common/stall_guard.h"
 #include "common/thread_placement.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define LLMK_PAUSE() _mm_pause()
-#else
-#define LLMK_PAUSE() std::this_thread::yield()
-#endif
 
 namespace llmk {
 namespace {
@@ -115,30 +109,6 @@ class Signal {
   std::atomic<uint32_t> seq_{0};
   std::atomic<int> waiters_{0};
 };
-
-// Spins until done() or `budget` has passed; false if it gave up. Every ~1 us it looks at the
-// clock; every ~8 us it offers the core with sched_yield(), and when that call took long (another
-// thread ran meanwhile: this core is wanted) it gives up at once, so the caller goes to sleep.
-template <typename Done>
-bool spin_until(const Done& done, std::chrono::microseconds budget) {
-  if (done()) return true;
-  if (budget.count() <= 0) return false;
-  const auto start = Clock::now();
-  auto last_yield = start;
-  for (;;) {
-    for (int i = 0; i < 32; ++i) {
-      if (done()) return true;
-      LLMK_PAUSE();
-    }
-    const auto now = Clock::now();
-    if (now - start >= budget) return done();
-    if (now - last_yield >= std::chrono::microseconds(8)) {
-      sched_yield();
-      last_yield = Clock::now();
-      if (last_yield - now >= std::chrono::microseconds(40)) return done();
-    }
-  }
-}
 
 class Pool {
  public:
@@ -433,6 +403,12 @@ void pool_barrier() {
 }
 
 bool pool_in_job() { return t_in_job; }
+
+void wait_until_equal(const std::atomic<uint8_t>& flag, uint8_t value) {
+  static const std::chrono::microseconds spin(env_int("LLMKERN_JOIN_SPIN_US", 50, 0));
+  const auto set = [&] { return flag.load(std::memory_order_acquire) == value; };
+  while (!spin_until(set, spin)) sched_yield();
+}
 
 void pause_thread_placement(bool pause) {
   if (pause)

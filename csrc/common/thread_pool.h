@@ -19,6 +19,8 @@
 // LLMKERN_THREADS=openmp runs the parallel loops on OpenMP (the runtime torch loads) instead. A
 // forked child always uses the pool (libgomp's threads do not survive a fork).
 #pragma once
+#include <atomic>
+#include <cstdint>
 
 namespace llmk {
 
@@ -46,6 +48,12 @@ void pool_barrier();
 
 // True inside a pool job (nested parallel loops run inline).
 bool pool_in_job();
+
+// Returns once `flag` holds `value`, which another thread of the same parallel loop stores when
+// it finishes a piece of work it has claimed (and so is running). Spins as the pool's joins do
+// (LLMKERN_JOIN_SPIN_US), offering the core whenever another thread wants it, then keeps yielding
+// it: the setter may be waiting for this very core.
+void wait_until_equal(const std::atomic<uint8_t>& flag, uint8_t value);
 
 // LLMKERN_THREAD_PLACEMENT as the pool reads it: "nudge", "bind" or "off".
 const char* pool_placement();

@@ -228,12 +228,12 @@ class RowPacker {
     state_.reset(new std::atomic<uint8_t>[size_t(blk.n)]);
     for (int64_t b = 0; b < blk.n; ++b) state_[b].store(kIdle, std::memory_order_relaxed);
   }
-  // Blocks [b0, b1) packed: claims and packs those no thread has, starting at `first` (items sharing
-  // a super-block start apart, so they pack it together), then waits for the rest, which their
-  // claimers are packing (no wait is on a block nobody runs).
-  void ready(int64_t b0, int64_t b1, int64_t first) const {
+  // Blocks [b0, b1) packed, for the work item of units [u0, ..) of nunits: claims and packs those no
+  // thread has, starting u0 / nunits of the way in (items sharing a super-block start apart, so they
+  // pack it together), then waits for the rest, which their claimers are packing.
+  void ready(int64_t b0, int64_t b1, int64_t u0, int64_t nunits) const {
     if (!state_) return;
-    const int64_t n = b1 - b0;
+    const int64_t n = b1 - b0, first = b0 + u0 * n / nunits;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t b = b0 + (first - b0 + i) % n;
       uint8_t idle = kIdle;
@@ -243,8 +243,7 @@ class RowPacker {
         state_[b].store(kPacked, std::memory_order_release);
       }
     }
-    for (int64_t b = b0; b < b1; ++b)
-      while (state_[b].load(std::memory_order_acquire) != kPacked) cpu_pause();
+    for (int64_t b = b0; b < b1; ++b) ::llmk::wait_until_equal(state_[b], kPacked);
   }
 
  private:
@@ -252,6 +251,11 @@ class RowPacker {
   const PackBlock& pack_;
   std::unique_ptr<std::atomic<uint8_t>[]> state_;  // null: all packed up front
 };
+
+// fp32 x's row block b -> its k-major block of xpack (MR * K floats per block): RowPacker's packing.
+inline auto kmajor_blocks(const float* x, int64_t ldx, int64_t K, const RowBlocks& blk, int xs, float* xpack) {
+  return [=, &blk](int64_t b) { pack_kmajor(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K); };
+}
 
 // Pool tasks of >= ~5 us (>= 100 KB of W to read or >= 0.5 MFLOP) hide its wake-up cost.
 LLMK_ALWAYS_INLINE int64_t task_grain(int64_t unit_bytes, int64_t unit_flops) {
@@ -287,7 +291,7 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
                         const float* bias, float* out, int64_t ldo, float* xpack) {
   const RowBlocks blk(M);
   const int xs = blk.n == 1 ? int(M) : MR;
-  const auto pack = [&](int64_t b) { pack_kmajor(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K); };
+  const auto pack = kmajor_blocks(x, ldx, K, blk, xs, xpack);
   const RowPacker<decltype(pack)> rows(blk, M * K, pack);
   // A group is the NP panels one tile spans. Up to 4 rows the GEMM is bound by reading W: one
   // panel at a time keeps each thread's reads a single sequential stream (the GEMV measured
@@ -300,7 +304,7 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
   for_gemm_items((blk.n + sb - 1) / sb, ngroups, grain, [&](int64_t si, int64_t g0, int64_t g1) {
     float cbuf[MR * NP * PW], bbuf[NP * PW];
     const int64_t s0 = si * sb, s1 = std::min(blk.n, s0 + sb);
-    rows.ready(s0, s1, s0 + g0 * (s1 - s0) / ngroups);
+    rows.ready(s0, s1, g0, ngroups);
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const int64_t kc = std::min(KC, K - k0);
       const bool init = k0 == 0;
@@ -354,8 +358,9 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
 // panel group), work items are ranges of units against a row super-block (for_gemm_items), and
 // for each unit and row block an item accumulates
 // every k chunk in a local fp32 tile c (row stride unit * PW) before epi(b, p, np, c, ldc) writes
-// the output. rows.ready(b0, b1, first) packs x's row blocks [b0, b1) before they are read (RowPacker). tiles(r, b, p, np, k0, kc, c, ldc, init, pf) computes row block b (r rows) against np
-// <= gw panels from panel p over k steps [k0, k0 + kc) into c, prefetching pf (NextPanels). W stays
+// the output. rows (a RowPacker) packs x's row blocks before an item reads them. tiles(r, b, p, np,
+// k0, kc, c, ldc, init, pf) computes row block b (r rows) against np <= gw panels from panel p over
+// k steps [k0, k0 + kc) into c, prefetching pf (NextPanels). W stays
 // in L1/L2 while the row blocks of a super-block (x_row_bytes per row: see gemm_packed) stream past
 // it. w: the packed panels, pstride 4-byte words apart (a k step of a panel is one 64-byte line).
 template <typename Rows, typename Tiles, typename Epi>
@@ -368,7 +373,7 @@ LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int un
     alignas(64) float c[MR * 2 * PW];
     const int ldc = unit * PW;
     const int64_t s0 = si * sb, s1 = std::min(blk.n, s0 + sb);
-    rows.ready(s0, s1, s0 + u0 * (s1 - s0) / nunits);
+    rows.ready(s0, s1, u0, nunits);
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t p = u * unit;
       const int np = int(std::min<int64_t>(unit, npanels - p));
@@ -403,7 +408,7 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
                                  float* out, int64_t ldo, float* xpack) {
   const RowBlocks blk(M);
   const int xs = blk.n == 1 ? int(M) : MR;
-  const auto pack = [&](int64_t b) { pack_kmajor(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * K); };
+  const auto pack = kmajor_blocks(x, ldx, K, blk, xs, xpack);
   const RowPacker<decltype(pack)> rows(blk, M * K, pack);
   const int gw = M <= 4 ? 1 : NP;
   const int64_t pstride = K * PW;
