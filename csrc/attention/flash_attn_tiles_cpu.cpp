@@ -3,8 +3,8 @@
 // fp32 output O[r][d] and the softmax state (m, l) of every row, after an online softmax over
 // key tiles of kBK keys.
 //
-// attend_gemm (prefill, many rows): K and V tiles are converted once to fp32 [kBK][dp], Q once
-// per task to Q^T [D][Mp] (scaled). S^T = K.Q^T is a register-blocked GEMM with the rows in the
+// attend_gemm (prefill, many rows): K and V tiles are read in place when they are fp32 (else
+// converted once to fp32 [kBK][dp]), Q once per task to Q^T [D][Mp] (scaled). S^T = K.Q^T is a register-blocked GEMM with the rows in the
 // vector lanes, which makes the softmax (max / exp / sum over keys) purely lane-wise; O += P.V is
 // a second register-blocked GEMM broadcasting P.
 //
