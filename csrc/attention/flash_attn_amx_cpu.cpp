@@ -80,6 +80,7 @@ void gemm_amx(const AttnParams& p, const Task& t, Scratch& sc) {
 
   memset(Ot, 0, sizeof(float) * D * Mp);
   pack_q_pairs(p, t, G, M, Mp, Qp);
+  const bool cvt = cpu_bf16_cvt();  // vcvtneps2bf16 (every AMX CPU has it; LLMKERN_BF16_CVT=0: not)
   const int64_t sq = int64_t(Mp) * 4;  // bytes between B rows (d pairs or key pairs) of Qp / Pp
   Tiles::config();
   for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
@@ -98,22 +99,23 @@ void gemm_amx(const AttnParams& p, const Task& t, Scratch& sc) {
                       Qp + int64_t(h) * Mp + r0, sq, Qp + int64_t(h) * Mp + r0 + 16, sq);
         Tiles::store_c(S + int64_t(k0) * Mp + r0, Mp);
       }
-    for (int jj = 0; jj < nk; ++jj) {
-      float* s = S + int64_t(jj) * Mp;
-#pragma omp simd
-      for (int r = 0; r < Mp; ++r) s[r] *= p.softmax_scale;
-    }
     softmax_tile(S, Mp, nk, j0, R, j0 >= R.full_lo && j0 + nk <= R.full_hi, p.softcap,
-                 p.alibi_slopes != nullptr, m, l, alpha);
-    // P^T in key pairs, bf16 (round to nearest even); pairs past nk are zero
+                 p.alibi_slopes != nullptr, m, l, alpha, p.softmax_scale);
+    // P^T in key pairs, bf16 (round to nearest even; vcvtneps2bf16 gives the same bits); pairs
+    // past nk are zero
     for (int jp = 0; jp < nk32 / 2; ++jp) {
       uint32_t* dst = Pp + int64_t(jp) * Mp;
       const float* a = S + int64_t(2 * jp) * Mp;
       const float* b = a + Mp;
       const bool has_a = 2 * jp < nk, has_b = 2 * jp + 1 < nk;
-#pragma omp simd
-      for (int r = 0; r < Mp; ++r)
-        dst[r] = (has_a ? uint32_t(vec::f32_to_bf16(a[r])) : 0u) | (has_b ? uint32_t(vec::f32_to_bf16(b[r])) << 16 : 0u);
+      for (int r = 0; r < Mp; r += 16) {
+        const vf va = has_a ? loadu(a + r) : splat(0.f), vb = has_b ? loadu(b + r) : splat(0.f);
+        const vh ha = cvt ? to_bf16_bits_cvt(va) : to_bf16_bits(va);
+        const vh hb = cvt ? to_bf16_bits_cvt(vb) : to_bf16_bits(vb);
+        const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(ha));
+        const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(hb));
+        _mm512_storeu_si512(dst + r, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
     }
     // O^T = alpha O^T + V^T . P^T, 32 d x 32 rows per block, each block rescaled just before its
     // tiles load it (one pass over O^T per key tile, not two)

@@ -83,10 +83,10 @@ struct Rows {
 Rows make_rows(const AttnParams& p, const Task& t, int G, int Mp, float* aux);
 
 // The GEMM kernels' online softmax over one key tile (flash_attn_gemm_cpu.cpp): scores S^T
-// [nk][Mp] (rows in the lanes) -> probabilities, with each row's running max m, sum l and output
-// scale alpha.
+// [nk][Mp] (rows in the lanes), times scale -> probabilities, with each row's running max m, sum l
+// and output scale alpha.
 void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap, bool alibi, float* m,
-                  float* l, float* alpha);
+                  float* l, float* alpha, float scale);
 // The task's M bf16 query rows as d pairs, Qp [head_dim / 2][Mp] (one 32-bit word per row; lanes
 // past M zero): the B operand of the bf16 kernels' K . Q^T.
 void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint32_t* Qp);

@@ -14,20 +14,38 @@
 LLMK_NS_BEGIN
 namespace attn {
 
-// Scores S^T [nk][Mp] of one tile -> probabilities exp(s - m_new), with the running max m, sum l
-// and the output scale alpha of every row (lane-wise: rows are the vector lanes).
+// s * scale, rounded to fp32 on its own: the product a separate scaling pass stored. The barrier
+// keeps the compiler from fusing it into the subtraction that follows (an FMA skips the rounding,
+// and the bits would differ from the kernels that scale first).
+LLMK_ALWAYS_INLINE vf scaled_score(vf s, vf scale) {
+  vf x = s * scale;
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+v"(x));
+#else
+  asm("" : "+m"(x));
+#endif
+  return x;
+}
+
+// Scores S^T [nk][Mp] of one tile, times `scale` -> probabilities exp(s * scale - m_new), with the
+// running max m, sum l and the output scale alpha of every row (lane-wise: rows are the vector
+// lanes). The scale is applied as each score is read (the same product a pass of its own stored).
 void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap,
-                  bool alibi, float* m, float* l, float* alpha) {
+                  bool alibi, float* m, float* l, float* alpha, float scale) {
   const float inv_cap = cap > 0.f ? 1.f / cap : 0.f;
+  const vf sc = splat(scale);
+  const bool plain = cap <= 0.f && !alibi && full;  // the common case: scores stay as they are
+  const bool scaled = scale != 1.f;
   for (int o = 0; o < Mp; o += VL) {
     const vf lo = loadu(R.lo + o), hi = loadu(R.hi + o), pos = loadu(R.pos + o);
     const vf slope = loadu(R.slope + o);
     vf mt = splat(-INFINITY);
-    if (cap <= 0.f && !alibi && full) {  // the common case: scores stay as they are
-      for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o));
+    if (plain) {
+      if (scaled) for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o) * sc);
+      else for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o));
     } else for (int jj = 0; jj < nk; ++jj) {
       float* sp = S + jj * Mp + o;
-      vf s = loadu(sp);
+      vf s = scaled ? scaled_score(loadu(sp), sc) : loadu(sp);
       if (cap > 0.f) s = cap * vtanh(s * inv_cap);
       const vf jf = splat(float(j0 + jj));
       if (alibi) {
@@ -43,9 +61,10 @@ void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, fl
     const vf base = mn == splat(-INFINITY) ? splat(0.f) : mn;
     const vf a = vexp(mo - base);
     vf sum = splat(0.f);
+    const bool rescale = plain && scaled;  // the other path stored its transformed scores
     for (int jj = 0; jj < nk; ++jj) {
       float* sp = S + jj * Mp + o;
-      const vf e = vexp(loadu(sp) - base);
+      const vf e = vexp((rescale ? scaled_score(loadu(sp), sc) : loadu(sp)) - base);
       storeu(sp, e);
       sum += e;
     }
@@ -240,7 +259,7 @@ void gemm_impl(const AttnParams& p, const Task& t, Scratch& sc) {
     }
     // Score transforms, masks and the online softmax, lane-wise over rows.
     softmax_tile(S, Mp, nk, j0, R, j0 >= R.full_lo && j0 + nk <= R.full_hi, p.softcap,
-                 p.alibi_slopes != nullptr, m, l, alpha);
+                 p.alibi_slopes != nullptr, m, l, alpha, 1.f);
     // O = alpha * O + P.V
     for (int r0 = 0; r0 < M; r0 += kMR) {
       const int mr = std::min(kMR, M - r0);
@@ -365,7 +384,7 @@ LLMK_BF16_TARGET void gemm_bf16(const AttnParams& p, const Task& t, Scratch& sc)
                                  p.softmax_scale, S + jj * Mp + rv, Mp);
     }
     softmax_tile(S, Mp, nk, j0, R, j0 >= R.full_lo && j0 + nk <= R.full_hi, p.softcap,
-                 p.alibi_slopes != nullptr, m, l, alpha);
+                 p.alibi_slopes != nullptr, m, l, alpha, 1.f);
     // P pairs over keys, per row lane.
     for (int jp = 0; jp < np; ++jp)
       for (int o = 0; o < Mp; o += VL) {
