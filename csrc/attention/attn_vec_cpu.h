@@ -12,6 +12,12 @@ namespace attn {
 using namespace vec;  // NOLINT: attn::VL, attn::load<T>, ... as before the library moved
 
 #if defined(__AVX512F__)
+// 16 bf16 values a and 16 b as pair words (a[i] in the low half of word i, b[i] in the high): the
+// P operand of the bf16 kernels' P.V, whichever instruction rounded a and b.
+LLMK_ALWAYS_INLINE __m512i bf16_pair_words(__m256i a, __m256i b) {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
 // unpack{lo,hi}_epi16 of two rows (and vdpbf16ps on such pairs) leave the 32-bit results of a
 // 32-wide block as lo = {0-3, 8-11, 16-19, 24-27}, hi = {4-7, 12-15, 20-23, 28-31}, a group per
 // 128-bit lane: first / second get 0-15 / 16-31 back in order.

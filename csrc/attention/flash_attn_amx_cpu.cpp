@@ -112,9 +112,7 @@ void gemm_amx(const AttnParams& p, const Task& t, Scratch& sc) {
         const vf va = has_a ? loadu(a + r) : splat(0.f), vb = has_b ? loadu(b + r) : splat(0.f);
         const vh ha = cvt ? to_bf16_bits_cvt(va) : to_bf16_bits(va);
         const vh hb = cvt ? to_bf16_bits_cvt(vb) : to_bf16_bits(vb);
-        const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(ha));
-        const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(hb));
-        _mm512_storeu_si512(dst + r, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        _mm512_storeu_si512(dst + r, bf16_pair_words(reinterpret_cast<__m256i>(ha), reinterpret_cast<__m256i>(hb)));
       }
     }
     // O^T = alpha O^T + V^T . P^T, 32 d x 32 rows per block, each block rescaled just before its

@@ -100,6 +100,13 @@ LLMK_ALWAYS_INLINE const E<T>* q_row(const AttnParams& p, int b, int i, int h) {
          int64_t(h) * p.q_head_stride;
 }
 
+// Query row of a task's row r = g * nq + qi (head-major, as Scratch orders them): query i0 + qi of
+// head kvh * G + g.
+template <DType T>
+LLMK_ALWAYS_INLINE const E<T>* task_q_row(const AttnParams& p, const Task& t, int G, int r) {
+  return q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+}
+
 template <DType T>
 LLMK_ALWAYS_INLINE const E<T>* kv_row(const AttnParams& p, bool is_v, int b, int j, int h) {
   return static_cast<const E<T>*>(is_v ? p.v : p.k) + attn_kv_offset(p, is_v, b, j, h);

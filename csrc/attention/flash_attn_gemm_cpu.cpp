@@ -41,8 +41,10 @@ void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, fl
     const vf slope = loadu(R.slope + o);
     vf mt = splat(-INFINITY);
     if (plain) {
-      if (scaled) for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o) * sc);
-      else for (int jj = 0; jj < nk; ++jj) mt = vmax(mt, loadu(S + jj * Mp + o));
+      for (int jj = 0; jj < nk; ++jj) {
+        const vf s = loadu(S + jj * Mp + o);
+        mt = vmax(mt, scaled ? s * sc : s);
+      }
     } else for (int jj = 0; jj < nk; ++jj) {
       float* sp = S + jj * Mp + o;
       vf s = scaled ? scaled_score(loadu(sp), sc) : loadu(sp);
@@ -83,7 +85,7 @@ void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint
     for (int r0 = 0; r0 < M; r0 += 16) {
       const uint16_t* src[16];
       for (int j = 0; j < 16; ++j)
-        src[j] = r0 + j < M ? q_row<DType::BF16>(p, t.b, t.i0 + (r0 + j) % t.nq, t.kvh * G + (r0 + j) / t.nq) : nullptr;
+        src[j] = r0 + j < M ? task_q_row<DType::BF16>(p, t, G, r0 + j) : nullptr;
       for (int i0 = 0; i0 < dpairs; i0 += 16) {
         __m512i w[16];
         for (int j = 0; j < 16; ++j) w[j] = src[j] ? _mm512_loadu_si512(src[j] + 2 * i0) : _mm512_setzero_si512();
@@ -95,7 +97,7 @@ void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint
   }
 #endif
   for (int r = 0; r < M; ++r) {
-    const uint16_t* src = q_row<DType::BF16>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+    const uint16_t* src = task_q_row<DType::BF16>(p, t, G, r);
     for (int i = 0; i < dpairs; ++i) memcpy(Qp + int64_t(i) * Mp + r, src + 2 * i, 4);
   }
 }
@@ -192,8 +194,7 @@ void pack_q_t(const AttnParams& p, const Task& t, int G, int M, int Mp, float* Q
     const __m512 scale = _mm512_set1_ps(p.softmax_scale);
     for (; r0 + 16 <= M && D % 16 == 0; r0 += 16) {
       const float* src[16];
-      for (int j = 0; j < 16; ++j)
-        src[j] = q_row<T>(p, t.b, t.i0 + (r0 + j) % t.nq, t.kvh * G + (r0 + j) / t.nq);
+      for (int j = 0; j < 16; ++j) src[j] = task_q_row<T>(p, t, G, r0 + j);
       for (int d0 = 0; d0 < D; d0 += 16) {
         __m512i w[16];
         for (int j = 0; j < 16; ++j) w[j] = _mm512_castps_si512(_mm512_loadu_ps(src[j] + d0));
@@ -205,7 +206,7 @@ void pack_q_t(const AttnParams& p, const Task& t, int G, int M, int Mp, float* Q
   }
 #endif
   for (int r = r0; r < M; ++r) {
-    const E<T>* src = q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+    const E<T>* src = task_q_row<T>(p, t, G, r);
     for (int d = 0; d < D; ++d) Qt[int64_t(d) * Mp + r] = to_f32<T>(src[d]) * p.softmax_scale;
   }
 }
@@ -333,9 +334,7 @@ struct PVb {
 
 // Two fp32 vectors -> bf16 pairs (a in the low half of each 32-bit lane), round to nearest even.
 LLMK_BF16_TARGET LLMK_ALWAYS_INLINE __m512i bf16_pairs(__m512 a, __m512 b) {
-  const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(a));
-  const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(b));
-  return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16));
+  return bf16_pair_words((__m256i)_mm512_cvtneps_pbh(a), (__m256i)_mm512_cvtneps_pbh(b));
 }
 
 LLMK_BF16_TARGET void gemm_bf16(const AttnParams& p, const Task& t, Scratch& sc) {

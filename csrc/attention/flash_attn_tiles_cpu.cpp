@@ -241,7 +241,7 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   if (R.klo >= R.khi) return;
   const E<T>** qsrc = reinterpret_cast<const E<T>**>(sc.t.get(size_t(M) * 2 + 2));
   for (int r = 0; r < M; ++r) {
-    qsrc[r] = q_row<T>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+    qsrc[r] = task_q_row<T>(p, t, G, r);
     row_to_f32<T>(qsrc[r], D, p.softmax_scale, qs + r * dp);
   }
   if (p.kv_quant != KvQuant::None) return small_quant_tiles<T>(p, t, sc, qs, dp, R, Mh, S, O, m, l);

@@ -209,7 +209,7 @@ void decode_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   for (int r = 0; r < M; ++r) m[r] = -INFINITY, l[r] = 0.f;
   if (R.klo >= R.khi) return;
   Row* qsrc = reinterpret_cast<Row*>(sc.t.get(size_t(M) * 2 + 2));
-  for (int r = 0; r < M; ++r) qsrc[r] = q_row<BF>(p, t.b, t.i0 + r % t.nq, t.kvh * G + r / t.nq);
+  for (int r = 0; r < M; ++r) qsrc[r] = task_q_row<BF>(p, t, G, r);
   // Rows of head kvh for the current and the next tile; head kvh + hh is hh * head_stride further.
   Row rows[2][2][kT];
   Row kh[kT], vh[kT], khn[kT], vhn[kT];
