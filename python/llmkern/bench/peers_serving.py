@@ -42,7 +42,7 @@ def vllm_env() -> Dict[str, str]:
     from ..cpu_affinity import allowed_cpus
     from .peers import _vllm_env
 
-    return dict(_vllm_env(allowed_cpus()), VLLM_TARGET_DEVICE="cpu")
+    return _vllm_env(allowed_cpus())
 
 
 def find_vllm(exe: Optional[str]) -> Optional[str]:

