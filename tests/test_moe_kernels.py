@@ -199,8 +199,9 @@ def test_fused_moe_packed_cpu(dtype, pack):
     assert_moe_close(out, x, w13, w2, w, ids, expert_map=emap)
 
 
-def test_fused_moe_bf16_packed_on_amx_tiles_emulated():
-    """The bf16 experts' GEMMs on the AMX tiles' software model (the expert with all rows), odd H and I."""
+def on_emulated_tiles(body: str):
+    """Runs `body` (Python, with torch, llmkern and this module's helpers imported) in a child
+    process on the AMX tiles' software model."""
     from runtime_helpers import run_python
 
     if "amx" not in llmkern.build_info()["cpu_simd_compiled"]:
@@ -208,15 +209,60 @@ def test_fused_moe_bf16_packed_on_amx_tiles_emulated():
     code = (
         "import sys, torch, llmkern\n"
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-        "from test_moe_kernels import make_moe, route, assert_moe_close\n"
+        "from test_moe_kernels import *\n"
         "assert llmkern.build_info()['cpu_amx'] == 'emulated'\n"
+    )
+    run_python(code + body, timeout=300, LLMKERN_CPU_ISA="amx-emulated")
+
+
+def test_fused_moe_bf16_packed_on_amx_tiles_emulated():
+    """The bf16 experts' GEMMs on the AMX tiles' software model (the expert with all rows), odd H and I."""
+    on_emulated_tiles(
         "for T, E, H, I in [(29, 6, 72, 40), (40, 3, 33, 17)]:\n"
         "    x, w13, w2 = make_moe(T, E, H, I, torch.bfloat16, 'cpu')\n"
         "    w, ids = route(T, E, 2, seed=2, skew=True)\n"
         "    out = llmkern.fused_moe(x, llmkern.pack_moe_weights(w13, w2), None, w, ids)\n"
         "    assert_moe_close(out, x, w13, w2, w, ids)\n"
     )
-    run_python(code, timeout=300, LLMKERN_CPU_ISA="amx-emulated")
+
+
+# bf16 experts as stored, hidden and intermediate multiples of 32: on a CPU with AMX the tiles read
+# the weight rows in place (moe_amx_cpu.h). (T, E, H, I, k, skew): experts of 1-3 rows, of more
+# than one 32-row block with a partial last tile, and of exactly 16 rows.
+PLAIN_AMX_SHAPES = [(7, 4, 64, 96, 2, False), (70, 3, 32, 64, 2, True), (16, 2, 96, 32, 1, False)]
+# Every expert with >= 4 rows (the packed GEMM's AMX threshold), so both paths run on tiles.
+PACKED_TWIN_SHAPES = [(40, 4, 64, 96, 2, False), (70, 3, 32, 64, 2, True)]
+
+
+def _moe_case(T, E, H, I, k, skew):
+    x, w13, w2 = make_moe(T, E, H, I, torch.bfloat16, "cpu", seed=T)
+    w, ids = route(T, E, k, seed=T + 1, skew=skew)
+    return x, w13, w2, w, ids
+
+
+def check_plain_bf16_moe_on_tiles():
+    """Plain bf16 experts against fp64, and bit for bit against the packed experts where both
+    run on tiles (the same sums in the same order)."""
+    for case in PLAIN_AMX_SHAPES:
+        x, w13, w2, w, ids = _moe_case(*case)
+        assert_moe_close(llmkern.fused_moe(x, w13, w2, w, ids), x, w13, w2, w, ids)
+    for case in PACKED_TWIN_SHAPES:
+        x, w13, w2, w, ids = _moe_case(*case)
+        counts = torch.bincount(ids.flatten().long(), minlength=case[1])
+        assert int(counts.min()) >= 4, counts
+        plain = llmkern.fused_moe(x, w13, w2, w, ids)
+        packed = llmkern.fused_moe(x, llmkern.pack_moe_weights(w13, w2), None, w, ids)
+        assert torch.equal(plain, packed), (plain.float() - packed.float()).abs().max()
+
+
+def test_fused_moe_bf16_plain_on_amx_tiles():
+    if llmkern.build_info().get("cpu_amx") != "hardware":
+        pytest.skip("this CPU has no AMX tiles (the emulated run is the next test)")
+    check_plain_bf16_moe_on_tiles()
+
+
+def test_fused_moe_bf16_plain_on_amx_tiles_emulated():
+    on_emulated_tiles("check_plain_bf16_moe_on_tiles()\n")
 
 
 def test_opcheck_and_compile():

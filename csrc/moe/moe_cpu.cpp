@@ -2,7 +2,8 @@
 // then per expert with tokens: gather its rows (fp32), gate/up GEMM, SiLU-and-mul, down GEMM, and
 // the routing-weighted add into an fp32 accumulator in token order. Experts nobody picked are never
 // touched. The GEMMs are the packed-panel GEMM of csrc/linear (weights packed at load time) or, on
-// weights as they are, a row-blocked kernel that streams each weight row once per call.
+// weights as they are, a row-blocked kernel that streams each weight row once per call; bf16 weights
+// as they are run on AMX tiles where present (moe_amx_cpu.h).
 #include <algorithm>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "linear/gemm_bf16_amx_cpu.h"
 #include "linear/gemm_cpu.h"
 #include "moe/moe.h"
+#include "moe/moe_amx_cpu.h"
 #include "moe/moe_math.h"
 
 LLMK_NS_BEGIN
@@ -184,6 +186,31 @@ void run_moe_bf16(const TensorView& out, const TensorView& x, int64_t E, int64_t
   });
 }
 
+#if LLMK_AMX_TILES
+// bf16 experts as they are stored (w13 [E, 2I, H], w2 [E, H, I]) on AMX tiles (moe_amx_cpu.h):
+// run_moe_bf16's pipeline and results without packing the weights.
+void run_moe_bf16_plain(const TensorView& out, const TensorView& x, int64_t E, int64_t I, const uint16_t* w13,
+                        const uint16_t* w2, const TensorView& topk_weights, const TensorView& topk_ids,
+                        const TensorView* expert_map, bool emulated) {
+  const int64_t H = x.size(1), k = topk_ids.size(1);
+  const uint16_t* xp = x.ptr<const uint16_t>();
+  const bool cvt = ::llmk::cpu_bf16_cvt();
+  std::vector<uint16_t> X, A, Y;
+  std::vector<uint32_t> xt;
+  each_expert<DType::BF16>(out, x, E, topk_weights, topk_ids, expert_map,
+                           [&](int64_t e, const int32_t* pairs, int64_t M) {
+    X.resize(M * H), A.resize(M * I), Y.resize(M * H);
+    xt.resize(size_t(std::max(moe_amx::xt_words(M, H), moe_amx::xt_words(M, I))));
+    for (int64_t r = 0; r < M; ++r) std::copy_n(xp + (pairs[r] / k) * x.stride(0), H, X.data() + r * H);
+    moe_amx::pack_xt(X.data(), H, M, H, xt.data());
+    moe_amx::gemm_wx({w13 + e * 2 * I * H, 2 * I, H, true, xt.data(), M, cvt, A.data(), I}, emulated);
+    moe_amx::pack_xt(A.data(), I, M, I, xt.data());
+    moe_amx::gemm_wx({w2 + e * H * I, H, I, false, xt.data(), M, cvt, Y.data(), H}, emulated);
+    return static_cast<const uint16_t*>(Y.data());
+  });
+}
+#endif
+
 }  // namespace
 
 void topk_softmax(const TensorView& weights, const TensorView& ids, const TensorView& gating, bool renormalize,
@@ -228,6 +255,11 @@ void fused_moe(const TensorView& out, const TensorView& x, const TensorView& w13
                const TensorView& topk_weights, const TensorView& topk_ids, const TensorView* expert_map,
                const TensorView* /*workspace*/, int64_t /*stream*/) {
   const int64_t E = w13.size(0), I = w2.size(2), H = x.size(1);
+#if LLMK_AMX_TILES
+  if (x.dtype == DType::BF16 && ::llmk::amx_mode() != ::llmk::AmxMode::Off && H % 32 == 0 && I % 32 == 0)
+    return run_moe_bf16_plain(out, x, E, I, w13.ptr<const uint16_t>(), w2.ptr<const uint16_t>(), topk_weights,
+                              topk_ids, expert_map, ::llmk::amx_mode() == ::llmk::AmxMode::Emulated);
+#endif
   vec::dispatch_elem(x.dtype, [&](auto tag) {
     constexpr DType DT = decltype(tag)::value;
     using T = vec::elem_t<DT>;
