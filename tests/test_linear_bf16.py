@@ -47,6 +47,21 @@ def test_packed_bf16_matches_fp64(rows, k, n, bias):
     _check(out, F.linear(x.double(), w.double(), None if b is None else b.double()))
 
 
+@pytest.mark.parametrize("rows,k,n", CASES)
+def test_packed_bf16_fp32_out_holds_the_bf16_results(rows, k, n):
+    """For bf16 x, linear_packed_into's fp32 out is the bf16 output widened, bit for bit (the LM
+    head's logits; _OTHER_PATH checks the same on the other SIMD levels and the AMX model)."""
+    from llmkern.ops.linear import linear_packed_into
+
+    x, w, b = _inputs(rows, k, n)
+    p = llmkern.pack_linear_weight_bf16(w)
+    for bias in (None, b):
+        out = linear_packed_into(x, p, n, bias, torch.empty(rows, n))
+        assert torch.equal(out, llmkern.linear_packed(x, p, n, bias).float())
+    with pytest.raises(TypeError, match="out"):
+        linear_packed_into(x, p, n, None, torch.empty(rows, n, dtype=torch.float16))
+
+
 @pytest.mark.parametrize("rows,n", [(2, 40), (16, 40), (64, 33)])
 def test_packed_bf16_rounds_to_nearest_even(rows, n):
     """Exact fp32 sums that bf16 cannot hold (ties among them) and inf/NaN through the epilogue's
@@ -185,13 +200,15 @@ def test_opcheck_and_compile():
 # compute the same sums: within the same tolerance of the fp64 reference. Both are read once per process.
 _OTHER_PATH = (
     "import torch, llmkern, torch.nn.functional as F\n"
+    "from llmkern.ops.linear import linear_packed_into\n"
     "torch.manual_seed(0)\n"
     "for rows, k, n in {cases!r}:\n"
     "    x = torch.randn(rows, k).bfloat16(); w = (torch.randn(n, k) / k ** 0.5).bfloat16()\n"
     "    b = torch.randn(n).bfloat16(); u = (torch.randn(n, k) / k ** 0.5).bfloat16()\n"
     "    ref = F.linear(x.double(), w.double(), b.double())\n"
-    "    out = llmkern.linear_packed(x, llmkern.pack_linear_weight_bf16(w), n, b).double()\n"
+    "    p = llmkern.pack_linear_weight_bf16(w); bf = llmkern.linear_packed(x, p, n, b); out = bf.double()\n"
     "    assert ((out - ref).abs() <= ref.abs() * 2 ** -8 + 1e-5 * ref.abs().max()).all(), (rows, k, n)\n"
+    "    assert torch.equal(linear_packed_into(x, p, n, b, torch.empty(rows, n)), bf.float()), (rows, k, n)\n"
     "    ref = F.silu(F.linear(x.double(), w.double())) * F.linear(x.double(), u.double())\n"
     "    out = llmkern.linear_packed_silu_mul(x, llmkern.pack_gate_up_weight_bf16(w, u), n).double()\n"
     "    assert ((out - ref).abs() <= ref.abs() * 2 ** -8 + 1e-4 * ref.abs().max()).all(), (rows, k, n)\n"

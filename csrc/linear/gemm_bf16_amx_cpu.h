@@ -56,6 +56,7 @@ struct AmxGemmArgs {
   bool gated;
   bool cvt;            // round the output with vcvtneps2bf16 (cpu_bf16_cvt)
   uint16_t* out;
+  float* out32;        // when set, in place of out: fp32 rows holding the bf16 results
   int64_t ldo;
 };
 
@@ -134,8 +135,9 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
         Tiles::store_c(c, 2 * PW);
         if (last) {
           const int64_t row0 = b * kBlockRows;
-          store_rows_bf16(g.cvt, c, 2 * PW, int(std::min<int64_t>(kBlockRows, g.M - row0)), p0, np, g.N, g.bias,
-                          g.gated, g.out + row0 * g.ldo, g.ldo);
+          const int rows = int(std::min<int64_t>(kBlockRows, g.M - row0));
+          if (g.out32) store_rows_bf16(g.cvt, c, 2 * PW, rows, p0, np, g.N, g.bias, g.gated, g.out32 + row0 * g.ldo, g.ldo);
+          else store_rows_bf16(g.cvt, c, 2 * PW, rows, p0, np, g.N, g.bias, g.gated, g.out + row0 * g.ldo, g.ldo);
         }
       }
       if (last) break;
@@ -149,7 +151,8 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
 // out [M, N] = x W^T + bias (or the gated SiLU of gate/up pairs), W packed in k pairs as for
 // gemm_bf16, on AMX tiles or their software model.
 inline void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
-                          const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo, bool emulated) {
+                          const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo, bool emulated,
+                          float* out32 = nullptr) {
   AmxGemmArgs g{};
   g.M = M;
   g.KH = (K + 1) / 2;
@@ -163,6 +166,7 @@ inline void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, 
   g.gated = gated;
   g.cvt = ::llmk::cpu_bf16_cvt();
   g.out = out;
+  g.out32 = out32;
   g.ldo = ldo;
   // A rows: in place when a row's k pairs fill whole tiles, else all from a padded copy.
   const int64_t kpad = (g.KH + 15) / 16 * 32;
@@ -211,17 +215,18 @@ inline bool use_amx(int64_t M) {
 
 // The bf16 GEMM as every caller runs it (linear_packed, the MoE experts): on AMX tiles from
 // kAmxMinRows rows when the AMX level runs, else gemm_bf16 (its x-pair scratch kept per thread).
+// out32: see gemm_bf16.
 inline void gemm_bf16_run(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
-                          const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
+                          const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo, float* out32 = nullptr) {
 #if LLMK_AMX_TILES
   if (use_amx(M))
     return gemm_bf16_amx(x, ldx, M, K, packed, N, bias, gated, out, ldo,
-                         ::llmk::amx_mode() == ::llmk::AmxMode::Emulated);
+                         ::llmk::amx_mode() == ::llmk::AmxMode::Emulated, out32);
 #endif
   thread_local std::vector<uint32_t> xpack;
   const size_t need = size_t(xpack_pairs_words(M, K));
   if (xpack.size() < need) xpack.resize(need);
-  gemm_bf16(x, ldx, M, K, packed, N, bias, gated, out, ldo, xpack.data());
+  gemm_bf16(x, ldx, M, K, packed, N, bias, gated, out, ldo, xpack.data(), out32);
 }
 
 }  // namespace gemm

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common/dispatch.h"
 #include "linear/gemm_cpu.h"
@@ -179,35 +180,39 @@ LLMK_ALWAYS_INLINE void tiles_bf16(bool dot, int np, int r, const uint32_t* xb, 
 
 // The epilogue of the bf16 GEMMs: fp32 tile rows c (row stride ldc) of `rows` rows against np panels
 // from panel p -> bf16 out (row stride ldo, the tile's first row): + bias, or for gated W (gate/up
-// panel pairs) silu(gate) * up. kCvt: cpu_bf16_cvt() (vec::store_bf16).
-template <bool kCvt>
+// panel pairs) silu(gate) * up. kCvt: cpu_bf16_cvt() (vec::store_bf16). O = float: the same bf16
+// values written as fp32 (the LM head's logits, widened here instead of by a pass over them).
+template <bool kCvt, typename O>
 LLMK_ALWAYS_INLINE void store_rows_bf16_as(const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
-                                           const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
+                                           const uint16_t* bias, bool gated, O* out, int64_t ldo) {
   const int64_t n0 = (gated ? p / 2 : p) * PW;
   const int ncols = int(std::min<int64_t>((gated ? 1 : np) * PW, N - n0));
-  uint16_t* o = out + n0;
+  O* o = out + n0;
   // Whole vectors explicitly (the compiler vectorised these loops at half width and masked),
   // the last partial panel's columns one by one; both round alike.
   const int nv = ncols / vec::VL * vec::VL;
   for (int row = 0; row < rows; ++row) {
     const float* cr = c + row * ldc;
-    uint16_t* orow = o + row * ldo;
+    O* orow = o + row * ldo;
     for (int j = 0; j < nv; j += vec::VL) {
       vec::vf y = vec::loadu(cr + j);
       if (gated) y = silu_fast(y) * vec::loadu(cr + PW + j);
       else if (bias) y += vec::load<DType::BF16>(bias + n0 + j);
-      vec::store_bf16<kCvt>(orow + j, y);
+      if constexpr (std::is_same_v<O, float>) vec::storeu(orow + j, vec::round_bf16<kCvt>(y));
+      else vec::store_bf16<kCvt>(orow + j, y);
     }
     for (int j = nv; j < ncols; ++j) {
       const float y = gated ? silu_fast(cr[j]) * cr[PW + j] : bias ? cr[j] + vec::bf16_to_f32(bias[n0 + j]) : cr[j];
-      orow[j] = vec::f32_to_bf16(y);
+      if constexpr (std::is_same_v<O, float>) orow[j] = vec::bf16_to_f32(vec::f32_to_bf16(y));
+      else orow[j] = vec::f32_to_bf16(y);
     }
   }
 }
 
 // store_rows_bf16_as, rounding as cvt (cpu_bf16_cvt()) says.
+template <typename O>
 LLMK_ALWAYS_INLINE void store_rows_bf16(bool cvt, const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
-                                        const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo) {
+                                        const uint16_t* bias, bool gated, O* out, int64_t ldo) {
   if (cvt) store_rows_bf16_as<true>(c, ldc, rows, p, np, N, bias, gated, out, ldo);
   else store_rows_bf16_as<false>(c, ldc, rows, p, np, N, bias, gated, out, ldo);
 }
@@ -218,9 +223,11 @@ inline int64_t xpack_pairs_words(int64_t M, int64_t K) { return (M + MR - 1) / M
 // The bf16 GEMMs: x [M, K] (row stride ldx) against W packed in pairs ([npanels][ceil(K/2)][16][2]).
 // gated = false: out [M, N] = x W^T + bias. gated = true: W holds gate/up panel pairs interleaved
 // (pack_gate_up_weight's order) and out [M, N] = silu(x Wg^T) * (x Wu^T).
-// xpack: scratch of xpack_pairs_words(M, K) words.
+// xpack: scratch of xpack_pairs_words(M, K) words. out32 (when set, in place of out): the rows as fp32
+// holding the bf16 results.
 inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
-                      const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo, uint32_t* xpack) {
+                      const uint16_t* bias, bool gated, uint16_t* out, int64_t ldo, uint32_t* xpack,
+                      float* out32 = nullptr) {
   const RowBlocks blk(M);
   const int xs = blk.n == 1 ? int(M) : MR;
   const int64_t KH = (K + 1) / 2;
@@ -243,7 +250,8 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
                pf);
   };
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
-    store_rows_bf16(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
+    if (out32) store_rows_bf16(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out32 + blk.start(b) * ldo, ldo);
+    else store_rows_bf16(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
   };
   gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, w, pstride, rows, tiles, store);
 }

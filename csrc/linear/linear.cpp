@@ -55,7 +55,9 @@ void check_packed_weight(const TensorView& w, const char* name, int64_t panels, 
 }
 
 // x, out (and bias) in the GEMM's element type: fp32 panels take fp32, bf16 pairs take bf16.
-void check_activations(const TensorView& x, const TensorView& w, const char* wname, const TensorView& out) {
+// f32_out: a bf16 x may also write fp32 out (its bf16 results, widened).
+void check_activations(const TensorView& x, const TensorView& w, const char* wname, const TensorView& out,
+                       bool f32_out = false) {
   check_ndim(x, "x", 2, "[rows, in_features]");
   check_ndim(out, "out", 2, "[rows, out_features]");
   LLMK_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16, TypeError, wname,
@@ -63,7 +65,7 @@ void check_activations(const TensorView& x, const TensorView& w, const char* wna
   const DType dt = w.dtype;
   LLMK_CHECK(x.dtype == dt, TypeError, "x: expected ", dtype_name(dt), " to match ", wname, " (",
              dtype_name(w.dtype), "), got ", dtype_name(x.dtype));
-  check_dtype(out, "out", dt);
+  if (!(f32_out && dt == DType::BF16 && out.dtype == DType::F32)) check_dtype(out, "out", dt);
   check_on_cpu(x, "x");
   check_on_cpu(out, "out");
   check_last_dim_contiguous(x, "x");
@@ -74,7 +76,7 @@ void check_activations(const TensorView& x, const TensorView& w, const char* wna
 
 void linear_packed(TensorView x, TensorView weight_packed, int64_t out_features, std::optional<TensorView> bias,
                    TensorView out, int64_t stream) {
-  check_activations(x, weight_packed, "weight_packed", out);
+  check_activations(x, weight_packed, "weight_packed", out, true);
   check_packed_weight(weight_packed, "weight_packed", (out_features + 15) / 16, out_features, x.size(1));
   check_shape(out, "out", {x.size(0), out_features}, "[rows, out_features]");
   if (bias) {

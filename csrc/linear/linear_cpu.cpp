@@ -97,8 +97,10 @@ void run(const TensorView& x, const TensorView& weight, const TensorView* bias, 
 // The bf16 GEMM (plain or gated) into out (gemm_bf16_run: AMX tiles or the vdpbf16ps / widening ones).
 void run_bf16(const TensorView& x, const TensorView& packed, int64_t N, const TensorView* bias, bool gated,
               const TensorView& out) {
+  const bool f32 = out.dtype == DType::F32;  // fp32 rows holding the bf16 results (linear_packed's logits)
   gemm::gemm_bf16_run(x.ptr<const uint16_t>(), x.stride(0), x.size(0), x.size(1), packed.ptr<const uint16_t>(), N,
-                      bias ? bias->ptr<const uint16_t>() : nullptr, gated, out.ptr<uint16_t>(), out.stride(0));
+                      bias ? bias->ptr<const uint16_t>() : nullptr, gated, f32 ? nullptr : out.ptr<uint16_t>(),
+                      out.stride(0), f32 ? out.ptr<float>() : nullptr);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..ops.linear import linear_packed_into
 from .linear import Linear
 
 
@@ -47,4 +48,9 @@ def compute_logits(lm_head: Linear, hidden: torch.Tensor, rows: Optional[torch.T
     """LM head on the selected rows only (those that sample); fp32 logits [rows, vocab]."""
     if rows is not None:
         hidden = hidden.index_select(0, rows)
+    if isinstance(lm_head, Linear) and lm_head.packed and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
+        # the GEMM writes the bf16 logits as fp32 (the same values): no widening pass, which was
+        # ~0.8 ms of a 32-row decode step
+        out = torch.empty((hidden.shape[0], lm_head.out_features), dtype=torch.float32)
+        return linear_packed_into(hidden.contiguous(), lm_head.weight, lm_head.out_features, lm_head.bias, out)
     return _to_float(lm_head(hidden))

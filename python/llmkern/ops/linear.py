@@ -117,6 +117,16 @@ def linear_packed(x: torch.Tensor, weight_packed: torch.Tensor, out_features: in
     return out
 
 
+def linear_packed_into(x: torch.Tensor, weight_packed: torch.Tensor, out_features: int,
+                       bias: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """``linear_packed`` into ``out [rows, out_features]`` for a runtime's hot path (CPU tensors in
+    their final form; the kernel checks every argument by name). For bf16 ``x``, ``out`` may be fp32:
+    it then holds the bf16 results, widened as they are written (``linear_packed(...).float()``
+    without the pass over the output: the LM head's logits)."""
+    _C.linear_packed(dl(x), dl(weight_packed), int(out_features), dl(bias), dl(out), 0)
+    return out
+
+
 @linear_packed.op.register_fake
 def _(x, weight_packed, out_features, bias=None):
     return x.new_empty(x.shape[0], out_features)
