@@ -135,9 +135,8 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
         Tiles::store_c(c, 2 * PW);
         if (last) {
           const int64_t row0 = b * kBlockRows;
-          const int rows = int(std::min<int64_t>(kBlockRows, g.M - row0));
-          if (g.out32) store_rows_bf16(g.cvt, c, 2 * PW, rows, p0, np, g.N, g.bias, g.gated, g.out32 + row0 * g.ldo, g.ldo);
-          else store_rows_bf16(g.cvt, c, 2 * PW, rows, p0, np, g.N, g.bias, g.gated, g.out + row0 * g.ldo, g.ldo);
+          store_rows_bf16_at(g.cvt, c, 2 * PW, int(std::min<int64_t>(kBlockRows, g.M - row0)), p0, np, g.N, g.bias,
+                             g.gated, g.out, g.out32, row0, g.ldo);
         }
       }
       if (last) break;

@@ -217,6 +217,14 @@ LLMK_ALWAYS_INLINE void store_rows_bf16(bool cvt, const float* c, int ldc, int r
   else store_rows_bf16_as<false>(c, ldc, rows, p, np, N, bias, gated, out, ldo);
 }
 
+// store_rows_bf16 from row row0 of out, or of out32 when set (fp32 rows holding the bf16 results).
+LLMK_ALWAYS_INLINE void store_rows_bf16_at(bool cvt, const float* c, int ldc, int rows, int64_t p, int np, int64_t N,
+                                           const uint16_t* bias, bool gated, uint16_t* out, float* out32,
+                                           int64_t row0, int64_t ldo) {
+  if (out32) store_rows_bf16(cvt, c, ldc, rows, p, np, N, bias, gated, out32 + row0 * ldo, ldo);
+  else store_rows_bf16(cvt, c, ldc, rows, p, np, N, bias, gated, out + row0 * ldo, ldo);
+}
+
 // Words of x-pair scratch gemm_bf16 needs for M rows of K.
 inline int64_t xpack_pairs_words(int64_t M, int64_t K) { return (M + MR - 1) / MR * MR * ((K + 1) / 2); }
 
@@ -250,8 +258,7 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
                pf);
   };
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
-    if (out32) store_rows_bf16(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out32 + blk.start(b) * ldo, ldo);
-    else store_rows_bf16(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out + blk.start(b) * ldo, ldo);
+    store_rows_bf16_at(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out, out32, blk.start(b), ldo);
   };
   gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, w, pstride, rows, tiles, store);
 }

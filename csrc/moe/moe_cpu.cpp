@@ -166,13 +166,13 @@ void run_moe(const TensorView& out, const TensorView& x, int64_t E, int64_t I, c
   });
 }
 
-// bf16 experts packed in k pairs (w13: gate/up panel pairs, w2: plain panels; sa / sb elements per
-// expert) on the bf16 GEMM (AMX tiles or vdpbf16ps): x rows gathered as they are, the gated SiLU as
-// the gate/up GEMM's epilogue (the activations rounded to bf16, as the CUDA kernels and a bf16 HF
-// model round them), each expert's bf16 output added in fp32 with its routing weight.
-void run_moe_bf16(const TensorView& out, const TensorView& x, int64_t E, int64_t I, const uint16_t* w13, int64_t sa,
-                  const uint16_t* w2, int64_t sb, const TensorView& topk_weights, const TensorView& topk_ids,
-                  const TensorView* expert_map) {
+// The bf16 pipeline: x rows gathered as they are; gemm(e, X, M, C, which) writes expert e's bf16
+// rows C: which 0 -> the gated SiLU of gate/up [M, I] (the activations rounded to bf16, as the CUDA
+// kernels and a bf16 HF model round them), which 1 -> down [M, H]. Each expert's bf16 output is
+// added in fp32 with its routing weight.
+template <typename Gemm>
+void run_moe_bf16(const TensorView& out, const TensorView& x, int64_t E, int64_t I, const TensorView& topk_weights,
+                  const TensorView& topk_ids, const TensorView* expert_map, const Gemm& gemm) {
   const int64_t H = x.size(1), k = topk_ids.size(1);
   const uint16_t* xp = x.ptr<const uint16_t>();
   std::vector<uint16_t> X, A, Y;
@@ -180,36 +180,11 @@ void run_moe_bf16(const TensorView& out, const TensorView& x, int64_t E, int64_t
                            [&](int64_t e, const int32_t* pairs, int64_t M) {
     X.resize(M * H), A.resize(M * I), Y.resize(M * H);
     for (int64_t r = 0; r < M; ++r) std::copy_n(xp + (pairs[r] / k) * x.stride(0), H, X.data() + r * H);
-    gemm::gemm_bf16_run(X.data(), H, M, H, w13 + e * sa, I, nullptr, true, A.data(), I);
-    gemm::gemm_bf16_run(A.data(), I, M, I, w2 + e * sb, H, nullptr, false, Y.data(), H);
+    gemm(e, X.data(), M, A.data(), 0);
+    gemm(e, A.data(), M, Y.data(), 1);
     return static_cast<const uint16_t*>(Y.data());
   });
 }
-
-#if LLMK_AMX_TILES
-// bf16 experts as they are stored (w13 [E, 2I, H], w2 [E, H, I]) on AMX tiles (moe_amx_cpu.h):
-// run_moe_bf16's pipeline and results without packing the weights.
-void run_moe_bf16_plain(const TensorView& out, const TensorView& x, int64_t E, int64_t I, const uint16_t* w13,
-                        const uint16_t* w2, const TensorView& topk_weights, const TensorView& topk_ids,
-                        const TensorView* expert_map, bool emulated) {
-  const int64_t H = x.size(1), k = topk_ids.size(1);
-  const uint16_t* xp = x.ptr<const uint16_t>();
-  const bool cvt = ::llmk::cpu_bf16_cvt();
-  std::vector<uint16_t> X, A, Y;
-  std::vector<uint32_t> xt;
-  each_expert<DType::BF16>(out, x, E, topk_weights, topk_ids, expert_map,
-                           [&](int64_t e, const int32_t* pairs, int64_t M) {
-    X.resize(M * H), A.resize(M * I), Y.resize(M * H);
-    xt.resize(size_t(std::max(moe_amx::xt_words(M, H), moe_amx::xt_words(M, I))));
-    for (int64_t r = 0; r < M; ++r) std::copy_n(xp + (pairs[r] / k) * x.stride(0), H, X.data() + r * H);
-    moe_amx::pack_xt(X.data(), H, M, H, xt.data());
-    moe_amx::gemm_wx({w13 + e * 2 * I * H, 2 * I, H, true, xt.data(), M, cvt, A.data(), I}, emulated);
-    moe_amx::pack_xt(A.data(), I, M, I, xt.data());
-    moe_amx::gemm_wx({w2 + e * H * I, H, I, false, xt.data(), M, cvt, Y.data(), H}, emulated);
-    return static_cast<const uint16_t*>(Y.data());
-  });
-}
-#endif
 
 }  // namespace
 
@@ -256,9 +231,23 @@ void fused_moe(const TensorView& out, const TensorView& x, const TensorView& w13
                const TensorView* /*workspace*/, int64_t /*stream*/) {
   const int64_t E = w13.size(0), I = w2.size(2), H = x.size(1);
 #if LLMK_AMX_TILES
-  if (x.dtype == DType::BF16 && ::llmk::amx_mode() != ::llmk::AmxMode::Off && H % 32 == 0 && I % 32 == 0)
-    return run_moe_bf16_plain(out, x, E, I, w13.ptr<const uint16_t>(), w2.ptr<const uint16_t>(), topk_weights,
-                              topk_ids, expert_map, ::llmk::amx_mode() == ::llmk::AmxMode::Emulated);
+  // bf16 experts as they are stored, on AMX tiles with the weight rows read in place (moe_amx_cpu.h):
+  // the packed experts' results without packing.
+  const AmxMode amx = ::llmk::amx_mode();
+  if (x.dtype == DType::BF16 && amx != AmxMode::Off && H % 32 == 0 && I % 32 == 0) {
+    const uint16_t* a = w13.ptr<const uint16_t>();
+    const uint16_t* b = w2.ptr<const uint16_t>();
+    const bool cvt = ::llmk::cpu_bf16_cvt(), emulated = amx == AmxMode::Emulated;
+    std::vector<uint32_t> xt;
+    return run_moe_bf16(out, x, E, I, topk_weights, topk_ids, expert_map,
+                        [&](int64_t e, const uint16_t* X, int64_t M, uint16_t* C, int which) {
+      const int64_t K = which == 0 ? H : I;
+      xt.resize(size_t(moe_amx::xt_words(M, K)));
+      moe_amx::pack_xt(X, K, M, K, xt.data());
+      if (which == 0) moe_amx::gemm_wx({a + e * 2 * I * H, 2 * I, H, true, xt.data(), M, cvt, C, I}, emulated);
+      else moe_amx::gemm_wx({b + e * H * I, H, I, false, xt.data(), M, cvt, C, H}, emulated);
+    });
+  }
 #endif
   vec::dispatch_elem(x.dtype, [&](auto tag) {
     constexpr DType DT = decltype(tag)::value;
@@ -281,12 +270,18 @@ void fused_moe_packed(const TensorView& out, const TensorView& x, const TensorVi
                       const TensorView& w2_packed, int64_t I, const TensorView& topk_weights,
                       const TensorView& topk_ids, const TensorView* expert_map, int64_t /*stream*/) {
   const int64_t E = w13_packed.size(0), H = x.size(1);
-  if (w13_packed.dtype == DType::BF16)
-    return run_moe_bf16(out, x, E, I, w13_packed.ptr<const uint16_t>(), w13_packed.numel() / E,
-                        w2_packed.ptr<const uint16_t>(), w2_packed.numel() / E, topk_weights, topk_ids, expert_map);
+  const int64_t sa = w13_packed.numel() / E, sb = w2_packed.numel() / E;
+  if (w13_packed.dtype == DType::BF16) {  // k pairs (w13: gate/up panel pairs, w2: plain panels)
+    const uint16_t* a = w13_packed.ptr<const uint16_t>();
+    const uint16_t* b = w2_packed.ptr<const uint16_t>();
+    return run_moe_bf16(out, x, E, I, topk_weights, topk_ids, expert_map,
+                        [&](int64_t e, const uint16_t* X, int64_t M, uint16_t* C, int which) {
+      if (which == 0) gemm::gemm_bf16_run(X, H, M, H, a + e * sa, I, nullptr, true, C, I);
+      else gemm::gemm_bf16_run(X, I, M, I, b + e * sb, H, nullptr, false, C, H);
+    });
+  }
   const float* a = w13_packed.ptr<const float>();
   const float* b = w2_packed.ptr<const float>();
-  const int64_t sa = w13_packed.numel() / E, sb = w2_packed.numel() / E;
   std::vector<float> xpack;
   auto gemm = [&](int64_t e, const float* X, int64_t M, float* C, int which) {
     if (which == 0) gemm_on_panels(X, M, H, a + e * sa, 2 * I, C, xpack);
