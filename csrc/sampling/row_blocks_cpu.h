@@ -86,19 +86,58 @@ inline Shared& thread_shared(int64_t V) {
 
 // ---- block loops (the vectorised inner work) -----------------------------------------------------
 
-// These helpers pass 64-byte vectors by value; they are inline and private to one SIMD build, so
-// the ABI note GCC emits for the non-AVX-512 builds does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
+// 16 lanes (kL) as kNV native vectors: one zmm on AVX-512, two ymm on AVX2, four xmm on the
+// scalar build. Lane l lives in part l / VL, position l % VL, so every lane-wise operation and every
+// fixed-order reduction below gives the same bits on every build. (GCC's generic 64-byte vector
+// types lower to scalar code with stack spills on AVX2: sampling passes ran ~10x slower there.)
+constexpr int kNV = kL / vec::VL;
+static_assert(kNV * vec::VL == kL, "kL must be a multiple of the native vector width");
 
-// 16-lane vectors (GCC vector extensions: one zmm on AVX-512, two ymm on AVX2, four xmm on the
-// scalar build). Lane-wise semantics are the same on every ISA, so every SIMD build gives the same
-// bits.
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
+struct vi {
+  vec::vi p[kNV];
+  int32_t operator[](int l) const { return reinterpret_cast<const int32_t*>(p)[l]; }
+  int32_t& operator[](int l) { return reinterpret_cast<int32_t*>(p)[l]; }
+};
+struct vf {
+  vec::vf p[kNV];
+  float operator[](int l) const { return reinterpret_cast<const float*>(p)[l]; }
+};
 
-inline vf vload(const float* p) {
+#define LLMK_ROW_LANEWISE(R, A, B, OP)                         \
+  LLMK_ALWAYS_INLINE R operator OP(const A& a, const B& b) {   \
+    R r;                                                       \
+    for (int k = 0; k < kNV; ++k) r.p[k] = a.p[k] OP b.p[k];  \
+    return r;                                                  \
+  }
+LLMK_ROW_LANEWISE(vf, vf, vf, +)
+LLMK_ROW_LANEWISE(vf, vf, vf, *)
+LLMK_ROW_LANEWISE(vi, vf, vf, >)
+LLMK_ROW_LANEWISE(vi, vf, vf, <)
+LLMK_ROW_LANEWISE(vi, vf, vf, !=)
+LLMK_ROW_LANEWISE(vi, vi, vi, +)
+LLMK_ROW_LANEWISE(vi, vi, vi, -)
+LLMK_ROW_LANEWISE(vi, vi, vi, &)
+LLMK_ROW_LANEWISE(vi, vi, vi, |)
+LLMK_ROW_LANEWISE(vi, vi, vi, !=)
+#undef LLMK_ROW_LANEWISE
+LLMK_ALWAYS_INLINE vf& operator+=(vf& a, const vf& b) { return a = a + b; }
+LLMK_ALWAYS_INLINE vi& operator-=(vi& a, const vi& b) { return a = a - b; }
+
+// Bit reinterpretations (lane for lane).
+LLMK_ALWAYS_INLINE vi as_i(const vf& a) {
+  vi r;
+  for (int k = 0; k < kNV; ++k) r.p[k] = reinterpret_cast<vec::vi>(a.p[k]);
+  return r;
+}
+LLMK_ALWAYS_INLINE vf as_f(const vi& a) {
+  vf r;
+  for (int k = 0; k < kNV; ++k) r.p[k] = reinterpret_cast<vec::vf>(a.p[k]);
+  return r;
+}
+
+LLMK_ALWAYS_INLINE vf vload(const float* p) {
   vf v;
-  __builtin_memcpy(&v, p, sizeof(v));
+  for (int k = 0; k < kNV; ++k) v.p[k] = vec::loadu(p + k * vec::VL);
   return v;
 }
 template <DType DT>
@@ -111,26 +150,46 @@ inline vf vload_conv(const elem_t<DT>* p) {
     return vload(tmp);
   }
 }
-inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
-inline vi vseli(vi m, vi a, vi b) { return (m & a) | (~m & b); }
-inline vf vsplat(float x) { return vf{} + x; }
+LLMK_ALWAYS_INLINE vf vsplat(float x) {
+  vf v;
+  for (int k = 0; k < kNV; ++k) v.p[k] = vec::splat(x);
+  return v;
+}
+LLMK_ALWAYS_INLINE vi vsplat_i(int32_t x) {
+  vi v;
+  for (int k = 0; k < kNV; ++k) v.p[k] = vec::vi{} + x;
+  return v;
+}
+LLMK_ALWAYS_INLINE vi operator+(const vi& a, int32_t x) { return a + vsplat_i(x); }
+LLMK_ALWAYS_INLINE vf vsel(const vi& m, const vf& a, const vf& b) {
+  vi r;
+  const vi ai = as_i(a), bi = as_i(b);
+  for (int k = 0; k < kNV; ++k) r.p[k] = (m.p[k] & ai.p[k]) | (~m.p[k] & bi.p[k]);
+  return as_f(r);
+}
+LLMK_ALWAYS_INLINE vi vseli(const vi& m, const vi& a, const vi& b) {
+  vi r;
+  for (int k = 0; k < kNV; ++k) r.p[k] = (m.p[k] & a.p[k]) | (~m.p[k] & b.p[k]);
+  return r;
+}
+LLMK_ALWAYS_INLINE vf vmask(const vi& m, const vf& x) { return as_f(m & as_i(x)); }  // x where m, else +0
 
 // Fixed-order lane reductions (the same tree on every build).
-inline float hsum(vf v) {
+inline float hsum(const vf& v) {
   float a[kL];
   __builtin_memcpy(a, &v, sizeof(a));
   for (int h = kL / 2; h > 0; h /= 2)
     for (int l = 0; l < h; ++l) a[l] += a[l + h];
   return a[0];
 }
-inline int32_t hsum_i(vi v) {
+inline int32_t hsum_i(const vi& v) {
   int32_t a[kL];
   __builtin_memcpy(a, &v, sizeof(a));
   int32_t s = 0;
   for (int l = 0; l < kL; ++l) s += a[l];
   return s;
 }
-inline float hmin(vf v) {
+inline float hmin(const vf& v) {
   float a[kL];
   __builtin_memcpy(a, &v, sizeof(a));
   float m = a[0];
@@ -145,9 +204,9 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
   vf m[P], mi[P], pv[P];
   vi c[P];
   for (int p = 0; p < P; ++p) {
-    m[p] = vf{};
+    m[p] = vsplat(0.0f);
     mi[p] = vsplat(kInf);
-    c[p] = vi{};
+    c[p] = vsplat_i(0);
     pv[p] = vsplat(piv[p]);
   }
   int64_t j = lo;
@@ -155,7 +214,7 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
     const vf x = vload(w + j);
     for (int p = 0; p < P; ++p) {
       const vi g = x > pv[p];
-      m[p] += (vf)(g & (vi)x);
+      m[p] += vmask(g, x);
       c[p] -= g;
       if constexpr (WantMin) mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
     }
@@ -166,7 +225,7 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
     const vf x = vload(tmp);
     for (int p = 0; p < P; ++p) {
       const vi g = x > pv[p];
-      m[p] += (vf)(g & (vi)x);
+      m[p] += vmask(g, x);
       c[p] -= g;
       mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
     }
@@ -195,7 +254,7 @@ inline void store_positive_stats(Shared& s, const float* w, int64_t lo, int64_t 
 template <DType DT>
 inline void block_max_arg(const elem_t<DT>* x, int64_t lo, int64_t hi, float& mx, int32_t& arg) {
   vf lm = vsplat(-kInf);
-  vi li = vi{} - 1;
+  vi li = vsplat_i(-1);
   vi iota;
   for (int l = 0; l < kL; ++l) iota[l] = l;
   int64_t j = lo;
@@ -226,7 +285,15 @@ inline void block_max_arg(const elem_t<DT>* x, int64_t lo, int64_t hi, float& mx
 // w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi).
 template <DType DT>
 inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
-  for (int64_t j = lo; j < hi; ++j) {
+  // Native vectors explicitly: GCC leaves the element loop scalar (exp_nonpos per element).
+  const vec::vf vm = vec::splat(m), vt = vec::splat(inv_t), zero = vec::splat(0.0f);
+  int64_t j = lo;
+  for (; j + vec::VL <= hi; j += vec::VL) {
+    const vec::vf v = vec::load<DT>(x + j);
+    const vec::vf e = exp_nonpos<vec::vf>((v - vm) * vt);
+    vec::storeu(w + j, v == v ? e : zero);
+  }
+  for (; j < hi; ++j) {
     const float v = vec::to_f32<DT>(x[j]);
     const float e = exp_nonpos((v - m) * inv_t);
     w[j] = v == v ? e : 0.0f;
@@ -251,7 +318,7 @@ inline void block_masked(const elem_t<DT>* x, int64_t lo, int64_t hi, const int3
 // Sum of w > low over a 16-element chunk.
 inline float chunk_mass(const float* w, float low) {
   const vf x = vload(w);
-  return hsum((vf)((x > vsplat(low)) & (vi)x));
+  return hsum(vmask(x > vsplat(low), x));
 }
 
 }  // namespace rowcpu

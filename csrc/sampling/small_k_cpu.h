@@ -31,26 +31,23 @@ constexpr int64_t kSmallK = 1024;  // largest k taking the one-pass path
 
 // Bit l set when lane l of x is > lo (NaN never). Only the control flow depends on the ISA:
 // the candidate set is the same on every build.
-inline uint32_t gt_mask(vf x, float lo) {
-#if defined(__AVX512F__)
-  __m512 v;
-  __builtin_memcpy(&v, &x, sizeof(v));
-  return _mm512_cmp_ps_mask(v, _mm512_set1_ps(lo), _CMP_GT_OQ);
-#elif defined(__AVX2__)
-  __m256 a, b;
-  __builtin_memcpy(&a, &x, sizeof(a));
-  __builtin_memcpy(&b, reinterpret_cast<const char*>(&x) + 32, sizeof(b));
-  const __m256 l = _mm256_set1_ps(lo);
-  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, l, _CMP_GT_OQ))) |
-         static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(b, l, _CMP_GT_OQ))) << 8;
-#else
+inline uint32_t gt_mask(const vf& x, float lo) {
   uint32_t m = 0;
-  for (int l = 0; l < kL; ++l) m |= (x[l] > lo ? 1u : 0u) << l;
-  return m;
+  for (int k = 0; k < kNV; ++k) {
+#if defined(__AVX512F__)
+    const uint32_t part = _mm512_cmp_ps_mask(x.p[k], _mm512_set1_ps(lo), _CMP_GT_OQ);
+#elif defined(__AVX2__)
+    const uint32_t part = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(x.p[k], _mm256_set1_ps(lo), _CMP_GT_OQ)));
+#else
+    uint32_t part = 0;
+    for (int l = 0; l < vec::VL; ++l) part |= (x.p[k][l] > lo ? 1u : 0u) << l;
 #endif
+    m |= part << (k * vec::VL);
+  }
+  return m;
 }
 // Lane maximum ignoring NaN on either side (a NaN lane must not hide a number from the mask test).
-inline vf vmax(vf a, vf b) { return vsel((b > a) | (a != a), b, a); }
+inline vf vmax(const vf& a, const vf& b) { return vsel((b > a) | (a != a), b, a); }
 
 struct Cand {
   float key;  // logit (logits rows) or weight (probability rows)
@@ -98,7 +95,7 @@ inline vf vload_allowed(const elem_t<DT>* x, int64_t j, const int32_t* mask) {
     const int32_t bits = static_cast<int32_t>((static_cast<uint32_t>(mask[j >> 5]) >> (j & 31)) & 0xffffu);
     vi lane;
     for (int l = 0; l < kL; ++l) lane[l] = 1 << l;
-    return vsel(((vi{} + bits) & lane) != 0, v, vsplat(-kInf));
+    return vsel((vsplat_i(bits) & lane) != vsplat_i(0), v, vsplat(-kInf));
   }
 }
 
@@ -120,7 +117,7 @@ bool collect_candidates(const elem_t<DT>* x, int64_t V, int64_t k, float margin,
     while (static_cast<int64_t>(c.size()) * 2 > cap) cap *= 2;
     return cap <= give_up;
   };
-  auto push_lanes = [&](vf v, int64_t j0) {
+  auto push_lanes = [&](const vf& v, int64_t j0) {
     for (uint32_t msk = gt_mask(v, lo); msk; msk &= msk - 1) {
       const int l = __builtin_ctz(msk);
       c.push_back(Cand{v[l], static_cast<int32_t>(j0 + l), 0.0f});
