@@ -64,3 +64,18 @@ def cpu_flags() -> list:
             return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     except OSError:
         return []
+
+
+def amx_model_or_skip() -> None:
+    """Skips a test of the AMX tiles' software model (LLMKERN_CPU_ISA=amx-emulated) where it cannot
+    run: a build without the tile kernels, or a CPU without the AVX-512 level the model is built in
+    (AVX2-only CPUs such as AMD Zen 2 and 3)."""
+    import pytest
+
+    import llmkern
+
+    info = llmkern.build_info()
+    if "amx" not in info["cpu_simd_compiled"]:
+        pytest.skip("this build has no AMX tile kernels")
+    if info["cpu_simd_supported"] not in ("avx512", "amx"):
+        pytest.skip(f"the AMX model runs on the AVX-512 level; this CPU has {info['cpu_simd_supported']}")

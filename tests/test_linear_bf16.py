@@ -235,10 +235,9 @@ _AMX_CASES = [(4, 64, 32), (7, 577, 20), (15, 2048, 16), (16, 64, 32), (17, 576,
 
 
 def test_amx_tile_gemm_emulated():
-    from runtime_helpers import run_python
+    from runtime_helpers import amx_model_or_skip, run_python
 
-    if "amx" not in llmkern.build_info()["cpu_simd_compiled"]:
-        pytest.skip("this build has no AMX tile kernels")
+    amx_model_or_skip()
     check = ("info = llmkern.build_info()\n"
              "assert info['cpu_amx'] == 'emulated', info\n"
              "assert info['cpu_kernels']['linear bf16'].startswith('amx-bf16 emulated'), info\n")

@@ -259,9 +259,9 @@ def _amx_or_skip():
 
 def test_amx_int8_tiles_emulated():
     """The tile kernel through the tiles' software model: on any AVX-512 CPU."""
-    from runtime_helpers import run_python
+    from runtime_helpers import amx_model_or_skip, run_python
 
-    _amx_or_skip()
+    amx_model_or_skip()
     run_python(_AMX.format(tests=os.path.dirname(os.path.abspath(__file__)), prefix="amx-int8 emulated"),
                timeout=300, LLMKERN_CPU_ISA="amx-emulated")
 

@@ -202,10 +202,9 @@ def test_fused_moe_packed_cpu(dtype, pack):
 def on_emulated_tiles(body: str):
     """Runs `body` (Python, with torch, llmkern and this module's helpers imported) in a child
     process on the AMX tiles' software model."""
-    from runtime_helpers import run_python
+    from runtime_helpers import amx_model_or_skip, run_python
 
-    if "amx" not in llmkern.build_info()["cpu_simd_compiled"]:
-        pytest.skip("this build has no AMX tile kernels")
+    amx_model_or_skip()
     code = (
         "import sys, torch, llmkern\n"
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
