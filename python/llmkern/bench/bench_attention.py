@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import llmkern  # noqa: E402
-from llmkern.bench.common import (Record, Rotation, matmul_flops, print_records, read_bandwidth, timeit,  # noqa: E402
+from llmkern.bench.common import (Record, Rotation, compute_flops, print_records, read_bandwidth, timeit,  # noqa: E402
                                   timeit_pair, working_sets)
 
 HEADS = {"smollm2 9/3x64": (9, 3, 64), "llama 32/8x128": (32, 8, 128)}
@@ -210,7 +210,7 @@ def run(quick: bool = False, device: str = "cpu") -> list:
     min_time = 0.2 if quick else 0.5
     out = []
     for dtype in (torch.float32, torch.bfloat16):
-        peak = matmul_flops(dtype, device) / 1e9
+        peak = compute_flops(dtype, device) / 1e9
         dn = str(dtype).replace("torch.", "")
         for name, (hq, hkv, d) in HEADS.items():
             for batch, seqlen in ([(1, 2048)] if quick else [(1, 2048), (8, 512)]):
@@ -235,7 +235,7 @@ def run(quick: bool = False, device: str = "cpu") -> list:
         t, tp, flops = _paged_prefill(device, dtype, 512, 4096, hq, hkv, d, 16, min_time)
         out.append(Record("attention/paged prefill", f"{dn} 512 over 4k 32/8x128 bs16", t,
                           "torch gather+SDPA", tp, "GFLOP/s", flops / t / 1e9,
-                          matmul_flops(dtype, device) / 1e9))
+                          compute_flops(dtype, device) / 1e9))
     return out
 
 

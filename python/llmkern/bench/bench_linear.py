@@ -9,10 +9,12 @@ through several copies that together exceed the last-level cache (working_sets),
 read W from memory as a decode step does. For M <= 8 the GEMV (linear_small_m, W unpacked) is timed
 too: extra["gemv_s"].
 
-The limit is the machine's bf16 peak: threads x 64 FLOP per cycle (one 512-bit vdpbf16ps, 16 lanes x
-2 products, issued per cycle, as on Zen 4 and Intel cores with AVX512_BF16) x the clock /proc/cpuinfo
-reports (base clock: with turbo the true peak is higher). --peak-gflops overrides it. llmkern and
-torch are timed in alternating batches (timeit_pair), so load from other processes weighs on both.
+The limit is the machine's peak for the path `build_info()` names for bf16 linears: threads x FLOP
+per cycle (1024 for AMX tiles; 64 for one 512-bit vdpbf16ps; 32 where bf16 is widened to fp32: two
+256-bit FMAs, as on AVX2 cores and on Zen 4's AVX-512) x the clock /proc/cpuinfo reports (base
+clock: with turbo the true peak is higher), and never below torch's matmul rate measured in the
+same run (`compute_flops`). --peak-gflops overrides it. llmkern and torch are timed in alternating
+batches (timeit_pair), so load from other processes weighs on both.
 """
 from __future__ import annotations
 
@@ -24,12 +26,21 @@ import torch
 import torch.nn.functional as F
 
 import llmkern
-from llmkern.bench.common import Record, Rotation, print_records, timeit, timeit_pair, working_sets
+from llmkern.bench.common import Record, Rotation, compute_flops, print_records, timeit, timeit_pair, working_sets
 
 K = 576
 SHAPES = {576: "o_proj", 192: "k/v", 3072: "gate/up", 49152: "lm_head"}
 ROWS = (1, 2, 4, 8, 32, 256, 1024)
-FLOP_PER_CYCLE = 64  # one 512-bit vdpbf16ps per cycle per core
+
+
+def flop_per_cycle() -> int:
+    """Per core, for the bf16 linear path of this process (build_info's cpu_kernels)."""
+    path = llmkern.build_info().get("cpu_kernels", {}).get("linear bf16", "")
+    if path.startswith("amx-bf16") and "emulated" not in path:
+        return 1024  # one 16x16x32 tile product per 16 cycles
+    if path.startswith("avx512-bf16"):
+        return 64
+    return 32
 
 
 def _clock_ghz() -> float:
@@ -43,7 +54,7 @@ def _clock_ghz() -> float:
 
 def bf16_peak_gflops() -> float:
     threads = llmkern.build_info().get("num_threads") or len(os.sched_getaffinity(0))
-    return threads * FLOP_PER_CYCLE * _clock_ghz()
+    return max(threads * flop_per_cycle() * _clock_ghz(), compute_flops(torch.bfloat16) / 1e9)
 
 
 def bench_bf16(quick: bool, peak: float) -> list:
@@ -84,7 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-gflops", type=float, default=0.0, help="the machine's bf16 peak (default: estimated)")
     a = ap.parse_args(argv)
     peak = a.peak_gflops or bf16_peak_gflops()
-    print(f"bf16 peak assumed: {peak:.0f} GFLOP/s ({FLOP_PER_CYCLE} FLOP/cycle x {_clock_ghz():.2f} GHz x threads); "
+    print(f"bf16 peak assumed: {peak:.0f} GFLOP/s ({flop_per_cycle()} FLOP/cycle x {_clock_ghz():.2f} GHz x threads, "
+          f"or torch's measured rate if higher); "
           f"load average {os.getloadavg()[0]:.2f}")
     recs = run(a.quick, "cpu", peak)
     print_records(recs)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import llmkern
-from llmkern.bench.common import Record, bench_cli, matmul_flops, read_bandwidth, timeit, timeit_pair
+from llmkern.bench.common import Record, bench_cli, compute_flops, read_bandwidth, timeit, timeit_pair
 
 E, K, H, I = 8, 2, 1024, 2816
 
@@ -74,7 +74,7 @@ def run(quick: bool = False, device: str = "cpu") -> list:
     prefill = [512] if quick else [512, 2048]
     records = []
     for dtype in (torch.float32, torch.bfloat16):
-        flops_limit = matmul_flops(dtype, device) / 1e9
+        flops_limit = compute_flops(dtype, device) / 1e9
         w13, w2 = w13_f.to(dtype).to(device), w2_f.to(dtype).to(device)
         packed = llmkern.pack_moe_weights(w13, w2) if device == "cpu" else None
         variants = [("packed", packed, None)] if packed is not None else []

@@ -256,6 +256,18 @@ def matmul_flops(dtype=torch.float32, device="cpu", n: Optional[int] = None) -> 
     return 2 * n**3 / _last_stats["min"]
 
 
+def compute_flops(dtype=torch.float32, device="cpu") -> float:
+    """The FLOP/s a kernel computing in dtype can be held to: torch's matmul rate for dtype, and
+    for a 16-bit dtype on the CPU at least the fp32 rate. Without bf16 or fp16 arithmetic in the
+    CPU (AVX2, AVX-512 without AVX512_BF16) a kernel widens to fp32 and can reach the fp32 rate,
+    while torch's own 16-bit matmul there can be a thousand times slower (0.7 GFLOP/s on an
+    AVX2 Zen 2): held to that, every figure would read as far above 100% of the limit."""
+    flops = matmul_flops(dtype, device)
+    if dtype != torch.float32 and not str(device).startswith("cuda"):
+        flops = max(flops, matmul_flops(torch.float32, device))
+    return flops
+
+
 # ---- records ---------------------------------------------------------------------------------
 @dataclass
 class Record:
