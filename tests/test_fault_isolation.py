@@ -1,8 +1,8 @@
 """Fault isolation in the engine step, on the embedded default model: a request whose step work
 raises (prepare, forward, sample, stop checks; injected with LLMKERN_FAULT_INJECT's rules or the
 real poison, a repetition_penalty of 0 that skipped validation) finishes with finish_reason
-"error" while every other request of its batches produces exactly the tokens of a fault-free run,
-no KV block leaks and the engine serves on; errors not attributable to requests end the engine."""
+"error" while every other request of its batches produces the tokens of a fault-free run (up to a
+near tie: assert_same_greedy), no KV block leaks and the engine serves on; errors not attributable to requests end the engine."""
 from __future__ import annotations
 
 import pytest
@@ -23,7 +23,8 @@ PROMPTS = ["The capital of France is", "POISON: one two three four five", "Write
            "who guards a library of ancient books in a mountain, and the young scholar who comes to read them",
            "def fibonacci(n):", "A B C A B C A B C A B"]
 POISON = 1
-GREEDY = dict(temperature=0, max_tokens=10, ignore_eos=True)
+GREEDY = dict(temperature=0, max_tokens=10, ignore_eos=True, logprobs=5)
+SPEC_GREEDY = {k: v for k, v in GREEDY.items() if k != "logprobs"}  # no logprobs with speculation
 CFG = dict(num_gpu_blocks=96, block_size=8, max_num_batched_tokens=24, max_num_seqs=8)
 
 
@@ -64,9 +65,38 @@ def assert_clean(eng):
 
 @pytest.fixture(scope="module")
 def reference(base):
-    """Fault-free tokens of every prompt, run together (and the speculative engine's)."""
+    """Fault-free outputs of every prompt, run together (and the speculative engine's)."""
     eng = engine_like(base)
-    return [o.token_ids for o in run(eng, PROMPTS, GREEDY)]
+    return run(eng, PROMPTS, GREEDY)
+
+
+NEAR_TIE = 0.2  # nats between the top two tokens that last-bit differences may swap
+
+
+def assert_same_greedy(out, ref, why=None, prefix=False):
+    """out's greedy tokens are ref's, up to a near tie. A row's bits may change with what it is
+    batched with: a prompt whose chunked prefill is cut at other tokens (others' tokens left the
+    step's budget) takes other attention tile paths, and the int8 activations of the quantised
+    default model turn last-bit differences into visible ones. So two runs may part where the top
+    two tokens are within NEAR_TIE: there each run's token must be among the other's five most
+    likely and within NEAR_TIE of its top; after it nothing is compared. prefix: out may be
+    shorter (a request failed mid-run)."""
+    a, b = out.token_ids, ref.token_ids
+    if prefix:
+        b = b[:len(a)]
+    if a == b:
+        return
+    la, lb = out.outputs[0].logprobs, ref.outputs[0].logprobs
+    assert la and lb, (why, "no logprobs (speculative decoding): exact tokens required", a, b)
+    j = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), None)
+    assert j is not None, (why, a, b)
+
+    def near(lp, token):
+        alts = dict(lp[j][1])
+        top = max(alts.values())
+        return token in alts and top - alts[token] <= NEAR_TIE
+
+    assert near(lb, a[j]) and near(la, b[j]), (why, j, a, b, la[j], lb[j])
 
 
 def check_isolated(eng, outs, reference, poison=(POISON,), why=None):
@@ -77,12 +107,13 @@ def check_isolated(eng, outs, reference, poison=(POISON,), why=None):
                 assert why in o.error, o.error
         else:
             assert o.error is None and o.finish_reason == "length", (i, o.error)
-            assert o.token_ids == reference[i], i
+            assert_same_greedy(o, reference[i], why=i)
     assert eng.isolation.num_failed_requests == len(poison)
     assert_clean(eng)
     # ... and it serves on: a new request gets the reference tokens.
-    again = run(eng, [PROMPTS[0]], GREEDY)[0]
-    assert again.finish_reason == "length" and again.token_ids == reference[0]
+    again = run(eng, [PROMPTS[0]], GREEDY if reference[0].outputs[0].logprobs else SPEC_GREEDY)[0]
+    assert again.finish_reason == "length"
+    assert_same_greedy(again, reference[0], why="again")
     assert_clean(eng)
 
 
@@ -128,7 +159,7 @@ def test_fault_mid_run_keeps_the_tokens_so_far(base, reference, phase):
     eng = engine_like(base)
     outs = run(eng, PROMPTS, GREEDY, before_fault=6, faults=FaultInjector(f"{phase}:^2$", eng.tokenizer))
     check_isolated(eng, outs, reference, poison=(2,))
-    assert outs[2].token_ids == reference[2][:len(outs[2].token_ids)]
+    assert_same_greedy(outs[2], reference[2], why=2, prefix=True)
 
 
 def test_real_poison_zero_repetition_penalty(base, reference):
@@ -171,7 +202,7 @@ SPEC = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, promp
 
 @pytest.fixture(scope="module")
 def spec_reference(base):
-    return [o.token_ids for o in run(engine_like(base, speculative=SPEC), PROMPTS, GREEDY)]
+    return run(engine_like(base, speculative=SPEC), PROMPTS, SPEC_GREEDY)
 
 
 @pytest.mark.parametrize("phase", ["prepare", "forward", "sample"])
@@ -179,7 +210,7 @@ def test_speculative_decoding(base, spec_reference, phase):
     """Switched on mid-run, while the repetitive prompt's drafts are being verified."""
     eng = engine_like(base, speculative=SPEC)
     ref = spec_reference
-    outs = run(eng, PROMPTS, GREEDY, before_fault=5, faults=FaultInjector(f"{phase}:^4$", eng.tokenizer))
+    outs = run(eng, PROMPTS, SPEC_GREEDY, before_fault=5, faults=FaultInjector(f"{phase}:^4$", eng.tokenizer))
     assert eng.spec.metrics.num_verified > 0   # drafts were verified around the fault
     check_isolated(eng, outs, ref, poison=(4,))
 

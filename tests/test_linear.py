@@ -105,6 +105,30 @@ def test_packed_x_packed_by_its_readers_is_thread_count_invariant(gated):
         assert (a.double() - ref).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gated", [False, True])
+def test_packed_rows_do_not_depend_on_the_batch(dtype, gated):
+    """A row's result is the same bits whatever number of rows it comes with (1 .. 40: thin decode
+    tiles, partial row blocks, several blocks): every tile keeps one accumulator per output and
+    sums k in order. The engine's decode rows then do not change with the batch."""
+    if dtype == torch.bfloat16 and llmkern.build_info()["cpu_kernels"]["linear bf16"].startswith("amx-bf16"):
+        pytest.skip("AMX tiles take over from their row threshold and sum k in their own order")
+    torch.manual_seed(0)
+    k, n = 576, 200
+    w = (torch.randn(2 * n if gated else n, k) / k ** 0.5).to(dtype)
+    x = torch.randn(40, k).to(dtype)
+    bf16 = dtype == torch.bfloat16
+    if gated:
+        p = (llmkern.pack_gate_up_weight_bf16 if bf16 else llmkern.pack_gate_up_weight)(w[:n], w[n:])
+        run = lambda a: llmkern.linear_packed_silu_mul(a, p, n)  # noqa: E731
+    else:
+        p = (llmkern.pack_linear_weight_bf16 if bf16 else llmkern.pack_linear_weight)(w)
+        run = lambda a: llmkern.linear_packed(a, p, n)  # noqa: E731
+    full = run(x)
+    for m in range(1, 40):
+        assert torch.equal(run(x[:m]), full[:m]), m
+
+
 def test_packed_layout_and_strided_rows():
     w = torch.randn(20, 8)
     p = llmkern.pack_linear_weight(w)

@@ -46,7 +46,7 @@ void store_task(const AttnParams& p, const Task& t, const Scratch& sc, int64_t r
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const float* src = O + int64_t(r) * dp;
     const int64_t row = attn_q_start(p, t.b) + i;
-    if (part_o) {
+    if (t.nsplit > 1) {
       const int64_t at = (int64_t(t.split) * rows_total + row) * p.num_heads + h;
       float* dst = part_o + at * D;
       for (int d = 0; d < D; ++d) dst[d] = src[d] * inv;
@@ -59,15 +59,18 @@ void store_task(const AttnParams& p, const Task& t, const Scratch& sc, int64_t r
   }
 }
 
+// Merges the split partials of the sequences cut into seq_splits[b] > 1 splits (layout [ns][rows][H]).
 template <DType T>
-void combine_splits(const AttnParams& p, int ns, int64_t rows_total, const float* part_o,
-                    const float* part_lse) {
+void combine_splits(const AttnParams& p, const std::vector<int>& seq_splits, int64_t rows_total,
+                    const float* part_o, const float* part_lse) {
   using E = typename Elem<T>::type;
   const int D = p.head_dim, H = p.num_heads;
   parallel_for(int64_t(p.batch) * H, 4, [&](int64_t lo, int64_t hi) {
-    std::vector<float> w(ns), acc(D);
+    std::vector<float> w(128), acc(D);
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int b = int(bh / H), h = int(bh % H);
+      const int ns = seq_splits[b];
+      if (ns <= 1) continue;  // written by its task
       const int sq = attn_seqlen_q(p, b);
       for (int i = 0; i < sq; ++i) {
         const int64_t row = attn_q_start(p, b) + i, at = row * H + h;
@@ -90,11 +93,9 @@ template <DType T>
 void run(const AttnParams& p) {
   const int G = p.num_heads / p.num_kv_heads;
   std::vector<Task> tasks;
-  int max_sk = 0;
   for (int b = 0; b < p.batch; ++b) {
     const int sq = attn_seqlen_q(p, b), sk = attn_seqlen_k(p, b);
     if (sq <= 0) continue;
-    max_sk = std::max(max_sk, sk);
     const bool small = G * sq < kSmallRows;
     const int bq = small ? sq : std::max(1, kGemmRows / G);
     for (int i0 = 0; i0 < sq; i0 += bq) {
@@ -105,10 +106,10 @@ void run(const AttnParams& p) {
       const double keys = std::max(0, std::min(z.hi, sk) - std::max(a.lo, 0));
       const double cost = double(G) * nq * (keys + 16);
       if (small)
-        tasks.push_back(Task{b, 0, p.num_kv_heads, true, i0, nq, 0, 0, sk, sq, sk, cost * p.num_kv_heads});
+        tasks.push_back(Task{b, 0, p.num_kv_heads, true, i0, nq, 0, 1, 0, sk, sq, sk, cost * p.num_kv_heads});
       else
         for (int h = 0; h < p.num_kv_heads; ++h)
-          tasks.push_back(Task{b, h, 1, false, i0, nq, 0, 0, sk, sq, sk, cost});
+          tasks.push_back(Task{b, h, 1, false, i0, nq, 0, 1, 0, sk, sq, sk, cost});
     }
   }
   if (tasks.empty()) return;
@@ -116,31 +117,45 @@ void run(const AttnParams& p) {
   for (int b = 0; b < p.batch; ++b)
     rows_total = std::max<int64_t>(rows_total, attn_q_start(p, b) + attn_seqlen_q(p, b));
 
-  // Split-KV: few tasks over long keys leave threads idle; cut every task's key range. The count
-  // depends on the work only, not on the thread count, so every thread count sums in the same
-  // order and gives the same bits.
-  int ns = p.num_splits;
-  if (ns <= 0) {
-    ns = 1;
-    const int64_t n = int64_t(tasks.size());
-    if (n < kSplitTasks) ns = int((kSplitTasks + n - 1) / n);
-    ns = std::min(ns, std::max(1, max_sk / kMinSplitKeys));
+  // Split-KV (flash-decoding): a sequence with too few tasks to keep threads busy has its tasks'
+  // key ranges cut. Its split count depends on that sequence alone (its own task count and keys),
+  // never on the rest of the batch or on the thread count: a row's sums run in the same order
+  // whatever it is batched with and on any number of threads (the engine's greedy tokens do not
+  // change with the batch). An explicit num_splits applies to every sequence.
+  std::vector<int> seq_splits(p.batch, 1);
+  int ns = 1;
+  if (p.num_splits > 0) {
+    ns = std::min(p.num_splits, 128);
+    std::fill(seq_splits.begin(), seq_splits.end(), ns);
+  } else {
+    std::vector<int> seq_tasks(p.batch, 0);
+    for (const Task& t : tasks) ++seq_tasks[t.b];
+    for (int b = 0; b < p.batch; ++b) {
+      const int n = seq_tasks[b];
+      if (n == 0 || n >= kSplitTasks) continue;
+      const int want = (kSplitTasks + n - 1) / n;
+      seq_splits[b] = std::max(1, std::min({want, attn_seqlen_k(p, b) / kMinSplitKeys, 128}));
+      ns = std::max(ns, seq_splits[b]);
+    }
   }
-  ns = std::max(1, std::min(ns, 128));
-  // Bound the partial-output workspace (fp32 [ns, rows, Hq, D]) to 256 MiB.
+  // Bound the partial-output workspace (fp32 [ns, rows, Hq, D]) to 256 MiB (only a batch of many
+  // long rows reaches it: there the counts do depend on the batch).
   const int64_t per_split = rows_total * p.num_heads * p.head_dim;
   while (ns > 1 && ns * per_split > (int64_t(64) << 20)) --ns;
+  for (int& n : seq_splits) n = std::min(n, ns);
   if (ns > 1) {
     std::vector<Task> split;
     split.reserve(tasks.size() * ns);
     for (const Task& t : tasks) {
-      const int chunk = std::max(1, (t.sk + ns - 1) / ns);
-      for (int s = 0; s < ns; ++s) {
+      const int n = seq_splits[t.b];
+      const int chunk = std::max(1, (t.sk + n - 1) / n);
+      for (int s = 0; s < n; ++s) {
         Task u = t;
         u.split = s;
+        u.nsplit = n;
         u.k0 = std::min(t.sk, s * chunk);
         u.k1 = std::min(t.sk, (s + 1) * chunk);
-        u.cost = t.cost / ns;
+        u.cost = t.cost / n;
         split.push_back(u);
       }
     }
@@ -169,7 +184,7 @@ void run(const AttnParams& p) {
     else attend_gemm(p, t, sc);
     store_task<T>(p, t, sc, rows_total, part_o, part_lse);
   });
-  if (ns > 1) combine_splits<T>(p, ns, rows_total, part_o, part_lse);
+  if (ns > 1) combine_splits<T>(p, seq_splits, rows_total, part_o, part_lse);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ struct Task {
   bool small;   // decode kernel (few rows per kv head) or GEMM kernel (nh = 1)
   int i0, nq;   // query rows i0 .. i0+nq-1 of the sequence
   int split;    // split index (0 when not split)
+  int nsplit;   // splits of this sequence's keys (1: not split; the output is written directly)
   int k0, k1;   // key range of the split
   int sq, sk;   // sequence lengths
   double cost;  // for scheduling (largest first)

@@ -54,13 +54,13 @@ LLMK_ALWAYS_INLINE void pack_x_pairs_block(const uint16_t* x, int64_t ldx, int r
 }
 
 // C[R, P*16] (+)= xb[kc pairs][xs] . W panels (pstride words apart), widened to fp32: every build
-// (the k pairs split over accumulator sets as in the fp32 tile: ksplit_tile).
+// (k pairs in order into one accumulator per output, as in the fp32 tile: acc_tile).
 template <int R, int P>
 LLMK_ALWAYS_INLINE void tile_bf16_widen(const uint32_t* __restrict xb, int xs, const uint32_t* __restrict w,
                                         int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init,
                                         NextPanels pf) {
   constexpr int V = P * VPP;
-  ksplit_tile<R, V>(kc, c, ldc, nullptr, init, [&](vf (&acc)[R][V], int64_t h) __attribute__((always_inline)) {
+  acc_tile<R, V>(kc, c, ldc, nullptr, init, [&](vf (&acc)[R][V], int64_t h) __attribute__((always_inline)) {
     pf.at(h, P, pstride);
     vf we[V], wo[V];
 #pragma GCC unroll 8
@@ -122,35 +122,19 @@ template <int R, int P>
 LLMK_ALWAYS_INLINE LLMK_BF16_TARGET void tile_bf16_dot(const uint32_t* __restrict xb, int xs,
                                                        const uint32_t* __restrict w, int64_t pstride, int64_t kc,
                                                        float* c, int64_t ldc, bool init, NextPanels pf) {
-  constexpr int S = ksplit<R, P>();
-  __m512 acc[S][R][P];
+  __m512 acc[R][P];  // one per output, k pairs in order (batch invariance: see acc_tile)
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < P; ++j) {
-      acc[0][i][j] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + j * PW);
-#pragma GCC unroll 4
-      for (int s = 1; s < S; ++s) acc[s][i][j] = _mm512_setzero_ps();
-    }
-  int64_t h = 0;
-  for (; h + S <= kc; h += S)
-#pragma GCC unroll 4
-    for (int s = 0; s < S; ++s) {
-      pf.at(h + s, P, pstride);
-      dot_step<R, P>(acc[s], xb, xs, w, pstride, h + s);
-    }
-  for (; h < kc; ++h) {
+    for (int j = 0; j < P; ++j) acc[i][j] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + j * PW);
+  for (int64_t h = 0; h < kc; ++h) {
     pf.at(h, P, pstride);
-    dot_step<R, P>(acc[0], xb, xs, w, pstride, h);
+    dot_step<R, P>(acc, xb, xs, w, pstride, h);
   }
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < P; ++j) {
-#pragma GCC unroll 4
-      for (int s = 1; s < S; ++s) acc[0][i][j] = _mm512_add_ps(acc[0][i][j], acc[s][i][j]);
-      _mm512_storeu_ps(c + i * ldc + j * PW, acc[0][i][j]);
-    }
+    for (int j = 0; j < P; ++j) _mm512_storeu_ps(c + i * ldc + j * PW, acc[i][j]);
 }
 
 template <int P>

@@ -95,40 +95,26 @@ LLMK_ALWAYS_INLINE void pack_kmajor(const void* x, int64_t ldx, int rows, int64_
     for (int64_t kk = k; kk < kw; ++kk) std::memcpy(d + (kk * xs + i) * 4, src + (i * ldx + kk) * 4, 4);
 }
 
-// Thin tiles (a decode step's 1-2 rows) would be one FMA latency chain per accumulator: k is split
-// over this many independent accumulator sets, summed at the end.
-template <int R, int V>
-constexpr int ksplit() { return R * V <= 2 ? 4 : R * V <= 4 ? 2 : 1; }
-
-// The frame of an R x V-vector tile with k split over ksplit<R, V>() accumulator sets: the sets
-// start from c, or on the first k chunk (init) from bias (or 0); step(acc[s], k) adds k = 0 ..
-// kc-1, consecutive k to consecutive sets; the sets' sum is stored back to c (row stride ldc).
+// The frame of an R x V-vector tile: the accumulators start from c, or on the first k chunk (init)
+// from bias (or 0); step(acc, k) adds k = 0 .. kc-1 in order; the result is stored back to c (row
+// stride ldc). One accumulator per output and k in order, whatever R: a row's sums do not depend on
+// how many rows share its tile, so a row gives the same bits whatever it is batched with (batch
+// invariance). (Splitting k over several accumulator sets in thin tiles hid the FMA latency of a
+// 1-2 row tile but made a decode row's bits depend on the batch size; such a tile still streams W
+// faster than DRAM delivers it: one 64-byte line per FMA latency.)
 template <int R, int V, typename Step>
-LLMK_ALWAYS_INLINE void ksplit_tile(int64_t kc, float* c, int64_t ldc, const float* bias, bool init,
-                                    const Step& step) {
-  constexpr int S = ksplit<R, V>();
-  vf acc[S][R][V];
+LLMK_ALWAYS_INLINE void acc_tile(int64_t kc, float* c, int64_t ldc, const float* bias, bool init, const Step& step) {
+  vf acc[R][V];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-      acc[0][i][v] = init ? (bias ? vec::loadu(bias + v * VL) : vec::splat(0.f)) : vec::loadu(c + i * ldc + v * VL);
-#pragma GCC unroll 4
-      for (int s = 1; s < S; ++s) acc[s][i][v] = vec::splat(0.f);
-    }
-  int64_t k = 0;
-  for (; k + S <= kc; k += S)
-#pragma GCC unroll 4
-    for (int s = 0; s < S; ++s) step(acc[s], k + s);
-  for (; k < kc; ++k) step(acc[0], k);
+    for (int v = 0; v < V; ++v)
+      acc[i][v] = init ? (bias ? vec::loadu(bias + v * VL) : vec::splat(0.f)) : vec::loadu(c + i * ldc + v * VL);
+  for (int64_t k = 0; k < kc; ++k) step(acc, k);
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-#pragma GCC unroll 4
-      for (int s = 1; s < S; ++s) acc[0][i][v] += acc[s][i][v];
-      vec::storeu(c + i * ldc + v * VL, acc[0][i][v]);
-    }
+    for (int v = 0; v < V; ++v) vec::storeu(c + i * ldc + v * VL, acc[i][v]);
 }
 
 // The next panel group's W, read into L2 while the row blocks of a super-block sweep the current
@@ -169,7 +155,7 @@ LLMK_ALWAYS_INLINE void tile(const float* __restrict xb, int xs, const float* __
   const float* wv[V];
 #pragma GCC unroll 8
   for (int v = 0; v < V; ++v) wv[v] = w + (v / VPP) * pstride + (v % VPP) * VL;
-  ksplit_tile<R, V>(kc, c, ldc, bias, init, [&](vf (&acc)[R][V], int64_t k) __attribute__((always_inline)) {
+  acc_tile<R, V>(kc, c, ldc, bias, init, [&](vf (&acc)[R][V], int64_t k) __attribute__((always_inline)) {
     pf.at(k, P, pstride);
     if (R >= kWPrefetchRows)
 #pragma GCC unroll 4
