@@ -118,7 +118,7 @@ void tile_rows_bf16_widen(int r, const uint32_t* xb, int xs, const uint32_t* w, 
 #if defined(__AVX512F__)
 #define LLMK_BF16_TARGET __attribute__((target("avx512bf16")))
 
-// One k pair of tile_bf16_dot into accumulator set acc (a function, not a lambda, so that it
+// One k pair of tile_bf16_dot into its accumulators acc (a function, not a lambda, so that it
 // carries the target attribute).
 template <int R, int P>
 LLMK_ALWAYS_INLINE LLMK_BF16_TARGET void dot_step(__m512 (&acc)[R][P], const uint32_t* __restrict xb, int xs,
