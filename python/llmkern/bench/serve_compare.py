@@ -90,7 +90,7 @@ def _session(peer, srv, served, a, ctx, dtype, rnd, rows) -> None:
                         row = vllm_bench_client.run(ctx["vllm_exe"], srv.base, served, ctx["model_dir"], peer.name,
                                                     rate, a.num_requests, a.timeout + 180, input_len=a.input_len,
                                                     output_len=a.output_len, seed=seed, slo_ttft_s=a.slo_ttft_s,
-                                                    slo_tpot_s=a.slo_tpot_s)
+                                                    slo_tpot_s=a.slo_tpot_s, env=peers_serving.vllm_client_env())
                     except RuntimeError as e:
                         _log(f"{peer.name}: {e}")
                         ctx["notes"].append(f"{dtype} round {rnd} {peer.name} {w} @ {rate}: {str(e)[:300]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import tempfile
 from typing import List, Optional
@@ -52,6 +53,9 @@ def run(exe: str, base: str, model: str, tokenizer: str, system: str, rate: floa
             raise RuntimeError(f"vllm bench serve: no result after {timeout:.0f} s") from None
         path = os.path.join(d, "result.json")
         if p.returncode != 0 or not os.path.exists(path):
-            raise RuntimeError(f"vllm bench serve exited with {p.returncode}: {(p.stdout + p.stderr)[-1500:]}")
+            code = str(p.returncode)
+            if p.returncode < 0:  # killed by a signal: name it (SIGILL: a CPU feature the build needs)
+                code += f" ({signal.Signals(-p.returncode).name})"
+            raise RuntimeError(f"vllm bench serve exited with {code}: {(p.stdout + p.stderr)[-1500:]}")
         with open(path) as f:
             return parse(json.load(f), system, rate)
