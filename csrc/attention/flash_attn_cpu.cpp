@@ -30,6 +30,7 @@ namespace {
 constexpr int kGemmRows = 128;     // target rows (query positions x group heads) per GEMM task
 constexpr int kMinSplitKeys = 256; // a split below this many keys costs more than it balances
 constexpr int kSplitTasks = 16;    // fewer tasks than this get split (keys permitting)
+constexpr int kMaxSplits = 128;    // splits of one sequence (flash-attn's num_splits bound)
 
 // Writes rows of a finished task: final output (normalised, in the output dtype) + lse, or the
 // split partial (fp32, normalised by the split's own sum) + the split's lse.
@@ -66,7 +67,7 @@ void combine_splits(const AttnParams& p, const std::vector<int>& seq_splits, int
   using E = typename Elem<T>::type;
   const int D = p.head_dim, H = p.num_heads;
   parallel_for(int64_t(p.batch) * H, 4, [&](int64_t lo, int64_t hi) {
-    std::vector<float> w(128), acc(D);
+    std::vector<float> w(kMaxSplits), acc(D);
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int b = int(bh / H), h = int(bh % H);
       const int ns = seq_splits[b];
@@ -125,7 +126,7 @@ void run(const AttnParams& p) {
   std::vector<int> seq_splits(p.batch, 1);
   int ns = 1;
   if (p.num_splits > 0) {
-    ns = std::min(p.num_splits, 128);
+    ns = std::min(p.num_splits, kMaxSplits);
     std::fill(seq_splits.begin(), seq_splits.end(), ns);
   } else {
     std::vector<int> seq_tasks(p.batch, 0);
@@ -134,7 +135,7 @@ void run(const AttnParams& p) {
       const int n = seq_tasks[b];
       if (n == 0 || n >= kSplitTasks) continue;
       const int want = (kSplitTasks + n - 1) / n;
-      seq_splits[b] = std::max(1, std::min({want, attn_seqlen_k(p, b) / kMinSplitKeys, 128}));
+      seq_splits[b] = std::max(1, std::min({want, attn_seqlen_k(p, b) / kMinSplitKeys, kMaxSplits}));
       ns = std::max(ns, seq_splits[b]);
     }
   }

@@ -142,13 +142,9 @@ LLMK_ALWAYS_INLINE vf vload(const float* p) {
 }
 template <DType DT>
 inline vf vload_conv(const elem_t<DT>* p) {
-  if constexpr (DT == DType::F32) {
-    return vload(p);
-  } else {
-    float tmp[kL];
-    for (int l = 0; l < kL; ++l) tmp[l] = vec::to_f32<DT>(p[l]);
-    return vload(tmp);
-  }
+  vf v;  // each part converted in registers (the conversions are exact: the same floats as to_f32)
+  for (int k = 0; k < kNV; ++k) v.p[k] = vec::load<DT>(p + k * vec::VL);
+  return v;
 }
 LLMK_ALWAYS_INLINE vf vsplat(float x) {
   vf v;
@@ -161,17 +157,12 @@ LLMK_ALWAYS_INLINE vi vsplat_i(int32_t x) {
   return v;
 }
 LLMK_ALWAYS_INLINE vi operator+(const vi& a, int32_t x) { return a + vsplat_i(x); }
-LLMK_ALWAYS_INLINE vf vsel(const vi& m, const vf& a, const vf& b) {
-  vi r;
-  const vi ai = as_i(a), bi = as_i(b);
-  for (int k = 0; k < kNV; ++k) r.p[k] = (m.p[k] & ai.p[k]) | (~m.p[k] & bi.p[k]);
-  return as_f(r);
-}
 LLMK_ALWAYS_INLINE vi vseli(const vi& m, const vi& a, const vi& b) {
   vi r;
   for (int k = 0; k < kNV; ++k) r.p[k] = (m.p[k] & a.p[k]) | (~m.p[k] & b.p[k]);
   return r;
 }
+LLMK_ALWAYS_INLINE vf vsel(const vi& m, const vf& a, const vf& b) { return as_f(vseli(m, as_i(a), as_i(b))); }
 LLMK_ALWAYS_INLINE vf vmask(const vi& m, const vf& x) { return as_f(m & as_i(x)); }  // x where m, else +0
 
 // Fixed-order lane reductions (the same tree on every build).
