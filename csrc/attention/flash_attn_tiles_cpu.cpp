@@ -88,6 +88,110 @@ __attribute__((target("avx512bf16"))) void qk_dot_bf16(const uint16_t* const* q,
 }
 #endif
 
+// Independent FMA chains the few-rows loops keep in flight: an FMA's latency times the two FMA
+// ports. With one or two rows, one chain per (row, key) or per (row, output vector) leaves most
+// of that idle, so those loops take more keys (q.k) or more output vectors (p.v) per step; each
+// chain still sums in the same order, so every choice gives the same bits.
+constexpr int kChains = 8;
+template <int RR>
+constexpr int qk_keys() { return std::min(VL, RR * 2 >= kChains ? 2 : kChains / RR); }  // keys per q.k step
+template <int RR>
+constexpr int pv_vectors() { return RR * kNR >= kChains ? kNR : kChains / RR; }  // vectors per p.v step
+
+// S[r][jj] = q_r . k_j for RR rows, KS keys per step (one q load for all), reduced VL keys at a
+// time by the transposing tree. kn / nn: rows to prefetch (the next pass's).
+template <DType T, int RR>
+LLMK_ALWAYS_INLINE void small_qk(const float* __restrict qs, int dp, int D, const E<T>* const* kr, int nk,
+                                 int r0, float* S, const E<T>* const* kn, int nn) {
+  constexpr int KS = qk_keys<RR>();
+  static_assert(VL % KS == 0, "a q.k step stays inside one reduction group");
+  const int dfull = D / VL * VL;
+  const int row_bytes = D * int(sizeof(E<T>));
+  for (int jb = 0; jb < nk; jb += VL) {
+    const int nb = std::min(VL, nk - jb);
+    vf tt[RR][VL];
+    for (int k = 0; k < nb; k += KS) {
+      const E<T>* kp[KS];
+      for (int s = 0; s < KS; ++s) {
+        kp[s] = kr[jb + std::min(k + s, nb - 1)];  // past nb: a repeat of the last key, not stored
+        if (jb + k + s < nn && k + s < nb) prefetch_row(kn[jb + k + s], row_bytes);
+      }
+      vf a[RR][KS];
+      for (int r = 0; r < RR; ++r)
+        for (int s = 0; s < KS; ++s) a[r][s] = splat(0.f);
+      int c = 0;
+      for (; c < dfull; c += VL) {
+        vf x[KS];
+        for (int s = 0; s < KS; ++s) x[s] = load<T>(kp[s] + c);
+        for (int r = 0; r < RR; ++r) {
+          const vf qv = loadu(qs + (r0 + r) * dp + c);
+          for (int s = 0; s < KS; ++s) a[r][s] += qv * x[s];
+        }
+      }
+      if (c < D) {
+        vf x[KS];
+        for (int s = 0; s < KS; ++s) x[s] = load_tail<T>(kp[s] + c, D - c);
+        for (int r = 0; r < RR; ++r) {
+          const vf qv = loadu(qs + (r0 + r) * dp + c);
+          for (int s = 0; s < KS; ++s) a[r][s] += qv * x[s];
+        }
+      }
+      for (int r = 0; r < RR; ++r)
+        for (int s = 0; s < KS && k + s < nb; ++s) tt[r][k + s] = a[r][s];
+    }
+    for (int k = nb; k < VL; ++k)
+      for (int r = 0; r < RR; ++r) tt[r][k] = splat(0.f);
+    for (int r = 0; r < RR; ++r) storeu(S + r * kBK + jb, hsum_many(tt[r]));
+  }
+}
+
+// O[r][d0, d0 + NV*VL) = alpha[r] O[r] + sum_j P[r][j] v_j, V converted in registers, each load
+// shared by the RR rows. vn / nn: rows to prefetch (the block at d0 == 0 issues them).
+template <DType T, int RR, int NV>
+LLMK_ALWAYS_INLINE void small_pv_block(const float* S, const E<T>* const* vr, int nk, float* O, int dp, int d0,
+                                       const float* alpha, const E<T>* const* vn, int nn, int row_bytes) {
+  vf acc[RR][NV];
+  for (int r = 0; r < RR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = loadu(O + r * dp + d0 + v * VL) * alpha[r];
+  for (int j = 0; j < nk; ++j) {
+    if (d0 == 0 && j < nn) prefetch_row(vn[j], row_bytes);
+    vf x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = load<T>(vr[j] + d0 + v * VL);
+    for (int r = 0; r < RR; ++r) {
+      const vf pb = splat(S[r * kBK + j]);
+      for (int v = 0; v < NV; ++v) acc[r][v] += pb * x[v];
+    }
+  }
+  for (int r = 0; r < RR; ++r)
+    for (int v = 0; v < NV; ++v) storeu(O + r * dp + d0 + v * VL, acc[r][v]);
+}
+
+template <DType T, int RR>
+LLMK_ALWAYS_INLINE void small_pv(const float* S, const E<T>* const* vr, int nk, float* O, int dp, int D,
+                                 const float* alpha, const E<T>* const* vn, int nn) {
+  constexpr int NV = pv_vectors<RR>();
+  const int dfull = D / VL * VL;
+  const int row_bytes = D * int(sizeof(E<T>));
+  int d0 = 0;
+  for (; d0 + NV * VL <= dfull; d0 += NV * VL) small_pv_block<T, RR, NV>(S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
+  if constexpr (NV > 2) {  // the rest of the full vectors in halves
+    for (; d0 + NV / 2 * VL <= dfull; d0 += NV / 2 * VL)
+      small_pv_block<T, RR, NV / 2>(S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
+  }
+  for (; d0 < dfull; d0 += VL) small_pv_block<T, RR, 1>(S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
+  if (d0 < D) {  // a partial last vector
+    const int n = D - d0;
+    vf acc[RR];
+    for (int r = 0; r < RR; ++r) acc[r] = loadu(O + r * dp + d0) * alpha[r];
+    for (int j = 0; j < nk; ++j) {
+      if (d0 == 0 && j < nn) prefetch_row(vn[j], row_bytes);
+      const vf x = load_tail<T>(vr[j] + d0, n);
+      for (int r = 0; r < RR; ++r) acc[r] += splat(S[r * kBK + j]) * x;
+    }
+    for (int r = 0; r < RR; ++r) storeu(O + r * dp + d0, acc[r]);
+  }
+}
+
 // Rows r0 .. r0+RR-1 against one key tile (nk keys whose K/V rows are kr[] / vr[]).
 // kn / vn (may be null): rows of the next tile, prefetched while this one is computed.
 // qsrc: the RR rows of q in the input dtype (unscaled), for the bf16 dot-product path.
@@ -96,8 +200,6 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
                  const E<T>* const* vr, int j0, int nk, const Rows& R, int r0, float cap,
                  bool alibi, float* S, float* O, float* m, float* l, const E<T>* const* kn,
                  const E<T>* const* vn, int nn, const E<T>* const* qsrc, float scale) {
-  const int dfull = D / VL * VL;
-  const int row_bytes = D * int(sizeof(E<T>));
   bool done = false;
 #if defined(__AVX512F__)
   if constexpr (T == DType::BF16) {
@@ -107,44 +209,7 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
     }
   }
 #endif
-  // S[r][jj] = q_r . k_j, VL keys at a time, reduced together.
-  for (int jb = 0; jb < nk && !done; jb += VL) {
-    const int nb = std::min(VL, nk - jb);
-    vf tt[RR][VL];
-    // Two keys per step: independent accumulator chains and one q load for both.
-    for (int k = 0; k < nb; k += 2) {
-      const E<T>* k0 = kr[jb + k];
-      const E<T>* k1 = k + 1 < nb ? kr[jb + k + 1] : k0;
-      if (jb + k < nn) prefetch_row(kn[jb + k], row_bytes);
-      if (jb + k + 1 < nn) prefetch_row(kn[jb + k + 1], row_bytes);
-      vf a0[RR], a1[RR];
-      for (int r = 0; r < RR; ++r) a0[r] = a1[r] = splat(0.f);
-      int c = 0;
-      for (; c < dfull; c += VL) {
-        const vf x0 = load<T>(k0 + c), x1 = load<T>(k1 + c);
-        for (int r = 0; r < RR; ++r) {
-          const vf qv = loadu(qs + (r0 + r) * dp + c);
-          a0[r] += qv * x0;
-          a1[r] += qv * x1;
-        }
-      }
-      if (c < D) {
-        const vf x0 = load_tail<T>(k0 + c, D - c), x1 = load_tail<T>(k1 + c, D - c);
-        for (int r = 0; r < RR; ++r) {
-          const vf qv = loadu(qs + (r0 + r) * dp + c);
-          a0[r] += qv * x0;
-          a1[r] += qv * x1;
-        }
-      }
-      for (int r = 0; r < RR; ++r) {
-        tt[r][k] = a0[r];
-        if (k + 1 < nb) tt[r][k + 1] = a1[r];
-      }
-    }
-    for (int k = nb; k < VL; ++k)
-      for (int r = 0; r < RR; ++r) tt[r][k] = splat(0.f);
-    for (int r = 0; r < RR; ++r) storeu(S + r * kBK + jb, hsum_many(tt[r]));
-  }
+  if (!done) small_qk<T, RR>(qs, dp, D, kr, nk, r0, S, kn, nn);
   // Transforms, mask and online softmax, vectorised over keys.
   float alpha[RR];
   for (int r = 0; r < RR; ++r) {
@@ -152,35 +217,7 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
     alpha[r] = softmax_row_tile(S + r * kBK, nk, j0, R.lo[row], R.hi[row], R.pos[row], R.slope[row],
                                 cap, alibi, false, m[row], l[row]);
   }
-  // O = alpha * O + P.V, V converted in registers, each load shared by the RR rows.
-  constexpr int NV = kNR;
-  int d0 = 0;
-  for (; d0 + NV * VL <= dfull; d0 += NV * VL) {
-    vf acc[RR][NV];
-    for (int r = 0; r < RR; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = loadu(O + (r0 + r) * dp + d0 + v * VL) * alpha[r];
-    for (int j = 0; j < nk; ++j) {
-      if (d0 == 0 && j < nn) prefetch_row(vn[j], row_bytes);
-      vf x[NV];
-      for (int v = 0; v < NV; ++v) x[v] = load<T>(vr[j] + d0 + v * VL);
-      for (int r = 0; r < RR; ++r) {
-        const vf pb = splat(S[r * kBK + j]);
-        for (int v = 0; v < NV; ++v) acc[r][v] += pb * x[v];
-      }
-    }
-    for (int r = 0; r < RR; ++r)
-      for (int v = 0; v < NV; ++v) storeu(O + (r0 + r) * dp + d0 + v * VL, acc[r][v]);
-  }
-  for (; d0 < D; d0 += VL) {  // remaining vectors one at a time (the last may be partial)
-    const int n = std::min(VL, D - d0);
-    vf acc[RR];
-    for (int r = 0; r < RR; ++r) acc[r] = loadu(O + (r0 + r) * dp + d0) * alpha[r];
-    for (int j = 0; j < nk; ++j) {
-      const vf x = n == VL ? load<T>(vr[j] + d0) : load_tail<T>(vr[j] + d0, n);
-      for (int r = 0; r < RR; ++r) acc[r] += splat(S[r * kBK + j]) * x;
-    }
-    for (int r = 0; r < RR; ++r) storeu(O + (r0 + r) * dp + d0, acc[r]);
-  }
+  small_pv<T, RR>(S, vr, nk, O + r0 * dp, dp, D, alpha, vn, nn);
 }
 
 // Rows r0 .. r0+4k of kv head hh's group against one tile, 4 rows per chunk kernel call.
