@@ -106,11 +106,17 @@ LLMK_ALWAYS_INLINE void tile_bf16_widen(const uint32_t* __restrict xb, int xs, c
     default: break;                                                                                        \
   }
 
+// Rows up to which a widened tile spans two panels where NP is 1 (AVX2): a one- or two-row tile of one
+// panel is VPP chains of two dependent FMAs per k pair, which holds an AVX2 core to ~6 bytes of W per
+// cycle (batch-1 bf16 decode ran at ~73% of the weight-read bound); two panels double the chains.
+// Three rows would not fit AVX2's 16 registers.
+constexpr int kWidenPairRows = 2;
+
 template <int P>
 void tile_rows_bf16_widen(int r, const uint32_t* xb, int xs, const uint32_t* w, int64_t pstride, int64_t kc,
                           float* c, int64_t ldc, bool init, NextPanels pf) {
 #define LLMK_WIDEN_TILE(R) \
-  if constexpr (R <= MR) tile_bf16_widen<R, P>(xb, xs, w, pstride, kc, c, ldc, init, pf)
+  if constexpr (R <= MR && (P <= NP || R <= kWidenPairRows)) tile_bf16_widen<R, P>(xb, xs, w, pstride, kc, c, ldc, init, pf)
   LLMK_BF16_ROWS_SWITCH(r, LLMK_WIDEN_TILE)
 #undef LLMK_WIDEN_TILE
 }
@@ -174,8 +180,7 @@ LLMK_ALWAYS_INLINE void tiles_bf16(bool dot, int np, int r, const uint32_t* xb, 
   }
 #endif
   (void)dot;
-  if constexpr (NP == 2)
-    if (np == 2) return tile_rows_bf16_widen<2>(r, xb, xs, w, pstride, kc, c, ldc, init, pf);
+  if (np == 2) return tile_rows_bf16_widen<2>(r, xb, xs, w, pstride, kc, c, ldc, init, pf);
   tile_rows_bf16_widen<1>(r, xb, xs, w, pstride, kc, c, ldc, init, pf);
 }
 
@@ -245,14 +250,16 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   };
   const RowPacker<decltype(pack)> rows(blk, M * K, pack);
   // As gemm_packed: up to 4 rows the GEMM is bound by reading W, one panel per tile keeps each
-  // thread's reads one sequential stream.
-  const int gw = M <= 4 ? 1 : NP;
+  // thread's reads one sequential stream; but the widened tiles of one or two rows take two panels
+  // (kWidenPairRows: one panel's FMA chains cannot keep up with memory). Every output sums its k pairs
+  // in the same order either way.
+  const bool dot = bf16_dot(), cvt = ::llmk::cpu_bf16_cvt();
+  const int gw = M <= 4 ? (!dot && M <= kWidenPairRows ? 2 : 1) : NP;
   const int unit = gated ? 2 : gw;
   const int64_t npanels = (gated ? 2 : 1) * num_panels(N), pstride = KH * PW;
   const int64_t kh1 = std::max<int64_t>(KH, 1);  // K = 0 (an empty sum) still writes the epilogue
   const int64_t grain = task_grain(kh1 * PW * 4 * unit, 2 * M * kh1 * 2 * PW * unit);
   const uint32_t* w = reinterpret_cast<const uint32_t*>(packed);
-  const bool dot = bf16_dot(), cvt = ::llmk::cpu_bf16_cvt();
   auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t h0, int64_t kc, float* c, int ldc, bool init,
                    NextPanels pf) {
     tiles_bf16(dot, np, r, xpack + b * MR * KH + h0 * xs, xs, w + p * pstride + h0 * PW, pstride, kc, c, ldc, init,

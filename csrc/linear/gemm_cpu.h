@@ -364,7 +364,7 @@ LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int un
       const int64_t p = u * unit;
       const int np = int(std::min<int64_t>(unit, npanels - p));
       // As gemm_packed: the item's next unit streams in (one tile per unit only; first super-block).
-      const bool pre = unit == gw && gw == NP && u + 1 < u1 && si == 0;
+      const bool pre = unit == gw && gw >= NP && u + 1 < u1 && si == 0;
       for (int64_t b = s0; b < s1; ++b) {
         const int r = blk.rows(b);
         int64_t k0 = 0;
