@@ -98,6 +98,16 @@ constexpr int qk_keys() { return std::min(VL, RR * 2 >= kChains ? 2 : kChains / 
 template <int RR>
 constexpr int pv_vectors() { return RR * kNR >= kChains ? kNR : kChains / RR; }  // vectors per p.v step
 
+// Keeps v in a register: GCC otherwise folds a q load into each of the KS FMAs that use it as a
+// memory operand, and AVX2's two loads per cycle, not its FMAs, then bound the q.k loop.
+LLMK_ALWAYS_INLINE void in_register(vf& v) {
+#if defined(__AVX512F__)
+  (void)v;  // 32 registers: left to the compiler
+#else
+  asm("" : "+x"(v));
+#endif
+}
+
 // S[r][jj] = q_r . k_j for RR rows, KS keys per step (one q load for all), reduced VL keys at a
 // time by the transposing tree. kn / nn: rows to prefetch (the next pass's).
 template <DType T, int RR>
@@ -124,7 +134,8 @@ LLMK_ALWAYS_INLINE void small_qk(const float* __restrict qs, int dp, int D, cons
         vf x[KS];
         for (int s = 0; s < KS; ++s) x[s] = load<T>(kp[s] + c);
         for (int r = 0; r < RR; ++r) {
-          const vf qv = loadu(qs + (r0 + r) * dp + c);
+          vf qv = loadu(qs + (r0 + r) * dp + c);
+          in_register(qv);
           for (int s = 0; s < KS; ++s) a[r][s] += qv * x[s];
         }
       }
