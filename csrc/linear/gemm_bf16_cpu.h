@@ -106,19 +106,21 @@ LLMK_ALWAYS_INLINE void tile_bf16_widen(const uint32_t* __restrict xb, int xs, c
     default: break;                                                                                        \
   }
 
-// Rows up to which a widened tile spans two panels where NP is 1 (AVX2): a one- or two-row tile of one
-// panel is VPP chains of two dependent FMAs per k pair, which holds an AVX2 core to ~6 bytes of W per
-// cycle (batch-1 bf16 decode ran at ~73% of the weight-read bound); two panels double the chains.
-// Three rows would not fit AVX2's 16 registers.
-constexpr int kWidenPairRows = 2;
+// Rows up to which a widened tile spans two panels: a one- or two-row tile of one panel is VPP chains
+// of two dependent FMAs per k pair, which held an AVX2 core (VPP 2) to ~6 bytes of W per cycle
+// (batch-1 bf16 decode at ~73% of the weight-read bound); two panels double the chains. Three rows
+// would not fit AVX2's 16 registers; the SSE build's panel (VPP 4) has chains enough.
+constexpr int kWidenPairRows = VPP <= 2 ? 2 : 0;
 
 // Not inlined: inlined into gemm_units' loop beside the other panel count's tiles, GCC spilled the
 // 6 x 2 tile's sums to the stack (bf16 offline throughput fell by a third).
 template <int P>
-__attribute__((noinline)) void tile_rows_bf16_widen(int r, const uint32_t* xb, int xs, const uint32_t* w, int64_t pstride, int64_t kc,
-                          float* c, int64_t ldc, bool init, NextPanels pf) {
-#define LLMK_WIDEN_TILE(R) \
-  if constexpr (R <= MR && (P <= NP || R <= kWidenPairRows)) tile_bf16_widen<R, P>(xb, xs, w, pstride, kc, c, ldc, init, pf)
+__attribute__((noinline)) void tile_rows_bf16_widen(int r, const uint32_t* xb, int xs, const uint32_t* w,
+                                                    int64_t pstride, int64_t kc, float* c, int64_t ldc, bool init,
+                                                    NextPanels pf) {
+#define LLMK_WIDEN_TILE(R)                                  \
+  if constexpr (R <= MR && (P <= NP || R <= kWidenPairRows)) \
+  tile_bf16_widen<R, P>(xb, xs, w, pstride, kc, c, ldc, init, pf)
   LLMK_BF16_ROWS_SWITCH(r, LLMK_WIDEN_TILE)
 #undef LLMK_WIDEN_TILE
 }
