@@ -16,7 +16,7 @@ LLMK_NS_BEGIN
 // the loops vectorise; exp(0) is exactly 1. One template for a float and for a vector of them
 // (vec::vf): explicitly vectorised loops get bit-identical results to the scalar ones.
 // N values at once, step by step: the polynomial is a chain of dependent FMAs, and interleaving N
-// chains lets the core overlap them (one vector at a time, AVX2 cores ran it at ~1/3 of their rate).
+// chains lets the core overlap them (one vector at a time, a Zen 2 core mostly waited on the chain).
 template <int N, typename V>
 LLMK_ALWAYS_INLINE void exp_nonpos_n(const V* x, V* out) {
   const V lo = V{} - 87.0f;
