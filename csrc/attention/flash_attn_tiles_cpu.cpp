@@ -129,24 +129,19 @@ LLMK_ALWAYS_INLINE void small_qk(const float* __restrict qs, int dp, int D, cons
       vf a[RR][KS];
       for (int r = 0; r < RR; ++r)
         for (int s = 0; s < KS; ++s) a[r][s] = splat(0.f);
-      int c = 0;
-      for (; c < dfull; c += VL) {
+      // One vector of head_dim at c for the KS keys, loaded by load_k (whole or the partial last).
+      const auto step = [&](int c, auto load_k) __attribute__((always_inline)) {
         vf x[KS];
-        for (int s = 0; s < KS; ++s) x[s] = load<T>(kp[s] + c);
+        for (int s = 0; s < KS; ++s) x[s] = load_k(kp[s] + c);
         for (int r = 0; r < RR; ++r) {
           vf qv = loadu(qs + (r0 + r) * dp + c);
           in_register(qv);
           for (int s = 0; s < KS; ++s) a[r][s] += qv * x[s];
         }
-      }
-      if (c < D) {
-        vf x[KS];
-        for (int s = 0; s < KS; ++s) x[s] = load_tail<T>(kp[s] + c, D - c);
-        for (int r = 0; r < RR; ++r) {
-          const vf qv = loadu(qs + (r0 + r) * dp + c);
-          for (int s = 0; s < KS; ++s) a[r][s] += qv * x[s];
-        }
-      }
+      };
+      int c = 0;
+      for (; c < dfull; c += VL) step(c, [](const E<T>* p) { return load<T>(p); });
+      if (c < D) step(c, [&](const E<T>* p) { return load_tail<T>(p, D - c); });
       for (int r = 0; r < RR; ++r)
         for (int s = 0; s < KS && k + s < nb; ++s) tt[r][k + s] = a[r][s];
     }

@@ -278,9 +278,10 @@ template <DType DT>
 inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
   // Native vectors explicitly: GCC leaves the element loop scalar (exp_nonpos per element).
   const vec::vf vm = vec::splat(m), vt = vec::splat(inv_t), zero = vec::splat(0.0f);
-  constexpr int kU = 4;  // vectors per step: four exp chains interleaved
   int64_t j = lo;
-  for (; j + kU * vec::VL <= hi; j += kU * vec::VL) {
+  // U vectors from j, their exp chains interleaved (four per step, then one at a time).
+  const auto step = [&](auto U) __attribute__((always_inline)) {
+    constexpr int kU = decltype(U)::value;
     vec::vf v[kU], a[kU], e[kU];
     for (int u = 0; u < kU; ++u) {
       v[u] = vec::load<DT>(x + j + u * vec::VL);
@@ -288,12 +289,10 @@ inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, floa
     }
     exp_nonpos_n<kU>(a, e);
     for (int u = 0; u < kU; ++u) vec::storeu(w + j + u * vec::VL, v[u] == v[u] ? e[u] : zero);
-  }
-  for (; j + vec::VL <= hi; j += vec::VL) {
-    const vec::vf v = vec::load<DT>(x + j);
-    const vec::vf e = exp_nonpos<vec::vf>((v - vm) * vt);
-    vec::storeu(w + j, v == v ? e : zero);
-  }
+    j += kU * vec::VL;
+  };
+  while (j + 4 * vec::VL <= hi) step(std::integral_constant<int, 4>{});
+  while (j + vec::VL <= hi) step(std::integral_constant<int, 1>{});
   for (; j < hi; ++j) {
     const float v = vec::to_f32<DT>(x[j]);
     const float e = exp_nonpos((v - m) * inv_t);
