@@ -89,14 +89,20 @@ __attribute__((target("avx512bf16"))) void qk_dot_bf16(const uint16_t* const* q,
 #endif
 
 // Independent FMA chains the few-rows loops keep in flight: an FMA's latency times the two FMA
-// ports. With one or two rows, one chain per (row, key) or per (row, output vector) leaves most
+// ports. With one to three rows, one chain per (row, key) or per (row, output vector) leaves most
 // of that idle, so those loops take more keys (q.k) or more output vectors (p.v) per step; each
 // chain still sums in the same order, so every choice gives the same bits.
 constexpr int kChains = 8;
+// Keys per q.k step. On AVX2 and SSE three rows take three keys (nine chains; a fourth key would
+// spill their 16 registers), and the last step of each 8-key group repeats a key it does not
+// store. AVX-512 keeps steps that divide VL (two keys for three rows; not re-measured there).
 template <int RR>
-constexpr int qk_keys() { return std::min(VL, RR * 2 >= kChains ? 2 : kChains / RR); }  // keys per q.k step
+constexpr int qk_keys() {
+  constexpr int ks = RR * 2 >= kChains ? 2 : (kChains + RR - 1) / RR;
+  return VL >= 16 && VL % ks != 0 ? kChains / RR : std::min(VL, ks);
+}
 template <int RR>
-constexpr int pv_vectors() { return RR * kNR >= kChains ? kNR : kChains / RR; }  // vectors per p.v step
+constexpr int pv_vectors() { return RR * kNR >= kChains ? kNR : (kChains + RR - 1) / RR; }  // vectors per p.v step
 
 // Keeps v in a register: GCC otherwise folds a q load into each of the KS FMAs that use it as a
 // memory operand, and AVX2's two loads per cycle, not its FMAs, then bound the q.k loop.
@@ -114,7 +120,6 @@ template <DType T, int RR>
 LLMK_ALWAYS_INLINE void small_qk(const float* __restrict qs, int dp, int D, const E<T>* const* kr, int nk,
                                  int r0, float* S, const E<T>* const* kn, int nn) {
   constexpr int KS = qk_keys<RR>();
-  static_assert(VL % KS == 0, "a q.k step stays inside one reduction group");
   const int dfull = D / VL * VL;
   const int row_bytes = D * int(sizeof(E<T>));
   for (int jb = 0; jb < nk; jb += VL) {
@@ -172,6 +177,14 @@ LLMK_ALWAYS_INLINE void small_pv_block(const float* S, const E<T>* const* vr, in
     for (int v = 0; v < NV; ++v) storeu(O + r * dp + d0 + v * VL, acc[r][v]);
 }
 
+// One block of n < NV + 1 vectors (the last full vectors of a row).
+template <DType T, int RR, int N>
+LLMK_ALWAYS_INLINE void small_pv_rest(int n, const float* S, const E<T>* const* vr, int nk, float* O, int dp,
+                                      int d0, const float* alpha, const E<T>* const* vn, int nn, int row_bytes) {
+  if (n == N) return small_pv_block<T, RR, N>(S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
+  if constexpr (N > 1) small_pv_rest<T, RR, N - 1>(n, S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
+}
+
 template <DType T, int RR>
 LLMK_ALWAYS_INLINE void small_pv(const float* S, const E<T>* const* vr, int nk, float* O, int dp, int D,
                                  const float* alpha, const E<T>* const* vn, int nn) {
@@ -180,11 +193,11 @@ LLMK_ALWAYS_INLINE void small_pv(const float* S, const E<T>* const* vr, int nk, 
   const int row_bytes = D * int(sizeof(E<T>));
   int d0 = 0;
   for (; d0 + NV * VL <= dfull; d0 += NV * VL) small_pv_block<T, RR, NV>(S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
-  if constexpr (NV > 2) {  // the rest of the full vectors in halves
-    for (; d0 + NV / 2 * VL <= dfull; d0 += NV / 2 * VL)
-      small_pv_block<T, RR, NV / 2>(S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
+  if constexpr (NV > 1) {  // the rest of the full vectors in one block
+    const int rest = (dfull - d0) / VL;
+    if (rest > 0) small_pv_rest<T, RR, NV - 1>(rest, S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
+    d0 = dfull;
   }
-  for (; d0 < dfull; d0 += VL) small_pv_block<T, RR, 1>(S, vr, nk, O, dp, d0, alpha, vn, nn, row_bytes);
   if (d0 < D) {  // a partial last vector
     const int n = D - d0;
     vf acc[RR];

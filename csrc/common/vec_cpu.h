@@ -285,6 +285,19 @@ LLMK_ALWAYS_INLINE vf hsum_pair(vf a, vf b) {
 
 LLMK_ALWAYS_INLINE vf hsum_many(vf* v) {
   // Level by level: VL vectors of VL lanes -> ... -> 1 vector of VL keys.
+#if !defined(__AVX512F__) && defined(__AVX2__)
+  // AVX2: the same additions, with in-lane shuffles where the tree's lane order needs cross-lane
+  // ones (GCC emitted two permutes and a blend per shuffle), and one permute at the end.
+  __m256 s[4], t[2];
+  for (int k = 0; k < 4; ++k) {
+    const __m256 a = (__m256)v[2 * k], b = (__m256)v[2 * k + 1];
+    s[k] = _mm256_permute2f128_ps(a, b, 0x20) + _mm256_permute2f128_ps(a, b, 0x31);
+  }
+  for (int k = 0; k < 2; ++k)
+    t[k] = _mm256_shuffle_ps(s[2 * k], s[2 * k + 1], 0x44) + _mm256_shuffle_ps(s[2 * k], s[2 * k + 1], 0xEE);
+  const __m256 u = _mm256_shuffle_ps(t[0], t[1], 0x88) + _mm256_shuffle_ps(t[0], t[1], 0xDD);
+  return (vf)_mm256_permutevar8x32_ps(u, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+#else
   if constexpr (VL >= 16) {
     for (int k = 0; k < 8; ++k) v[k] = hsum_pair<16>(v[2 * k], v[2 * k + 1]);
   }
@@ -293,6 +306,7 @@ LLMK_ALWAYS_INLINE vf hsum_many(vf* v) {
   }
   for (int k = 0; k < 2; ++k) v[k] = hsum_pair<4>(v[2 * k], v[2 * k + 1]);
   return hsum_pair<2>(v[0], v[1]);
+#endif
 }
 
 #if defined(__AVX512F__)
