@@ -164,6 +164,12 @@ LLMK_ALWAYS_INLINE vi vseli(const vi& m, const vi& a, const vi& b) {
 }
 LLMK_ALWAYS_INLINE vf vsel(const vi& m, const vf& a, const vf& b) { return as_f(vseli(m, as_i(a), as_i(b))); }
 LLMK_ALWAYS_INLINE vf vmask(const vi& m, const vf& x) { return as_f(m & as_i(x)); }  // x where m, else +0
+// a where a < b, else b (one vminps per part): b keeps ties and NaN a.
+LLMK_ALWAYS_INLINE vf vmin_keep(const vf& a, const vf& b) {
+  vf r;
+  for (int k = 0; k < kNV; ++k) r.p[k] = a.p[k] < b.p[k] ? a.p[k] : b.p[k];
+  return r;
+}
 
 // Fixed-order lane reductions (the same tree on every build).
 inline float hsum(const vf& v) {
@@ -200,6 +206,7 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
     c[p] = vsplat_i(0);
     pv[p] = vsplat(piv[p]);
   }
+  const vf inf = vsplat(kInf);
   int64_t j = lo;
   for (; j + kL <= hi; j += kL) {
     const vf x = vload(w + j);
@@ -207,7 +214,9 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
       const vi g = x > pv[p];
       m[p] += vmask(g, x);
       c[p] -= g;
-      if constexpr (WantMin) mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
+      // min over {x > pivot}: the others enter as +inf, never below. The running minimum's chain
+      // is one vminps (a select of (g and x < min) was four dependent ops, half the pass's time).
+      if constexpr (WantMin) mi[p] = vmin_keep(vsel(g, x, inf), mi[p]);
     }
   }
   if (j < hi) {  // tail: pad with -inf (never above a pivot)
