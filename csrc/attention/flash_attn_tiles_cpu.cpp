@@ -93,13 +93,14 @@ __attribute__((target("avx512bf16"))) void qk_dot_bf16(const uint16_t* const* q,
 // of that idle, so those loops take more keys (q.k) or more output vectors (p.v) per step; each
 // chain still sums in the same order, so every choice gives the same bits.
 constexpr int kChains = 8;
-// Keys per q.k step. On AVX2 and SSE three rows take three keys (nine chains; a fourth key would
-// spill their 16 registers), and the last step of each 8-key group repeats a key it does not
-// store. AVX-512 keeps steps that divide VL (two keys for three rows; not re-measured there).
+// Keys per q.k step. On AVX2 three rows take three keys (nine chains; a fourth key would spill
+// its 16 registers), and the last step of each 8-key group repeats a key it does not store (one
+// FMA in nine wasted). Other widths keep steps that divide VL (two keys for three rows; AVX-512
+// not re-measured).
 template <int RR>
 constexpr int qk_keys() {
   constexpr int ks = RR * 2 >= kChains ? 2 : (kChains + RR - 1) / RR;
-  return VL >= 16 && VL % ks != 0 ? kChains / RR : std::min(VL, ks);
+  return std::min(VL, VL % ks == 0 || VL == 8 ? ks : kChains / RR);
 }
 template <int RR>
 constexpr int pv_vectors() { return RR * kNR >= kChains ? kNR : (kChains + RR - 1) / RR; }  // vectors per p.v step
@@ -120,6 +121,7 @@ template <DType T, int RR>
 LLMK_ALWAYS_INLINE void small_qk(const float* __restrict qs, int dp, int D, const E<T>* const* kr, int nk,
                                  int r0, float* S, const E<T>* const* kn, int nn) {
   constexpr int KS = qk_keys<RR>();
+  static_assert(KS <= VL, "a q.k step stays inside one reduction group");
   const int dfull = D / VL * VL;
   const int row_bytes = D * int(sizeof(E<T>));
   for (int jb = 0; jb < nk; jb += VL) {
