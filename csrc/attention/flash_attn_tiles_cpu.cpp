@@ -179,7 +179,7 @@ LLMK_ALWAYS_INLINE void small_pv_block(const float* S, const E<T>* const* vr, in
     for (int v = 0; v < NV; ++v) storeu(O + r * dp + d0 + v * VL, acc[r][v]);
 }
 
-// One block of n < NV + 1 vectors (the last full vectors of a row).
+// The last n full vectors of a row (1 <= n <= N) in one block of exactly n.
 template <DType T, int RR, int N>
 LLMK_ALWAYS_INLINE void small_pv_rest(int n, const float* S, const E<T>* const* vr, int nk, float* O, int dp,
                                       int d0, const float* alpha, const E<T>* const* vn, int nn, int row_bytes) {

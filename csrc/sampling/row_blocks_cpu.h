@@ -227,7 +227,7 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
       const vi g = x > pv[p];
       m[p] += vmask(g, x);
       c[p] -= g;
-      mi[p] = vsel(g & (x < mi[p]), x, mi[p]);
+      mi[p] = vmin_keep(vsel(g, x, inf), mi[p]);
     }
   }
   for (int p = 0; p < P; ++p) {
