@@ -194,7 +194,8 @@ inline float hmin(const vf& v) {
   return m;
 }
 
-// Per pivot: sum, count and minimum of the elements strictly above it, over w[lo, hi).
+// Per pivot: sum, count and (WantMin; else +inf) minimum of the elements strictly above it, over
+// w[lo, hi).
 template <int P, bool WantMin = true>
 inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv, float* mass,
                         int32_t* cnt, float* mn) {
@@ -207,9 +208,7 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
     pv[p] = vsplat(piv[p]);
   }
   const vf inf = vsplat(kInf);
-  int64_t j = lo;
-  for (; j + kL <= hi; j += kL) {
-    const vf x = vload(w + j);
+  const auto add = [&](const vf& x) __attribute__((always_inline)) {  // one group of kL values
     for (int p = 0; p < P; ++p) {
       const vi g = x > pv[p];
       m[p] += vmask(g, x);
@@ -218,17 +217,13 @@ inline void block_stats(const float* w, int64_t lo, int64_t hi, const float* piv
       // is one vminps (a select of (g and x < min) was four dependent ops, half the pass's time).
       if constexpr (WantMin) mi[p] = vmin_keep(vsel(g, x, inf), mi[p]);
     }
-  }
+  };
+  int64_t j = lo;
+  for (; j + kL <= hi; j += kL) add(vload(w + j));
   if (j < hi) {  // tail: pad with -inf (never above a pivot)
     float tmp[kL];
     for (int l = 0; l < kL; ++l) tmp[l] = j + l < hi ? w[j + l] : -kInf;
-    const vf x = vload(tmp);
-    for (int p = 0; p < P; ++p) {
-      const vi g = x > pv[p];
-      m[p] += vmask(g, x);
-      c[p] -= g;
-      mi[p] = vmin_keep(vsel(g, x, inf), mi[p]);
-    }
+    add(vload(tmp));
   }
   for (int p = 0; p < P; ++p) {
     mass[p] = hsum(m[p]);
