@@ -30,33 +30,6 @@ constexpr int kT = 64;  // keys per tile (4 reduction groups)
 
 #define LLMK_BF16_TARGET __attribute__((target("avx512bf16")))
 
-// Row pointers (kv head kvh) of keys j0 .. j0+n-1: one block-table read per cache block.
-template <DType T>
-void tile_rows(const AttnParams& p, int b, int kvh, int j0, int n, const E<T>** kr, const E<T>** vr) {
-  if (!p.block_table) {
-    for (int jj = 0; jj < n; ++jj) {
-      kr[jj] = kv_row<T>(p, false, b, j0 + jj, kvh);
-      vr[jj] = kv_row<T>(p, true, b, j0 + jj, kvh);
-    }
-    return;
-  }
-  const int32_t* bt = p.block_table + int64_t(b) * p.block_table_stride;
-  const E<T>* K = static_cast<const E<T>*>(p.k) + int64_t(kvh) * p.k_head_stride;
-  const E<T>* V = static_cast<const E<T>*>(p.v) + int64_t(kvh) * p.v_head_stride;
-  int blk = j0 / p.block_size, slot = j0 % p.block_size;
-  for (int jj = 0; jj < n;) {
-    const int64_t id = bt[blk];
-    const E<T>* kb = K + id * p.k_block_stride;
-    const E<T>* vb = V + id * p.v_block_stride;
-    for (; slot < p.block_size && jj < n; ++slot, ++jj) {
-      kr[jj] = kb + int64_t(slot) * p.k_row_stride;
-      vr[jj] = vb + int64_t(slot) * p.v_row_stride;
-    }
-    slot = 0;
-    ++blk;
-  }
-}
-
 // ---- bf16 pairs (AVX512_BF16) ------------------------------------------------------------------
 
 // S[r][0..nk) = scale * q_r . k_j for RR rows: one vector of partial sums per (row, key) (head_dim

@@ -213,10 +213,11 @@ LLMK_ALWAYS_INLINE void store_bf16(uint16_t* p, vf v) {
   store<DType::BF16>(p, v);
 }
 
-// Prefetch a row of `bytes` bytes into L1 (decode streams K/V rows one tile ahead).
+// Prefetch the cache lines holding bytes [p, p + bytes) (decode streams K/V rows a tile ahead);
+// p need not be line-aligned.
 LLMK_ALWAYS_INLINE void prefetch_row(const void* p, int bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 1);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), end = a + bytes;
+  for (uintptr_t l = a & ~uintptr_t(63); l < end; l += 64) __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 1);
 }
 
 // ---- transcendental functions ---------------------------------------------------------------
