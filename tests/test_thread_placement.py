@@ -52,8 +52,13 @@ workers = pool_tids()
 out = {"ref": ref, "workers": len(workers)}
 
 def pin_all(cs):
-    for t in [me] + workers:
-        os.sched_setaffinity(t, cs)
+    # With placement paused: a nudge in flight restores the mask it read before, undoing this one.
+    _C.pause_thread_placement(True)
+    try:
+        for t in [me] + workers:
+            os.sched_setaffinity(t, cs)
+    finally:
+        _C.pause_thread_placement(False)
 
 if os.environ["PHASE"] == "colocate":
     # Caller and worker on one CPU for a while, then both CPUs allowed again.
