@@ -217,7 +217,8 @@ LLMK_ALWAYS_INLINE void store_bf16(uint16_t* p, vf v) {
 // p need not be line-aligned.
 LLMK_ALWAYS_INLINE void prefetch_row(const void* p, int bytes) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p), end = a + bytes;
-  for (uintptr_t l = a & ~uintptr_t(63); l < end; l += 64) __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 1);
+  for (uintptr_t l = a & ~uintptr_t(63); l < end; l += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 1);
 }
 
 // ---- transcendental functions ---------------------------------------------------------------
