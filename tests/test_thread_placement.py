@@ -13,7 +13,7 @@ import torch
 
 # Parallel kernels of several families, saved after every phase; the phases move the threads.
 _SCRIPT = r"""
-import os, sys, threading, time, torch, llmkern
+import contextlib, os, sys, threading, time, torch, llmkern
 from llmkern import _C
 from llmkern.bench.bench_placement import pool_tids, _last_cpu
 
@@ -34,14 +34,19 @@ def kernels():
 def same(a, b):
     return all(torch.equal(a[k], b[k]) for k in a)
 
-def masks():
+@contextlib.contextmanager
+def placement_paused():
     # A worker late for the last job may be mid-nudge (its temporary one-CPU mask set, its own not
-    # yet back): read with placement paused, which waits for a nudge in progress to finish.
+    # yet back, and then restored over any mask set meanwhile): pausing waits for it to finish.
     _C.pause_thread_placement(True)
     try:
-        return [sorted(os.sched_getaffinity(t)) for t in [me] + workers]
+        yield
     finally:
         _C.pause_thread_placement(False)
+
+def masks():
+    with placement_paused():
+        return [sorted(os.sched_getaffinity(t)) for t in [me] + workers]
 
 llmkern.set_num_threads(2)
 ref = kernels()
@@ -52,13 +57,9 @@ workers = pool_tids()
 out = {"ref": ref, "workers": len(workers)}
 
 def pin_all(cs):
-    # With placement paused: a nudge in flight restores the mask it read before, undoing this one.
-    _C.pause_thread_placement(True)
-    try:
+    with placement_paused():
         for t in [me] + workers:
             os.sched_setaffinity(t, cs)
-    finally:
-        _C.pause_thread_placement(False)
 
 if os.environ["PHASE"] == "colocate":
     # Caller and worker on one CPU for a while, then both CPUs allowed again.
