@@ -38,10 +38,10 @@ namespace {
 // ---- decode kernel ----------------------------------------------------------------------------
 
 // Keys per small-rows tile. The passes over a tile prefetch all of the next, which must not be
-// evicted before it is read. Zen 2 (AVX2), 48 sequences x 2048 keys (9 / 3 heads x 64 fp32) from
-// memory, both threads: 64-key tiles read ~11 GB/s, 32 keys 12.4-12.6, 16 keys 12.7-13.2 but
-// 13% slower than 32 when the keys are in L3 (the per-tile work comes twice as often). AVX-512
-// keeps the 64 it was tuned with (not re-measured).
+// evicted before it is read. Zen 2 (AVX2), with the prefetch stream below, both threads from
+// memory: 64-key tiles read 14-20% slower than 32 (9 / 3 heads x 64 and 32 / 8 x 128 fp32);
+// 16 keys 5-10% faster there but 9% slower in cache and 7-15% slower at 7 / 1 x 80 (the per-tile
+// work comes twice as often). AVX-512 keeps the 64 it was tuned with (not re-measured).
 #if defined(__AVX512F__)
 constexpr int kSmallTile = 64;
 #else
