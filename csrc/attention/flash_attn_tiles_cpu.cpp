@@ -54,10 +54,11 @@ static_assert(kSmallTile % VL == 0 && kSmallTile <= kBK, "S rows hold kBK keys")
 // prefetch lets the memory queue run dry, and its time then adds to the reads' instead of
 // overlapping them: with the prefetches issued only from the q.k and p.v loops, a dummy loop added
 // to each pass cost its full time from memory too (docs/cpu.md).
+template <typename Elem>
 struct RowStream {
-  const char* const* k = nullptr;  // the next tile's rows of the task's first kv head
-  const char* const* v = nullptr;
-  int64_t kstride = 0, vstride = 0;  // bytes from one kv head to the next
+  const Elem* const* k = nullptr;  // the next tile's rows of the task's first kv head
+  const Elem* const* v = nullptr;
+  int64_t kstride = 0, vstride = 0;  // elements from one kv head to the next
   int nkeys = 0, nh = 1, bytes = 0;
   int key = 0, h = 0;
   bool on_v = false;
@@ -65,11 +66,12 @@ struct RowStream {
   int64_t credit = 0, lines = 0, units = 1;  // `lines` prefetches per `units` of work
 
   // Rows in address order of a paged block: K then V of (key, head), heads inner.
-  void start(const char* const* kr, const char* const* vr, int64_t ks, int64_t vs, int n, int heads,
-             int row_bytes, int64_t work) {
-    k = kr, v = vr, kstride = ks, vstride = vs, nkeys = n, nh = heads, bytes = row_bytes;
+  void start(const Elem* const* kr, const Elem* const* vr, int64_t ks, int64_t vs, int n, int heads,
+             int row_len, int64_t work) {
+    k = kr, v = vr, kstride = ks, vstride = vs, nkeys = n, nh = heads;
+    bytes = row_len * int(sizeof(Elem));
     key = h = 0, on_v = false, p = end = 0, credit = 0;
-    lines = int64_t(n) * heads * 2 * ((row_bytes + 63) / 64);
+    lines = int64_t(n) * heads * 2 * ((bytes + 63) / 64);
     units = std::max<int64_t>(work, 1);
   }
   // One line: a line at a time keeps the requests evenly spaced (a whole row at a time read ~10%
@@ -77,7 +79,7 @@ struct RowStream {
   LLMK_ALWAYS_INLINE void one() {
     if (p >= end) {
       if (key == nkeys) return;
-      const char* r = on_v ? v[key] + h * vstride : k[key] + h * kstride;
+      const Elem* r = on_v ? v[key] + h * vstride : k[key] + h * kstride;
       if (on_v && ++h == nh) h = 0, ++key;
       on_v = !on_v;
       p = reinterpret_cast<uintptr_t>(r) & ~uintptr_t(63);
@@ -104,8 +106,8 @@ template <int RR>
 __attribute__((target("avx512bf16"))) void qk_dot_bf16(const uint16_t* const* q,
                                                        const uint16_t* const* kr, int nk, int D,
                                                        float scale, float* S,
-                                                       RowStream& pfr) {
-  RowStream pf = pfr;  // in registers (see small_qk)
+                                                       RowStream<uint16_t>& pfr) {
+  RowStream<uint16_t> pf = pfr;  // in registers (see small_qk)
   const int nfull = D / 32 * 32, tail = D % 32;
   const __mmask32 tmask = tail ? static_cast<__mmask32>((1u << tail) - 1) : 0;
   const int work = RR * 2 * ((D + VL - 1) / VL);  // as small_qk counts it
@@ -210,10 +212,10 @@ LLMK_ALWAYS_INLINE void in_register(vf& v) {
 // time by the transposing tree.
 template <DType T, int RR>
 LLMK_ALWAYS_INLINE void small_qk(const float* __restrict qs, int dp, int D, const E<T>* const* kr, int nk,
-                                 int r0, float* S, RowStream& pfr) {
+                                 int r0, float* S, RowStream<E<T>>& pfr) {
   // A local copy keeps the stream in registers; through the reference its fields were stored and
   // reloaded at every line (4-5% of the kernel's time in cache).
-  RowStream pf = pfr;
+  RowStream<E<T>> pf = pfr;
   constexpr int KS = qk_keys<RR>();
   static_assert(KS <= VL, "a q.k step stays inside one reduction group");
   const int dfull = D / VL * VL;
@@ -256,8 +258,8 @@ LLMK_ALWAYS_INLINE void small_qk(const float* __restrict qs, int dp, int D, cons
 // shared by the RR rows.
 template <DType T, int RR, int NV>
 LLMK_ALWAYS_INLINE void small_pv_block(const float* S, const E<T>* const* vr, int nk, float* O, int dp, int d0,
-                                       const float* alpha, RowStream& pfr) {
-  RowStream pf = pfr;
+                                       const float* alpha, RowStream<E<T>>& pfr) {
+  RowStream<E<T>> pf = pfr;
   vf acc[RR][NV];
   for (int r = 0; r < RR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = loadu(O + r * dp + d0 + v * VL) * alpha[r];
@@ -278,14 +280,14 @@ LLMK_ALWAYS_INLINE void small_pv_block(const float* S, const E<T>* const* vr, in
 // The last n full vectors of a row (1 <= n <= N) in one block of exactly n.
 template <DType T, int RR, int N>
 LLMK_ALWAYS_INLINE void small_pv_rest(int n, const float* S, const E<T>* const* vr, int nk, float* O, int dp,
-                                      int d0, const float* alpha, RowStream& pf) {
+                                      int d0, const float* alpha, RowStream<E<T>>& pf) {
   if (n == N) return small_pv_block<T, RR, N>(S, vr, nk, O, dp, d0, alpha, pf);
   if constexpr (N > 1) small_pv_rest<T, RR, N - 1>(n, S, vr, nk, O, dp, d0, alpha, pf);
 }
 
 template <DType T, int RR>
 LLMK_ALWAYS_INLINE void small_pv(const float* S, const E<T>* const* vr, int nk, float* O, int dp, int D,
-                                 const float* alpha, RowStream& pf) {
+                                 const float* alpha, RowStream<E<T>>& pf) {
   constexpr int NV = pv_vectors<RR>();
   const int dfull = D / VL * VL;
   int d0 = 0;
@@ -314,7 +316,7 @@ LLMK_ALWAYS_INLINE void small_pv(const float* S, const E<T>* const* vr, int nk, 
 template <DType T, int RR>
 void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* kr,
                  const E<T>* const* vr, int j0, int nk, const Rows& R, int r0, float cap,
-                 bool alibi, float* S, float* O, float* m, float* l, RowStream& pf,
+                 bool alibi, float* S, float* O, float* m, float* l, RowStream<E<T>>& pf,
                  const E<T>* const* qsrc, float scale) {
   bool done = false;
 #if defined(__AVX512F__)
@@ -341,7 +343,7 @@ void small_chunk(const float* __restrict qs, int dp, int D, const E<T>* const* k
 template <DType T>
 void small_rows(const float* qs, int dp, int D, const E<T>* const* kh, const E<T>* const* vh,
                 int j0, int nk, const Rows& R, int hh, int Mh, const AttnParams& p, bool alibi,
-                float* S, float* O, float* m, float* l, RowStream& pf, const E<T>* const* qsrc) {
+                float* S, float* O, float* m, float* l, RowStream<E<T>>& pf, const E<T>* const* qsrc) {
   for (int c0 = 0; c0 < Mh; c0 += 4) {
     const int r0 = hh * Mh + c0;
     const E<T>* const* qr = qsrc ? qsrc + r0 : nullptr;
@@ -364,7 +366,7 @@ void small_quant_tiles(const AttnParams& p, const Task& t, Scratch& sc, const fl
   const float* kr[kBK];
   const float* vr[kBK];
   for (int jj = 0; jj < kBK; ++jj) kr[jj] = Kf + jj * dp, vr[jj] = Vf + jj * dp;
-  RowStream none;  // no lines: the rows are converted into the scratch first
+  RowStream<float> none;  // no lines: the rows are converted into the scratch first
   for (int j0 = R.klo; j0 < R.khi; j0 += kBK) {
     const int nk = std::min(kBK, R.khi - j0);
     for (int hh = 0; hh < t.nh; ++hh) {
@@ -406,17 +408,15 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   tile_rows<T>(p, t.b, t.kvh, R.klo, std::min(kSmallTile, R.khi - R.klo), rows[0][0], rows[0][1]);
   const E<T>* kh[kSmallTile];
   const E<T>* vh[kSmallTile];
-  const int64_t esz = sizeof(E<T>);
-  RowStream pf;
+  RowStream<E<T>> pf;
   for (int j0 = R.klo; j0 < R.khi; j0 += kSmallTile, cur ^= 1) {
     const int nk = std::min(kSmallTile, R.khi - j0);
     const int nn = std::max(0, std::min(kSmallTile, R.khi - j0 - kSmallTile));
     if (nn) tile_rows<T>(p, t.b, t.kvh, j0 + kSmallTile, nn, rows[cur ^ 1][0], rows[cur ^ 1][1]);
     // The next tile's nn x nh rows of K and V, in address order (a key's heads are adjacent in a
     // paged block), spread over all of this tile's work.
-    pf.start(reinterpret_cast<const char* const*>(rows[cur ^ 1][0]),
-             reinterpret_cast<const char* const*>(rows[cur ^ 1][1]), p.k_head_stride * esz,
-             p.v_head_stride * esz, nn, t.nh, int(D * esz), t.nh * group_work(Mh, nk, D));
+    pf.start(rows[cur ^ 1][0], rows[cur ^ 1][1], p.k_head_stride, p.v_head_stride, nn, t.nh, D,
+             t.nh * group_work(Mh, nk, D));
     for (int hh = 0; hh < t.nh; ++hh) {
       const int64_t ko = int64_t(hh) * p.k_head_stride, vo = int64_t(hh) * p.v_head_stride;
       for (int jj = 0; jj < nk; ++jj) kh[jj] = rows[cur][0][jj] + ko, vh[jj] = rows[cur][1][jj] + vo;
