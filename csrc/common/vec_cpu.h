@@ -53,8 +53,30 @@ LLMK_ALWAYS_INLINE vf splat(float x) {  // one broadcast (GCC turns `vf{} + x` i
 }
 LLMK_ALWAYS_INLINE vf loadu(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 LLMK_ALWAYS_INLINE void storeu(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
-LLMK_ALWAYS_INLINE vf vmax(vf a, vf b) { return a > b ? a : b; }
-LLMK_ALWAYS_INLINE vf vmin(vf a, vf b) { return a < b ? a : b; }
+// a > b ? a : b (and a < b ? a : b): the max/min instructions compute exactly that, NaN and signed
+// zeros included, but GCC lowers the generic select to compare + blend.
+LLMK_ALWAYS_INLINE vf vmax(vf a, vf b) {
+#if defined(__AVX512F__)
+  return _mm512_maskz_max_ps(0xffff, a, b);  // (the unmasked intrinsic trips GCC 12's -Wmaybe-uninitialized)
+#elif defined(__AVX2__)
+  return _mm256_max_ps(a, b);
+#elif defined(__SSE__)
+  return _mm_max_ps(a, b);
+#else
+  return a > b ? a : b;
+#endif
+}
+LLMK_ALWAYS_INLINE vf vmin(vf a, vf b) {
+#if defined(__AVX512F__)
+  return _mm512_maskz_min_ps(0xffff, a, b);
+#elif defined(__AVX2__)
+  return _mm256_min_ps(a, b);
+#elif defined(__SSE__)
+  return _mm_min_ps(a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
 
 // ---- scalar conversions --------------------------------------------------------------------
 

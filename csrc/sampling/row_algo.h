@@ -133,14 +133,19 @@ LLMK_HD float bracket_point(float a, float b, float f) {
   return (q - q == 0.0f && q >= a && q <= b) ? q : a;
 }
 
+// Temperature 0, or one so small that 1 / T overflows: the limit T -> 0, the one-hot at the argmax.
+LLMK_HD bool greedy_temperature(float temperature) {
+  return !(temperature > 0.0f) || !(1.0f / temperature < INFINITY);
+}
+
 // The logits' load decisions from the row maximum: nothing finite to sample from or a +inf logit
-// (degenerate), temperature 0 (greedy). Returns true when the row needs no weights.
+// (degenerate), a greedy temperature. Returns true when the row needs no weights.
 LLMK_HD bool logits_row_decided(float max_logit, float temperature, Loaded& L) {
   if (!(max_logit > -INFINITY) || max_logit == INFINITY) {
     L.degenerate = true;
     return true;
   }
-  if (!(temperature > 0.0f)) {
+  if (greedy_temperature(temperature)) {
     L.done = true;
     return true;
   }

@@ -277,31 +277,114 @@ inline void block_max_arg(const elem_t<DT>* x, int64_t lo, int64_t hi, float& mx
   arg = static_cast<int32_t>(a < 0 ? lo : a);
 }
 
-// w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi).
+// Maximum of x[lo, hi) converted to fp32, NaN ignored (-inf when nothing else): max(x, acc) keeps
+// acc when x is NaN. Four accumulators (the order does not matter to a maximum).
 template <DType DT>
-inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w) {
+inline float block_max(const elem_t<DT>* x, int64_t lo, int64_t hi) {
+  vec::vf acc[4];
+  for (auto& a : acc) a = vec::splat(-kInf);
+  int64_t j = lo;
+  for (; j + 4 * vec::VL <= hi; j += 4 * vec::VL)
+    for (int u = 0; u < 4; ++u) acc[u] = vec::vmax(vec::load<DT>(x + j + u * vec::VL), acc[u]);
+  float m = -kInf;
+  for (int u = 0; u < 4; ++u)
+    for (int l = 0; l < vec::VL; ++l) m = acc[u][l] > m ? acc[u][l] : m;
+  for (; j < hi; ++j) {
+    const float v = vec::to_f32<DT>(x[j]);
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+// The first index of x[lo, hi) whose value is m, among the positions a packed bitmask allows
+// when there is one (lo when there is none).
+template <DType DT>
+inline int64_t block_find(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, const int32_t* mask = nullptr) {
+  for (int64_t j = lo; j < hi; ++j)
+    if (vec::to_f32<DT>(x[j]) == m && (!mask || (static_cast<uint32_t>(mask[j >> 5]) >> (j & 31)) & 1u)) return j;
+  return lo;
+}
+
+// w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi). `ahead` (may be null): bytes the thread reads
+// next, prefetched line by line at the pace of the loop (the exponentials are compute-bound; without
+// this the next block's first read waited on memory with nothing else in flight).
+template <DType DT>
+inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w,
+                      uintptr_t ahead = 0) {
   // Native vectors explicitly: GCC leaves the element loop scalar (exp_nonpos per element).
-  const vec::vf vm = vec::splat(m), vt = vec::splat(inv_t), zero = vec::splat(0.0f);
+  const vec::vf vm = vec::splat(m), vt = vec::splat(inv_t * kLog2e);
   int64_t j = lo;
   // U vectors from j, their exp chains interleaved (four per step, then one at a time).
   const auto step = [&](auto U) __attribute__((always_inline)) {
     constexpr int kU = decltype(U)::value;
+    if constexpr (kU > 1) {
+      constexpr int kBytes = kU * vec::VL * static_cast<int>(sizeof(elem_t<DT>));
+      if (ahead) {
+        for (int o = 0; o < kBytes; o += 64)
+          __builtin_prefetch(reinterpret_cast<const void*>(ahead + (j - lo) * sizeof(elem_t<DT>) + o), 0, 1);
+      }
+    }
     vec::vf v[kU], a[kU], e[kU];
     for (int u = 0; u < kU; ++u) {
       v[u] = vec::load<DT>(x + j + u * vec::VL);
       a[u] = (v[u] - vm) * vt;
     }
-    exp_nonpos_n<kU>(a, e);
-    for (int u = 0; u < kU; ++u) vec::storeu(w + j + u * vec::VL, v[u] == v[u] ? e[u] : zero);
+    exp2_nonpos_n<kU>(a, e);
+    for (int u = 0; u < kU; ++u) vec::storeu(w + j + u * vec::VL, e[u]);  // NaN logits: a is NaN, e 0
     j += kU * vec::VL;
   };
   while (j + 4 * vec::VL <= hi) step(std::integral_constant<int, 4>{});
   while (j + vec::VL <= hi) step(std::integral_constant<int, 1>{});
   for (; j < hi; ++j) {
     const float v = vec::to_f32<DT>(x[j]);
-    const float e = exp_nonpos((v - m) * inv_t);
-    w[j] = v == v ? e : 0.0f;
+    float e;
+    const float a = (v - m) * (inv_t * kLog2e);
+    exp2_nonpos_n<1>(&a, &e);
+    w[j] = e;
   }
+}
+
+// Sum of w[lo, hi) in a fixed order (the same bits on every build): 16-lane groups into four
+// accumulators by group index mod 4 (independent add chains), then combined and reduced.
+inline float block_sum(const float* w, int64_t lo, int64_t hi) {
+  vf acc[4];
+  for (auto& a : acc) a = vsplat(0.0f);
+  int64_t j = lo;
+  for (; j + 4 * kL <= hi; j += 4 * kL)
+    for (int g = 0; g < 4; ++g) acc[g] += vload(w + j + g * kL);
+  for (int g = 0; j < hi; j += kL, ++g) {
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = j + l < hi ? w[j + l] : 0.0f;
+    acc[g] += vload(tmp);
+  }
+  return hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+// out[lo, hi) = e[lo, hi) * c (out may be e).
+inline void block_scale(const float* e, int64_t lo, int64_t hi, float c, float* out) {
+  const vec::vf vc = vec::splat(c);
+  int64_t j = lo;
+  for (; j + vec::VL <= hi; j += vec::VL) vec::storeu(out + j, vec::loadu(e + j) * vc);
+  for (; j < hi; ++j) out[j] = e[j] * c;
+}
+
+// block_scale, returning the sum of the products in block_stats' order (one 16-lane accumulator):
+// for weights >= +0 that is block_stats' mass above 0, bit for bit, at a fraction of its work.
+inline float block_scale_mass(const float* e, int64_t lo, int64_t hi, float c, float* out) {
+  const vf vc = vsplat(c);
+  vf acc = vsplat(0.0f);
+  int64_t j = lo;
+  for (; j + kL <= hi; j += kL) {
+    const vf y = vload(e + j) * vc;
+    for (int k = 0; k < kNV; ++k) vec::storeu(out + j + k * vec::VL, y.p[k]);
+    acc += y;
+  }
+  if (j < hi) {
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = j + l < hi ? (out[j + l] = e[j + l] * c) : 0.0f;
+    acc += vload(tmp);
+  }
+  return hsum(acc);
 }
 
 template <DType DT>

@@ -61,58 +61,91 @@ Loaded load_probs(Row& r, const elem_t<DT>* x, int64_t V, float dom_lo = 0.0f, c
   return L;
 }
 
-// Logits: pass 1 finds the maximum, pass 2 writes e = exp((x - max) / T) into the scratch row,
-// pass 3 normalises it to the softmax w = e * (1 / sum e). The draws from logits are therefore the
-// draws from softmax_rows' output (the same floats), whatever pivots the algorithm places.
-// A masked row's pass 1 also writes its logits (-inf where disallowed) into the scratch row, which
-// pass 2 then exponentiates in place.
+// What a caller of load_logits needs besides the weights: the probability path's statistics (a
+// filtered draw), the block masses only (a plain draw: count and smallest weight stay 0 and inf),
+// or nothing (softmax).
+enum class Want { Stats, Mass, Weights };
+
+// Logits, two passes. Pass 1, per block while it is in L1: the block's maximum m_b, then
+// e = exp((x - m_b) / T) into the scratch row and the block's sum. Pass 2 scales each block to the
+// softmax, w = e * c_b with c_b = exp((m_b - m) / T) / S (m the row's maximum, S the sum of the
+// rescaled block sums), into `out` (default: the scratch row), with what `want` asks for. The row
+// is read from memory once (the maximum first over the whole row cost a second read, from L2, and
+// a third pass), and softmax_rows writes the same floats, so the draws from logits are the draws
+// from its output whatever pivots the algorithm places. A masked row's pass 1 first writes its
+// logits (-inf where disallowed) into the scratch row and continues there. Greedy rows need the
+// maximum and its first index only.
 template <DType DT>
-Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature, const int32_t* mask = nullptr) {
+Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature, const int32_t* mask = nullptr,
+                   Want want = Want::Stats, float* out = nullptr) {
   Shared& s = r.shared();
   const int64_t nb = (V + kBlock - 1) / kBlock;
+  const float inv_t = 1.0f / temperature;
+  const bool weights = !greedy_temperature(temperature);
+  float* w = s.w.data();
+  const int nt = r.team().nt;
   r.sync();
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    if (mask) {
-      block_masked<DT>(x, lo, hi, mask, -kInf, s.w.data());
-      block_max_arg<DType::F32>(s.w.data(), lo, hi, s.bmax[b], s.barg[b]);
-    } else {
-      block_max_arg<DT>(x, lo, hi, s.bmax[b], s.barg[b]);
+    // the block this thread reads next (past the row's end: the start of the next row, which is
+    // the thread's next row when rows are contiguous)
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(x) + static_cast<uintptr_t>((b + nt) * kBlock) * sizeof(*x);
+    float& mb = s.bmax[b];
+    if (mask) block_masked<DT>(x, lo, hi, mask, -kInf, w);
+    mb = mask ? block_max<DType::F32>(w, lo, hi) : block_max<DT>(x, lo, hi);
+    if (!weights) return;
+    if (!(mb > -kInf)) {  // nothing finite: weight 0 (and no -inf - -inf)
+      std::fill(w + lo, w + hi, 0.0f);
+      s.bmass[b] = 0.0f;
+      return;
     }
+    if (mask) block_exp<DType::F32>(w, lo, hi, mb, inv_t, w, ahead);
+    else block_exp<DT>(x, lo, hi, mb, inv_t, w, ahead);
+    s.bmass[b] = block_sum(w, lo, hi);
   });
   Loaded L;
   float m = -kInf;
+  int64_t mblock = -1;
   for (int64_t b = 0; b < nb; ++b)
     if (s.bmax[b] > m) {
       m = s.bmax[b];
-      L.argmax = s.barg[b];
+      mblock = b;
     }
+  if (mblock >= 0) {  // the first index of the maximum (NaN ignored), as the one-hot of greedy rows
+    const int64_t lo = mblock * kBlock, hi = std::min(V, lo + kBlock);
+    L.argmax = block_find<DT>(x, lo, hi, m, mask);  // (w holds exponentials by now)
+  }
   if (logits_row_decided(m, temperature, L)) return L;
-  const float inv_t = 1.0f / temperature;
-  float* w = s.w.data();
-  r.span = Span{w, nullptr, V};
+  const auto block_factor = [&](int64_t b) { return exp_nonpos((s.bmax[b] - m) * inv_t); };  // 0 for -inf
+  double sum = 0.0;
+  for (int64_t b = 0; b < nb; ++b) sum += static_cast<double>(s.bmass[b]) * static_cast<double>(block_factor(b));
+  if (degenerate_mass(sum)) {
+    L.degenerate = true;
+    return L;
+  }
+  const float inv_s = static_cast<float>(1.0 / sum);
+  if (!out) out = w;
+  r.span = Span{out, nullptr, V};
   r.sync();
   r.for_blocks(nb, [&](int64_t b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    if (mask) block_exp<DType::F32>(w, lo, hi, m, inv_t, w);
-    else block_exp<DT>(x, lo, hi, m, inv_t, w);
-    store_positive_stats(s, w, lo, hi, b);
+    const float c = block_factor(b) * inv_s;
+    if (want == Want::Stats) {
+      block_scale(w, lo, hi, c, out);
+      store_positive_stats(s, out, lo, hi, b);  // the probability path's load pass, on the same floats
+    } else if (want == Want::Mass) {
+      s.bmass[b] = block_scale_mass(w, lo, hi, c, out);
+      s.bcnt[b] = 0;
+      s.bmin[b] = kInf;
+    } else {
+      block_scale(w, lo, hi, c, out);
+    }
   });
   const int64_t arg = L.argmax;
   L = Loaded{};
-  combine_load(r, L);
-  L.argmax = arg;
-  if (L.degenerate) return L;
-  const float inv_s = static_cast<float>(1.0 / L.mass);
-  r.sync();
-  r.for_blocks(nb, [&](int64_t b) {
-    const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    for (int64_t j = lo; j < hi; ++j) w[j] *= inv_s;
-    store_positive_stats(s, w, lo, hi, b);  // the probability path's load pass, on the same floats
-  });
-  L = Loaded{};
-  combine_load(r, L);
-  L.max_w = inv_s;  // exp(0) * inv_s: the largest softmax weight, exactly
+  if (want != Want::Weights) combine_load(r, L);
+  // the largest softmax weight, exactly: exp(0) * (exp(0) * inv_s); no other weight is above it
+  L.max_w = inv_s;
   L.argmax = arg;
   return L;
 }
@@ -121,7 +154,7 @@ Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature, co
 // top-k set, no min-p, and a positive temperature for logits.
 bool small_k_eligible(const RowFilter& f, int64_t V, float temperature) {
   return f.k > 0 && f.k <= kSmallK && 4 * f.k <= V && !f.has_min_p() && (!f.has_p() || f.k_first) &&
-         temperature > 0.0f && std::isfinite(temperature);
+         !greedy_temperature(temperature) && std::isfinite(temperature);
 }
 
 template <typename T>
@@ -178,7 +211,10 @@ void sample_rows(const SampleArgs& a) {
         return;
       }
     }
-    Loaded L = a.is_logits ? load_logits<DT>(r, x, V, temp, mask) : load_probs<DT>(r, x, V, 0.0f, mask);
+    // a plain draw (no filter) reads the block masses only, on either path
+    const bool plain = !(f.k > 0) && !f.has_p() && !f.has_min_p();
+    Loaded L = a.is_logits ? load_logits<DT>(r, x, V, temp, mask, plain ? Want::Mass : Want::Stats)
+                           : load_probs<DT>(r, x, V, 0.0f, mask);
     const RowResult res = sample_loaded(r, L, f, rng);
     if (r.leader()) {
       write_index(a.out, i, res.token);
@@ -193,12 +229,12 @@ void softmax_rows(const SoftmaxArgs& a) {
     constexpr DType DT = decltype(tag)::value;
     float* out = row_ptr_mut<float>(a.out, i);
     const Loaded L = load_logits<DT>(r, row_ptr<elem_t<DT>>(a.x, i), V, static_cast<float>(param_f(a.temperature, i)),
-                                     mask_row(a.bitmask, i));
-    const float* w = r.span.w;
+                                     mask_row(a.bitmask, i), Want::Weights, out);
+    if (!L.degenerate && !L.done) return;  // pass 2 wrote the weights
     r.sync();
     r.for_blocks((V + kBlock - 1) / kBlock, [&](int64_t b) {
       for (int64_t j = b * kBlock, e = std::min(V, (b + 1) * kBlock); j < e; ++j)
-        out[j] = L.degenerate ? 0.0f : L.done ? (j == L.argmax ? 1.0f : 0.0f) : w[j];
+        out[j] = L.degenerate ? 0.0f : (j == L.argmax ? 1.0f : 0.0f);
     });
   });
 }

@@ -86,7 +86,8 @@ struct ProbsSrc {
 };
 
 // Weights of a row of logits: exp((x - max) * inv_t) * inv_s, NaN -> 0; flushed to 0 below e^-87
-// like the CPU kernels, so both backends see the same set of positive weights. inv_s = 1 / sum
+// (the CPU kernels flush below 2^-126 of each block's maximum, then rescale: the two backends' sets
+// of positive weights differ only in weights within rounding of e^-87 of the top one). inv_s = 1 / sum
 // normalises them to the softmax (softmax_rows writes exactly these values). Tokens a bitmask
 // disallows read as -inf logits, weight 0.
 template <typename T>
