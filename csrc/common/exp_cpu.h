@@ -12,13 +12,13 @@
 LLMK_NS_BEGIN
 
 // 2^x for x <= 0 (-inf and NaN -> 0; 0 below 2^-126): x = n + g with n = round(x) and
-// |g| <= 1/2, 2^g by a degree-5 polynomial fitted for relative error (~1.3 ulp in fp32, exactly 1
-// at 0), 2^n from the bits of the rounding sum (x + 1.5 * 2^23 holds n in its low mantissa bits,
-// so no float-to-int conversion). Branch free; one template for a float and for a vector of them
-// (vec::vf), so explicitly vectorised loops get the scalar loop's bits. N values at once, step by
-// step: the polynomial is a chain of dependent FMAs, and interleaving N chains lets the core
-// overlap them. Callers that scale their argument anyway fold log2(e) into that factor (one
-// multiply less per vector: the sampling exp pass is compute-bound).
+// |g| <= 1/2, 2^g by a degree-5 polynomial fitted for relative error (within 1.5 ulp in fp32,
+// exactly 1 at 0), 2^n from the bits of the rounding sum (x + 1.5 * 2^23 holds n in its low
+// mantissa bits: no float-to-int conversion). Branch free; one template for a float and for a
+// vector of them (vec::vf), so explicitly vectorised loops get the scalar loop's bits. N values at
+// once, step by step: the polynomial is a chain of dependent FMAs, and interleaving N chains lets
+// the core overlap them. Callers that scale their argument anyway fold log2(e) into that factor
+// (one multiply less per vector).
 template <int N, typename V>
 LLMK_ALWAYS_INLINE void exp2_nonpos_n(const V* x, V* out) {
   const V lo = V{} - 126.0f, magic = V{} + 12582912.0f;
@@ -57,7 +57,8 @@ LLMK_ALWAYS_INLINE void exp2_nonpos_n(const V* x, V* out) {
 
 constexpr float kLog2e = 1.44269504088896341f;
 
-// exp(x) for x <= 0 (-inf -> 0, 0 below e^-87.3): exp2_nonpos_n of x * log2(e).
+// exp(x) for x <= 0 (-inf and NaN -> 0, 0 below e^-87.3): exp2_nonpos_n of x * log2(e); the
+// rounding of the product adds up to |x| * 2^-24 to the relative error.
 template <int N, typename V>
 LLMK_ALWAYS_INLINE void exp_nonpos_n(const V* x, V* out) {
   V t[N];

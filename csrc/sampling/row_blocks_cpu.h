@@ -305,9 +305,9 @@ inline int64_t block_find(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, 
   return lo;
 }
 
-// w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi). `ahead` (may be null): bytes the thread reads
-// next, prefetched line by line at the pace of the loop (the exponentials are compute-bound; without
-// this the next block's first read waited on memory with nothing else in flight).
+// w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi). `ahead` (0: none): bytes the thread reads
+// next, prefetched line by line at the pace of the loop (without it the next block's first read
+// waited on memory with nothing else in flight: plain sampling from memory was 26-35% slower).
 template <DType DT>
 inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w,
                       uintptr_t ahead = 0) {
