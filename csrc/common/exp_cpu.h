@@ -84,4 +84,17 @@ LLMK_ALWAYS_INLINE V silu_fast(V g) {
   return g * ((g < zero ? e : one) / (one + e));
 }
 
+// out[i] = SiLU(gate[i]) * up[i] for i < n, elements of DT: whole vectors, then the tail element
+// by element (GCC left the element loop scalar). The same bits either way: silu_fast is one template
+// for both, and vec::store rounds as from_f32 (fp16 has no vector store yet: element by element).
+template <DType DT>
+LLMK_ALWAYS_INLINE void silu_mul_row(const vec::elem_t<DT>* gate, const vec::elem_t<DT>* up, vec::elem_t<DT>* out,
+                                     int64_t n) {
+  int64_t i = 0;
+  if constexpr (DT != DType::F16)
+    for (; i + vec::VL <= n; i += vec::VL)
+      vec::store<DT>(out + i, silu_fast(vec::load<DT>(gate + i)) * vec::load<DT>(up + i));
+  for (; i < n; ++i) out[i] = vec::from_f32<DT>(silu_fast(vec::to_f32<DT>(gate[i])) * vec::to_f32<DT>(up[i]));
+}
+
 LLMK_NS_END

@@ -87,14 +87,7 @@ void run_silu_and_mul(const TensorView& out, const TensorView& in) {
   parallel_for(rows, row_grain(2 * d), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* g = in.ptr<const T>() + r * in.stride(0);
-      T* o = out.ptr<T>() + r * out.stride(0);
-      int64_t i = 0;
-      // Native vectors explicitly (as the fused gate/up GEMM's epilogue): GCC left the element loop
-      // scalar. silu_fast is one template for both, and vec::store rounds as from_f32: the same bits.
-      if constexpr (DT != DType::F16)
-        for (; i + vec::VL <= d; i += vec::VL)
-          vec::store<DT>(o + i, silu_fast(vec::load<DT>(g + i)) * vec::load<DT>(g + d + i));
-      for (; i < d; ++i) o[i] = vec::from_f32<DT>(silu_fast(vec::to_f32<DT>(g[i])) * vec::to_f32<DT>(g[d + i]));
+      silu_mul_row<DT>(g, g + d, out.ptr<T>() + r * out.stride(0), d);
     }
   });
 }

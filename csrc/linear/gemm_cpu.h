@@ -414,15 +414,10 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
   auto silu_mul = [&](int64_t b, int64_t p, int, const float* c, int ldc) {
     float* o = out + blk.start(b) * ldo + p / 2 * PW;
     const int ncols = int(std::min<int64_t>(PW, N - p / 2 * PW));
-    const int nv = ncols / VL * VL;
-    for (int row = 0; row < blk.rows(b); ++row) {
-      const float* g = c + row * ldc;
-      float* orow = o + row * ldo;
-      // Whole vectors explicitly: GCC left this loop scalar on AVX2, a fifth of the fused GEMM's
-      // time at 48-512 rows. silu_fast is one template for both, so the bits are the same.
-      for (int j = 0; j < nv; j += VL) vec::storeu(orow + j, silu_fast(vec::loadu(g + j)) * vec::loadu(g + PW + j));
-      for (int j = nv; j < ncols; ++j) orow[j] = silu_fast(g[j]) * g[PW + j];
-    }
+    // (in whole vectors: the element loop GCC left scalar was a fifth of the fused GEMM's time at
+    // 48-512 rows on AVX2)
+    for (int row = 0; row < blk.rows(b); ++row)
+      silu_mul_row<DType::F32>(c + row * ldc, c + row * ldc + PW, o + row * ldo, ncols);
   };
   gemm_units(blk, 2 * num_panels(N), 2, gw, K, KC, grain, K * 4, pairs, pstride, rows, tiles, silu_mul);
 }

@@ -159,15 +159,8 @@ void run_moe(const TensorView& out, const TensorView& x, int64_t E, int64_t I, c
     }
     gemm(e, X.data(), M, G.data(), 0);
     parallel_for(M, std::max<int64_t>(1, 65536 / std::max<int64_t>(I, 1)), [&](int64_t r0, int64_t r1) {
-      // the dense MLP's SiLU (silu_fast: vectorised; libm's expf was a call per element)
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* g = G.data() + r * 2 * I;
-        float* a = A.data() + r * I;
-        int64_t i = 0;
-        for (; i + vec::VL <= I; i += vec::VL)
-          vec::storeu(a + i, silu_fast(vec::loadu(g + i)) * vec::loadu(g + I + i));
-        for (; i < I; ++i) a[i] = silu_fast(g[i]) * g[I + i];
-      }
+      // the dense MLP's SiLU (vectorised; libm's expf was a call per element)
+      for (int64_t r = r0; r < r1; ++r) silu_mul_row<DType::F32>(&G[r * 2 * I], &G[r * 2 * I + I], &A[r * I], I);
     });
     gemm(e, A.data(), M, Y.data(), 1);
     return static_cast<const float*>(Y.data());
