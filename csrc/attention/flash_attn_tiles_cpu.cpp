@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "attention/attn_vec_cpu.h"
 #include "attention/flash_attn_cpu.h"
@@ -184,17 +185,23 @@ int chunk_work(int nk, int D) {
   return steps * RR * KS * ncol + RR * softmax_work(nk) + nk * RR * ncol;
 }
 
+// f(std::integral_constant<int, RR>{}) for a chunk of RR = min(4, n) rows: the chunks the decode
+// kernel takes a kv head's group in.
+template <class F>
+LLMK_ALWAYS_INLINE void with_chunk_rows(int n, F&& f) {
+  switch (std::min(4, n)) {
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
+  }
+}
+
 // All Mh rows of one kv head's group, in the chunks small_rows takes.
 inline int64_t group_work(int Mh, int nk, int D) {
   int64_t w = 0;
-  for (int c0 = 0; c0 < Mh; c0 += 4) {
-    switch (std::min(4, Mh - c0)) {
-      case 4: w += chunk_work<4>(nk, D); break;
-      case 3: w += chunk_work<3>(nk, D); break;
-      case 2: w += chunk_work<2>(nk, D); break;
-      default: w += chunk_work<1>(nk, D); break;
-    }
-  }
+  for (int c0 = 0; c0 < Mh; c0 += 4)
+    with_chunk_rows(Mh - c0, [&](auto rr) { w += chunk_work<decltype(rr)::value>(nk, D); });
   return w;
 }
 
@@ -347,12 +354,10 @@ void small_rows(const float* qs, int dp, int D, const E<T>* const* kh, const E<T
   for (int c0 = 0; c0 < Mh; c0 += 4) {
     const int r0 = hh * Mh + c0;
     const E<T>* const* qr = qsrc ? qsrc + r0 : nullptr;
-    switch (std::min(4, Mh - c0)) {
-      case 4: small_chunk<T, 4>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, pf, qr, p.softmax_scale); break;
-      case 3: small_chunk<T, 3>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, pf, qr, p.softmax_scale); break;
-      case 2: small_chunk<T, 2>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, pf, qr, p.softmax_scale); break;
-      default: small_chunk<T, 1>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, pf, qr, p.softmax_scale); break;
-    }
+    with_chunk_rows(Mh - c0, [&](auto rr) {
+      small_chunk<T, decltype(rr)::value>(qs, dp, D, kh, vh, j0, nk, R, r0, p.softcap, alibi, S, O, m, l, pf, qr,
+                                          p.softmax_scale);
+    });
   }
 }
 

@@ -301,7 +301,7 @@ inline float block_max(const elem_t<DT>* x, int64_t lo, int64_t hi) {
 template <DType DT>
 inline int64_t block_find(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, const int32_t* mask = nullptr) {
   for (int64_t j = lo; j < hi; ++j)
-    if (vec::to_f32<DT>(x[j]) == m && (!mask || (static_cast<uint32_t>(mask[j >> 5]) >> (j & 31)) & 1u)) return j;
+    if (vec::to_f32<DT>(x[j]) == m && (!mask || token_allowed(mask, j))) return j;
   return lo;
 }
 
@@ -319,10 +319,7 @@ inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, floa
     constexpr int kU = decltype(U)::value;
     if constexpr (kU > 1) {
       constexpr int kBytes = kU * vec::VL * static_cast<int>(sizeof(elem_t<DT>));
-      if (ahead) {
-        for (int o = 0; o < kBytes; o += 64)
-          __builtin_prefetch(reinterpret_cast<const void*>(ahead + (j - lo) * sizeof(elem_t<DT>) + o), 0, 1);
-      }
+      if (ahead) vec::prefetch_row(reinterpret_cast<const void*>(ahead + (j - lo) * sizeof(elem_t<DT>)), kBytes);
     }
     vec::vf v[kU], a[kU], e[kU];
     for (int u = 0; u < kU; ++u) {
