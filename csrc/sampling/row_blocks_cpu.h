@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "common/exp_cpu.h"
 #include "common/vec_cpu.h"
 #include "common/parallel.h"
@@ -53,9 +54,9 @@ struct Span {
 
 // Buffers shared by the threads of a team (one set per concurrently processed row).
 struct Shared {
-  std::vector<float> w;                     // weights of the current row
-  std::vector<float> cw[2];                 // compacted weights (ping-pong)
-  std::vector<int32_t> ci[2];               // their vocabulary ids
+  aligned_vector<float> w;                  // weights of the current row
+  aligned_vector<float> cw[2];              // compacted weights (ping-pong)
+  aligned_vector<int32_t> ci[2];            // their vocabulary ids
   std::vector<float> bmass, bmin, bmax;     // per-pivot per-block partials [kMaxPiv][nblocks]
   std::vector<int32_t> bcnt, barg;
   int64_t fast_token = -1;                  // the leader's one-pass top-k result (-1: none)
