@@ -253,12 +253,12 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
     pack_x_pairs_block(x + blk.start(b) * ldx, ldx, blk.rows(b), K, xs, xpack + b * MR * KH);
   };
   const RowPacker<decltype(pack)> rows(blk, M * K, pack);
-  // As gemm_packed: up to 4 rows the GEMM is bound by reading W, one panel per tile keeps each
-  // thread's reads one sequential stream; but the widened tiles of one or two rows take two panels
-  // (kWidenPairRows: one panel's FMA chains cannot keep up with memory). Every output sums its k pairs
-  // in the same order either way.
+  // As gemm_packed: up to kStreamRows rows the GEMM is bound by reading W, one panel per tile keeps
+  // each thread's reads one sequential stream; but the widened tiles of one or two rows take two
+  // panels (kWidenPairRows: one panel's FMA chains cannot keep up with memory). Every output sums its
+  // k pairs in the same order either way.
   const bool dot = bf16_dot(), cvt = ::llmk::cpu_bf16_cvt();
-  const int gw = M <= 4 ? (!dot && M <= kWidenPairRows ? 2 : 1) : NP;
+  const int gw = M <= kStreamRows ? (!dot && M <= kWidenPairRows ? 2 : 1) : NP;
   const int unit = gated ? 2 : gw;
   const int64_t npanels = (gated ? 2 : 1) * num_panels(N), pstride = KH * PW;
   const int64_t kh1 = std::max<int64_t>(KH, 1);  // K = 0 (an empty sum) still writes the epilogue
@@ -272,7 +272,9 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
     store_rows_bf16_at(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out, out32, blk.start(b), ldo);
   };
-  gemm_units(blk, npanels, unit, gw, KH, KC2, grain, KH * 4, w, pstride, rows, tiles, store);
+  // the next unit's prefetch: not for one-panel tiles of AVX512_BF16 decode rows (one stream); on AVX2
+  // the widening tiles of up to 4 rows read ~15% slower without it
+  gemm_units(blk, npanels, unit, gw, gw >= NP, KH, KC2, grain, KH * 4, w, pstride, rows, tiles, store);
 }
 
 }  // namespace gemm

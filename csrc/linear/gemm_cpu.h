@@ -47,6 +47,12 @@ constexpr int64_t KC = 2048;   // k chunk: a group of NP panels (KC x 128 B) sta
 // by a super-block ran at ~165 GFLOP/s per core on the Xeon, ~176 with it (distances 8-24 alike).
 constexpr int kWPrefetchSteps = 16, kWPrefetchRows = 3;
 constexpr int64_t kXBlockBytes = 512 << 10;  // x per row super-block: half of the smaller L2s (Zen 4: 1 MB)
+// Up to this many rows a GEMM is bound by reading W, and each thread reads fp32 W fastest as one
+// sequential stream: one panel group after the other, without the next group's prefetch (that
+// second stream, 36 KB ahead at K = 576, cost a Zen 2 core ~20% of its fp32 GEMV rate). The test
+// was `gw != NP` once, which is false on AVX2 (NP = 1): decode GEMVs there prefetched all along.
+// The bf16 tiles widen W in registers, do more per line, and keep the prefetch.
+constexpr int64_t kStreamRows = 4;
 
 // Units of `unit_bytes` of x (>= 1) per row super-block.
 inline int64_t units_per_x_block(int64_t unit_bytes) {
@@ -195,6 +201,7 @@ struct RowBlocks {
   explicit RowBlocks(int64_t M) : n((M + MR - 1) / MR), base(M / n), extra(M % n) {}
   int64_t start(int64_t b) const { return b * base + std::min(b, extra); }
   int rows(int64_t b) const { return int(base + (b < extra)); }
+  int64_t total() const { return base * n + extra; }  // M
   // Row blocks per super-block, for x rows of row_bytes each.
   int64_t super_blocks(int64_t row_bytes) const { return units_per_x_block(MR * row_bytes); }
 };
@@ -279,10 +286,11 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
   const int xs = blk.n == 1 ? int(M) : MR;
   const auto pack = kmajor_blocks(x, ldx, K, blk, xs, xpack);
   const RowPacker<decltype(pack)> rows(blk, M * K, pack);
-  // A group is the NP panels one tile spans. Up to 4 rows the GEMM is bound by reading W: one
-  // panel at a time keeps each thread's reads a single sequential stream (the GEMV measured
-  // interleaved weight-row streams ~30% below the read bandwidth).
-  const int gw = M <= 4 ? 1 : NP;
+  // A group is the NP panels one tile spans. Up to kStreamRows rows one panel at a time keeps each
+  // thread's reads a single sequential stream (the GEMV measured interleaved weight-row streams
+  // ~30% below the read bandwidth).
+  const bool stream = M <= kStreamRows;
+  const int gw = stream ? 1 : NP;
   const int64_t npanels = num_panels(N), ngroups = (npanels + gw - 1) / gw;
   const int64_t pstride = K * PW;
   const int64_t grain = task_grain(K * PW * gw * 4, 2 * M * K * PW * gw);
@@ -322,10 +330,11 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
               for (int i = 0; i < r; ++i) std::copy_n(out + (m0 + i) * ldo + n0, ncols, cbuf + i * ldc);
           }
           // The next group of this item streams in meanwhile (after its last, the first again
-          // for the next k chunk). Not up to 4 rows: one sequential stream reads faster. Only in
-          // the first super-block: the later ones find W in L3, where the hardware prefetcher
-          // keeps up and the extra requests only held the fill buffers (2048 rows: ~5% slower).
-          const float* next = gw != NP ? nullptr
+          // for the next k chunk). Not up to kStreamRows rows: one sequential stream reads faster.
+          // Only in the first super-block: the later ones find W in L3, where the hardware
+          // prefetcher keeps up and the extra requests only held the fill buffers (2048 rows:
+          // ~5% slower).
+          const float* next = stream ? nullptr
                               : g + 1 < g1 ? wg + gw * pstride
                               : k0 + kc < K ? packed + g0 * gw * pstride + (k0 + kc) * PW : nullptr;
           const NextPanels pf = next_panels(si == 0 ? next : nullptr, b - s0, s1 - s0, kc);
@@ -346,12 +355,13 @@ inline void gemm_packed(const float* x, int64_t ldx, int64_t M, int64_t K, const
 // every k chunk in a local fp32 tile c (row stride unit * PW) before epi(b, p, np, c, ldc) writes
 // the output. rows (a RowPacker) packs x's row blocks before an item reads them. tiles(r, b, p, np,
 // k0, kc, c, ldc, init, pf) computes row block b (r rows) against np <= gw panels from panel p over
-// k steps [k0, k0 + kc) into c, prefetching pf (NextPanels). W stays
+// k steps [k0, k0 + kc) into c, prefetching pf (NextPanels: the next unit's panels when
+// prefetch_next). W stays
 // in L1/L2 while the row blocks of a super-block (x_row_bytes per row: see gemm_packed) stream past
 // it. w: the packed panels, pstride 4-byte words apart (a k step of a panel is one 64-byte line).
 template <typename Rows, typename Tiles, typename Epi>
-LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int unit, int gw, int64_t ksteps,
-                                   int64_t kchunk, int64_t grain, int64_t x_row_bytes, const void* w,
+LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int unit, int gw, bool prefetch_next,
+                                   int64_t ksteps, int64_t kchunk, int64_t grain, int64_t x_row_bytes, const void* w,
                                    int64_t pstride, const Rows& rows, const Tiles& tiles, const Epi& epi) {
   const int64_t nunits = (npanels + unit - 1) / unit, sb = blk.super_blocks(x_row_bytes);
   const char* wb = static_cast<const char*>(w);
@@ -363,9 +373,10 @@ LLMK_ALWAYS_INLINE void gemm_units(const RowBlocks& blk, int64_t npanels, int un
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t p = u * unit;
       const int np = int(std::min<int64_t>(unit, npanels - p));
-      // As gemm_packed: the item's next unit streams in (first super-block), each of a unit's tiles
-      // prefetching the same panels of it (AVX2's gate/up pair is two one-panel tiles).
-      const bool pre = gw >= NP && u + 1 < u1 && si == 0;
+      // As gemm_packed: with prefetch_next, the item's next unit streams in (first super-block),
+      // each of a unit's tiles prefetching the same panels of it (AVX2's gate/up pair is two
+      // one-panel tiles).
+      const bool pre = prefetch_next && u + 1 < u1 && si == 0;
       const int next_np = pre ? int(std::min<int64_t>(unit, npanels - (u + 1) * unit)) : 0;
       for (int64_t b = s0; b < s1; ++b) {
         const int r = blk.rows(b);
@@ -400,7 +411,7 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
   const int xs = blk.n == 1 ? int(M) : MR;
   const auto pack = kmajor_blocks(x, ldx, K, blk, xs, xpack);
   const RowPacker<decltype(pack)> rows(blk, M * K, pack);
-  const int gw = M <= 4 ? 1 : NP;
+  const int gw = M <= kStreamRows ? 1 : NP;
   const int64_t pstride = K * PW;
   const int64_t grain = task_grain(2 * K * PW * 4, 4 * M * K * PW);
   auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t k0, int64_t kc, float* c, int ldc, bool init,
@@ -419,7 +430,8 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
     for (int row = 0; row < blk.rows(b); ++row)
       silu_mul_row<DType::F32>(c + row * ldc, c + row * ldc + PW, o + row * ldo, ncols);
   };
-  gemm_units(blk, 2 * num_panels(N), 2, gw, K, KC, grain, K * 4, pairs, pstride, rows, tiles, silu_mul);
+  gemm_units(blk, 2 * num_panels(N), 2, gw, M > kStreamRows, K, KC, grain, K * 4, pairs, pstride, rows, tiles,
+             silu_mul);
 }
 
 }  // namespace gemm
