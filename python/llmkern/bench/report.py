@@ -123,7 +123,7 @@ def machine_lines(res: dict) -> list:
         rows.append(["GPU", "none"])
     if lim:
         rows.append([f"Measured copy bandwidth ({lim.get('device')})", _gb(lim.get("copy_bandwidth_Bps")) + " (bytes read + written; best of torch copy_ and memcpy over 256 MiB)"])
-        rows.append([f"Measured read bandwidth ({lim.get('device')})", _gb(lim.get("read_bandwidth_Bps")) + " (torch sum over 256 MiB, best batch)"])
+        rows.append([f"Measured read bandwidth ({lim.get('device')})", _gb(lim.get("read_bandwidth_Bps")) + " (torch sum over 256 MiB on huge pages, best batch)"])
         mm = [f"{k.split('_')[1]} {v / 1e9:,.{0 if v >= 1e10 else 2}f} GFLOP/s"  # torch bf16 on AVX2: < 1
               for k, v in lim.items() if k.startswith("matmul_")]
         side = 8192 if str(lim.get("device", "cpu")).startswith("cuda") else 1024
