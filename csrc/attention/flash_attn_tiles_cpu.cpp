@@ -41,8 +41,9 @@ namespace {
 // Keys per small-rows tile. The passes over a tile prefetch all of the next, which must not be
 // evicted before it is read. Zen 2 (AVX2), with the prefetch stream below, both threads from
 // memory: 64-key tiles read 14-20% slower than 32 (9 / 3 heads x 64 and 32 / 8 x 128 fp32);
-// 16 keys 5-10% faster there but 9% slower in cache and 7-15% slower at 7 / 1 x 80 (the per-tile
-// work comes twice as often). AVX-512 keeps the 64 it was tuned with (not re-measured).
+// 16 keys as fast or faster at those two, but slower in cache, at 7 / 1 x 80, 32 / 8 x 64 and
+// 28 / 4 x 128 (the per-tile work comes twice as often; docs/cpu.md). AVX-512 keeps the 64 it was
+// tuned with (not re-measured).
 #if defined(__AVX512F__)
 constexpr int kSmallTile = 64;
 #else
@@ -272,8 +273,13 @@ LLMK_ALWAYS_INLINE void small_pv_block(const float* S, const E<T>* const* vr, in
     for (int v = 0; v < NV; ++v) acc[r][v] = loadu(O + r * dp + d0 + v * VL) * alpha[r];
   for (int j = 0; j < nk; ++j) {
     pf.spend(RR * NV);
+    // one pointer per key, its vectors at constant offsets: left to itself GCC indexed each load by
+    // d0 + v * VL, kept those NV offsets on the stack (the stream's fields hold the registers) and
+    // reloaded them for every key
+    const E<T>* vp = vr[j] + d0;
+    asm("" : "+r"(vp));
     vf x[NV];
-    for (int v = 0; v < NV; ++v) x[v] = load<T>(vr[j] + d0 + v * VL);
+    for (int v = 0; v < NV; ++v) x[v] = load<T>(vp + v * VL);
     for (int r = 0; r < RR; ++r) {
       const vf pb = splat(S[r * kBK + j]);
       for (int v = 0; v < NV; ++v) acc[r][v] += pb * x[v];
