@@ -272,8 +272,9 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
     store_rows_bf16_at(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out, out32, blk.start(b), ldo);
   };
-  // the next unit's prefetch: not for one-panel tiles of AVX512_BF16 decode rows (one stream); on AVX2
-  // the widening tiles of up to 4 rows read ~15% slower without it
+  // the next unit's prefetch: not for one-panel tiles of AVX512_BF16 decode rows (one stream); the
+  // widening tiles keep it (on AVX2 without it: the gate/up GEMV of one row ~7-10% slower, four rows
+  // of a plain one up to ~15%)
   gemm_units(blk, npanels, unit, gw, gw >= NP, KH, KC2, grain, KH * 4, w, pstride, rows, tiles, store);
 }
 

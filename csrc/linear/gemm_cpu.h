@@ -201,7 +201,6 @@ struct RowBlocks {
   explicit RowBlocks(int64_t M) : n((M + MR - 1) / MR), base(M / n), extra(M % n) {}
   int64_t start(int64_t b) const { return b * base + std::min(b, extra); }
   int rows(int64_t b) const { return int(base + (b < extra)); }
-  int64_t total() const { return base * n + extra; }  // M
   // Row blocks per super-block, for x rows of row_bytes each.
   int64_t super_blocks(int64_t row_bytes) const { return units_per_x_block(MR * row_bytes); }
 };
