@@ -49,9 +49,8 @@ constexpr int kWPrefetchSteps = 16, kWPrefetchRows = 3;
 constexpr int64_t kXBlockBytes = 512 << 10;  // x per row super-block: half of the smaller L2s (Zen 4: 1 MB)
 // Up to this many rows a GEMM is bound by reading W, and each thread reads fp32 W fastest as one
 // sequential stream: one panel group after the other, without the next group's prefetch (that
-// second stream, 36 KB ahead at K = 576, cost a Zen 2 core ~20% of its fp32 GEMV rate). The test
-// was `gw != NP` once, which is false on AVX2 (NP = 1): decode GEMVs there prefetched all along.
-// The bf16 tiles widen W in registers, do more per line, and keep the prefetch.
+// second stream, 36 KB ahead at K = 576, cost a Zen 2 core ~20% of its fp32 GEMV rate). The bf16
+// tiles widen W in registers, do more per line, and keep the prefetch.
 constexpr int64_t kStreamRows = 4;
 
 // Units of `unit_bytes` of x (>= 1) per row super-block.
@@ -410,7 +409,8 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
   const int xs = blk.n == 1 ? int(M) : MR;
   const auto pack = kmajor_blocks(x, ldx, K, blk, xs, xpack);
   const RowPacker<decltype(pack)> rows(blk, M * K, pack);
-  const int gw = M <= kStreamRows ? 1 : NP;
+  const bool stream = M <= kStreamRows;  // as gemm_packed
+  const int gw = stream ? 1 : NP;
   const int64_t pstride = K * PW;
   const int64_t grain = task_grain(2 * K * PW * 4, 4 * M * K * PW);
   auto tiles = [&](int r, int64_t b, int64_t p, int np, int64_t k0, int64_t kc, float* c, int ldc, bool init,
@@ -429,8 +429,7 @@ inline void gemm_packed_silu_mul(const float* x, int64_t ldx, int64_t M, int64_t
     for (int row = 0; row < blk.rows(b); ++row)
       silu_mul_row<DType::F32>(c + row * ldc, c + row * ldc + PW, o + row * ldo, ncols);
   };
-  gemm_units(blk, 2 * num_panels(N), 2, gw, M > kStreamRows, K, KC, grain, K * 4, pairs, pstride, rows, tiles,
-             silu_mul);
+  gemm_units(blk, 2 * num_panels(N), 2, gw, !stream, K, KC, grain, K * 4, pairs, pstride, rows, tiles, silu_mul);
 }
 
 }  // namespace gemm
