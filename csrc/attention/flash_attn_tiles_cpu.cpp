@@ -416,15 +416,15 @@ void small_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   const E<T>* rows[2][2][kSmallTile];
   const bool alibi = p.alibi_slopes != nullptr;
   int cur = 0;
-  tile_rows<T>(p, t.b, t.kvh, R.klo, std::min(kSmallTile, R.khi - R.klo), rows[0][0], rows[0][1]);
+  const int n0 = std::min(kSmallTile, R.khi - R.klo);  // keys of the first tile
+  tile_rows<T>(p, t.b, t.kvh, R.klo, n0, rows[0][0], rows[0][1]);
   const E<T>* kh[kSmallTile];
   const E<T>* vh[kSmallTile];
   RowStream<E<T>> pf;
   // The first tile has no tile before it to spread its prefetch over: all its rows are requested
   // at once, before its first pass (on Zen 4, fp32 paged decode from memory at 9 / 3 x 64 heads
   // took 5-26% less time, long contexts too).
-  pf.start(rows[0][0], rows[0][1], p.k_head_stride, p.v_head_stride,
-           std::min(kSmallTile, R.khi - R.klo), t.nh, D, 1);
+  pf.start(rows[0][0], rows[0][1], p.k_head_stride, p.v_head_stride, n0, t.nh, D, 1);
   pf.finish();
   for (int j0 = R.klo; j0 < R.khi; j0 += kSmallTile, cur ^= 1) {
     const int nk = std::min(kSmallTile, R.khi - j0);

@@ -188,11 +188,12 @@ void decode_impl(const AttnParams& p, const Task& t, Scratch& sc) {
   Row rows[2][2][kT];
   Row kh[kT], vh[kT], khn[kT], vhn[kT];
   int cur = 0;
-  tile_rows<BF>(p, t.b, t.kvh, R.klo, std::min(kT, R.khi - R.klo), rows[0][0], rows[0][1]);
+  const int n0 = std::min(kT, R.khi - R.klo);  // keys of the first tile
+  tile_rows<BF>(p, t.b, t.kvh, R.klo, n0, rows[0][0], rows[0][1]);
   // The passes that no earlier pass prefetches (the first tile's first kAhead heads) request
   // their rows at once, before the first pass.
   for (int hh = 0; hh < std::min(t.nh, kAhead); ++hh)
-    for (int jj = 0; jj < std::min(kT, R.khi - R.klo); ++jj) {
+    for (int jj = 0; jj < n0; ++jj) {
       prefetch_row(rows[0][0][jj] + hh * p.k_head_stride, D * 2);
       prefetch_row(rows[0][1][jj] + hh * p.v_head_stride, D * 2);
     }
