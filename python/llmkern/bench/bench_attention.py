@@ -32,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import llmkern  # noqa: E402
 from llmkern.bench.common import (Record, Rotation, compute_flops, print_records, read_bandwidth,  # noqa: E402
-                                  stream_buffers, timeit, timeit_pair, working_sets)
+                                  stream_read_rate, timeit, timeit_pair, working_sets)
 
 HEADS = {"smollm2 9/3x64": (9, 3, 64), "llama 32/8x128": (32, 8, 128)}
 
@@ -152,14 +152,7 @@ def _thread_time_pair(fn, peer_fn, min_time: float) -> tuple:
 
 def _read_bw_thread_time(nbytes: int = 256 << 20) -> float:
     """read_bandwidth's streaming sum, one thread, best of several in thread CPU time."""
-    (a,) = stream_buffers(nbytes // 4)
-    a.sum()
-    best = float("inf")
-    for _ in range(9):
-        t0 = time.thread_time()
-        a.sum()
-        best = min(best, time.thread_time() - t0)
-    return nbytes / best
+    return stream_read_rate(nbytes // 4, 9, 1, time.thread_time)
 
 
 def smollm2_decode_rows(device="cpu", quick=False, min_time=0.5) -> list:

@@ -25,19 +25,12 @@ import time
 SUITE = "e2e"
 
 
-def _bandwidth(threads: int, cpu_time: bool) -> float:
-    from llmkern.bench.common import stream_buffers
+def _bandwidth(cpu_time: bool) -> float:
+    """The decode benches' read bandwidth (on huge pages, as the weights are); cpu_time: in the
+    thread's CPU time (one-thread runs)."""
+    from llmkern.bench.common import stream_read_rate
 
-    (a,) = stream_buffers(64 << 20)  # on huge pages, as the weights are
-    clock = time.thread_time if cpu_time else time.perf_counter
-    best = float("inf")
-    a.sum()
-    for _ in range(7):
-        t = clock()
-        for _ in range(4):
-            a.sum()
-        best = min(best, (clock() - t) / 4)
-    return a.numel() * 4 / best
+    return stream_read_rate(64 << 20, 7, 4, time.thread_time if cpu_time else time.perf_counter)
 
 
 def _split(prof: cProfile.Profile, steps: int) -> list:
@@ -106,7 +99,7 @@ def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16")
         best = min(decode()[0] for _ in range(2 if quick else 3))
         prof = cProfile.Profile(clock)  # a separate run: the profiler's own cost stays out of `best`
         prof_tok, steps = decode(prof)
-        bw = _bandwidth(threads or llmkern.get_num_threads(), cpu_time)
+        bw = _bandwidth(cpu_time)
         bound = wbytes / bw
         split = _split(prof, steps)
         recs.append(Record("e2e/decode-b1 vs weight bandwidth", f"{dt} 128+{n_new}, {llmkern.get_num_threads()} thread(s)"

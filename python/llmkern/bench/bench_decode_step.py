@@ -61,7 +61,7 @@ def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16")
                 best[on] = min(best[on], t)
                 tokens[on] = toks
         model._decode_step = step
-        bw = _bandwidth(threads or llmkern.get_num_threads(), cpu_time)
+        bw = _bandwidth(cpu_time)
         bound = model.weight_bytes / bw
         load = os.getloadavg()
         same = tokens[True] is not None and tokens[True] == tokens[False]

@@ -232,6 +232,21 @@ def stream_buffers(n: int, device="cpu", count: int = 1) -> list:
     return bufs
 
 
+def stream_read_rate(n: int, rounds: int, sums: int = 1, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Bytes/s of a torch sum over n fp32 (a stream buffer, on huge pages), measured afresh at each
+    call: the best of `rounds` rounds of `sums` sums after one untimed, timed by `clock`
+    (time.thread_time: the calling thread's CPU time, for one-thread benches)."""
+    (a,) = stream_buffers(n)
+    a.sum()
+    best = float("inf")
+    for _ in range(rounds):
+        t = clock()
+        for _ in range(sums):
+            a.sum()
+        best = min(best, (clock() - t) / sums)
+    return n * 4 / best
+
+
 @_measured_once
 def copy_bandwidth(device="cpu", nbytes: int = 256 << 20) -> float:
     """Measured memory copy bandwidth in bytes/s (bytes read + bytes written): the better of
