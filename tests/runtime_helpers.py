@@ -50,11 +50,13 @@ def hf_greedy(model, prompts: List[List[int]], n: int) -> List[List[int]]:
     return outs
 
 
-def run_python(code: str, timeout: float = 120, **env: str) -> None:
-    """Runs `code` in a new interpreter with `env` added to the environment; fails on a non-zero exit."""
+def run_python(code: str, timeout: float = 120, **env: str) -> str:
+    """Runs `code` in a new interpreter with `env` added to the environment; fails on a non-zero exit.
+    Returns what it printed."""
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True,
                          text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def cpu_flags() -> list:

@@ -85,3 +85,29 @@ def test_greedy_limits(backend):
     bm[0, 0] &= ~(1 << 17)  # token 17 disallowed: the tie in the last blocks wins
     got = llmkern.softmax(x.to(dev), 0.0, token_bitmask=bm.to(dev)).cpu()
     assert got[0].argmax().item() == V - 5 and got[0].sum().item() == 1.0
+
+
+def test_avx512_and_avx2_levels_give_the_same_bits():
+    # The AVX-512 exponential (vrndscaleps / vscalefps) and the fused exp-and-sum loop against the
+    # AVX2 build's portable forms: softmax weights, plain and filtered draws, bf16 rows and a tail.
+    from runtime_helpers import run_python
+
+    if llmkern.build_info()["cpu_simd_supported"] not in ("avx512", "amx"):
+        pytest.skip("needs a CPU with the AVX-512 level")
+    code = (
+        "import hashlib, torch, llmkern\n"
+        "g = torch.Generator().manual_seed(0); h = hashlib.sha256()\n"
+        "for V in (3 * 2048 + 77, 2048, 130):\n"
+        "    x = torch.randn(5, V, generator=g) * 30\n"
+        "    x[1, ::7] = float('-inf'); x[2, 3] = float('nan'); x[3, :] = -126.0; x[3, 5] = 0.0\n"
+        "    for dt in (torch.float32, torch.bfloat16):\n"
+        "        for t in (0.8, 0.05):\n"
+        "            h.update(llmkern.softmax(x.to(dt), temperature=t).numpy().tobytes())\n"
+        "            h.update(llmkern.sampling_from_logits(x.to(dt), temperature=t, seed=7, offset=0).numpy().tobytes())\n"
+        "            h.update(llmkern.top_k_top_p_sampling_from_logits(x.to(dt), top_k=0, top_p=0.9, temperature=t,\n"
+        "                                                              seed=3, offset=0).numpy().tobytes())\n"
+        "print(llmkern.build_info()['cpu_simd'], h.hexdigest())\n"
+    )
+    got = {isa: run_python(code, LLMKERN_CPU_ISA=isa).split() for isa in ("avx2", "avx512")}
+    assert [got[isa][0] for isa in ("avx2", "avx512")] == ["avx2", "avx512"]
+    assert got["avx2"][1] == got["avx512"][1]

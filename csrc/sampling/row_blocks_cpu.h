@@ -287,9 +287,8 @@ inline float block_max(const elem_t<DT>* x, int64_t lo, int64_t hi) {
   int64_t j = lo;
   for (; j + 4 * vec::VL <= hi; j += 4 * vec::VL)
     for (int u = 0; u < 4; ++u) acc[u] = vec::vmax(vec::load<DT>(x + j + u * vec::VL), acc[u]);
-  float m = -kInf;
-  for (int u = 0; u < 4; ++u)
-    for (int l = 0; l < vec::VL; ++l) m = acc[u][l] > m ? acc[u][l] : m;
+  // one vector, then its lanes: no lane is NaN, and which of +0 and -0 wins changes no weight
+  float m = vec::hmax(vec::vmax(vec::vmax(acc[0], acc[1]), vec::vmax(acc[2], acc[3])));
   for (; j < hi; ++j) {
     const float v = vec::to_f32<DT>(x[j]);
     m = v > m ? v : m;
@@ -306,14 +305,38 @@ inline int64_t block_find(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, 
   return lo;
 }
 
-// w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi). `ahead` (0: none): bytes the thread reads
-// next, prefetched line by line at the pace of the loop (without it the next block's first read
-// waited on memory with nothing else in flight: plain sampling from memory was 26-35% slower).
+// Sum of w[lo, hi) in a fixed order (the same bits on every build): 16-lane groups into four
+// accumulators by group index mod 4 (independent add chains), then combined and reduced. With
+// `acc_in`: the sums of the groups before `from` (lo plus a multiple of four groups), taken as
+// they were computed.
+inline float block_sum(const float* w, int64_t lo, int64_t hi, const vf* acc_in = nullptr, int64_t from = 0) {
+  vf acc[4];
+  for (int g = 0; g < 4; ++g) acc[g] = acc_in ? acc_in[g] : vsplat(0.0f);
+  int64_t j = acc_in ? from : lo;
+  for (; j + 4 * kL <= hi; j += 4 * kL)
+    for (int g = 0; g < 4; ++g) acc[g] += vload(w + j + g * kL);
+  for (int g = 0; j < hi; j += kL, ++g) {
+    float tmp[kL];
+    for (int l = 0; l < kL; ++l) tmp[l] = j + l < hi ? w[j + l] : 0.0f;
+    acc[g] += vload(tmp);
+  }
+  return hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+// w = exp((x - m) * inv_t) (NaN -> 0) over [lo, hi), returning block_sum(w, lo, hi): its whole
+// groups of four are summed as they are computed (a second loop over the block cost ~10% of the
+// pass). `ahead` (0: none): bytes the thread reads next, prefetched line by line at the pace of the
+// loop (without it the next block's first read waited on memory with nothing else in flight: plain
+// sampling from memory was 26-35% slower).
 template <DType DT>
-inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w,
-                      uintptr_t ahead = 0) {
+inline float block_exp_sum(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, float inv_t, float* w,
+                           uintptr_t ahead = 0) {
   // Native vectors explicitly: GCC leaves the element loop scalar (exp_nonpos per element).
   const vec::vf vm = vec::splat(m), vt = vec::splat(inv_t * kLog2e);
+  vf acc[4];
+  for (auto& a : acc) a = vsplat(0.0f);
+  // where block_sum's groups of four end: a multiple of four native vectors on every build
+  const int64_t whole = lo + (hi - lo) / (4 * kL) * (4 * kL);
   int64_t j = lo;
   // U vectors from j, their exp chains interleaved (four per step, then one at a time).
   const auto step = [&](auto U) __attribute__((always_inline)) {
@@ -329,6 +352,12 @@ inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, floa
     }
     exp2_nonpos_n<kU>(a, e);
     for (int u = 0; u < kU; ++u) vec::storeu(w + j + u * vec::VL, e[u]);  // NaN logits: a is NaN, e 0
+    if constexpr (kU == 4) {
+      if (j < whole) {  // native vector q of the block is part q % kNV of group q / kNV
+        const int64_t q0 = (j - lo) / vec::VL;
+        for (int u = 0; u < kU; ++u) acc[(q0 + u) / kNV % 4].p[(q0 + u) % kNV] += e[u];
+      }
+    }
     j += kU * vec::VL;
   };
   while (j + 4 * vec::VL <= hi) step(std::integral_constant<int, 4>{});
@@ -340,22 +369,7 @@ inline void block_exp(const elem_t<DT>* x, int64_t lo, int64_t hi, float m, floa
     exp2_nonpos_n<1>(&a, &e);
     w[j] = e;
   }
-}
-
-// Sum of w[lo, hi) in a fixed order (the same bits on every build): 16-lane groups into four
-// accumulators by group index mod 4 (independent add chains), then combined and reduced.
-inline float block_sum(const float* w, int64_t lo, int64_t hi) {
-  vf acc[4];
-  for (auto& a : acc) a = vsplat(0.0f);
-  int64_t j = lo;
-  for (; j + 4 * kL <= hi; j += 4 * kL)
-    for (int g = 0; g < 4; ++g) acc[g] += vload(w + j + g * kL);
-  for (int g = 0; j < hi; j += kL, ++g) {
-    float tmp[kL];
-    for (int l = 0; l < kL; ++l) tmp[l] = j + l < hi ? w[j + l] : 0.0f;
-    acc[g] += vload(tmp);
-  }
-  return hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  return block_sum(w, lo, hi, acc, whole);
 }
 
 // out[lo, hi) = e[lo, hi) * c (out may be e).

@@ -99,9 +99,8 @@ Loaded load_logits(Row& r, const elem_t<DT>* x, int64_t V, float temperature, co
       s.bmass[b] = 0.0f;
       return;
     }
-    if (mask) block_exp<DType::F32>(w, lo, hi, mb, inv_t, w, ahead);
-    else block_exp<DT>(x, lo, hi, mb, inv_t, w, ahead);
-    s.bmass[b] = block_sum(w, lo, hi);
+    s.bmass[b] = mask ? block_exp_sum<DType::F32>(w, lo, hi, mb, inv_t, w, ahead)
+                      : block_exp_sum<DT>(x, lo, hi, mb, inv_t, w, ahead);
   });
   Loaded L;
   float m = -kInf;
