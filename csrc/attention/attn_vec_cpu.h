@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "attention/attention_math.h"
+#include "common/exp_cpu.h"
 #include "common/vec_cpu.h"
 
 LLMK_NS_BEGIN
@@ -60,7 +61,7 @@ LLMK_ALWAYS_INLINE float softmax_row_tile(float* srow, int nk, int j0, float lo,
   const vf base = splat(attn_exp_base(st.m));
   vf sum = splat(0.f);
   for (int jb = 0; jb < nkp; jb += VL) {
-    const vf e = vexp(loadu(srow + jb) - base);
+    const vf e = exp_nonpos(loadu(srow + jb) - base);  // <= 0: base is the running maximum
     storeu(srow + jb, e);
     sum += e;
   }

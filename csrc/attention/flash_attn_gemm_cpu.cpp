@@ -61,12 +61,12 @@ void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, fl
     const vf mo = loadu(m + o);
     const vf mn = vmax(mo, mt);
     const vf base = mn == splat(-INFINITY) ? splat(0.f) : mn;
-    const vf a = vexp(mo - base);
+    const vf a = exp_nonpos(mo - base);
     vf sum = splat(0.f);
     const bool rescale = plain && scaled;  // the other path stored its transformed scores
     for (int jj = 0; jj < nk; ++jj) {
       float* sp = S + jj * Mp + o;
-      const vf e = vexp((rescale ? scaled_score(loadu(sp), sc) : loadu(sp)) - base);
+      const vf e = exp_nonpos((rescale ? scaled_score(loadu(sp), sc) : loadu(sp)) - base);
       storeu(sp, e);
       sum += e;
     }
