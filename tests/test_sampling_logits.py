@@ -88,8 +88,9 @@ def test_greedy_limits(backend):
 
 
 def test_avx512_and_avx2_levels_give_the_same_bits():
-    # The AVX-512 exponential (vrndscaleps / vscalefps) and the fused exp-and-sum loop against the
-    # AVX2 build's portable forms: softmax weights, plain and filtered draws, bf16 rows and a tail.
+    # The AVX-512 exponential (vrndscaleps / vscalefps) against the AVX2 build's portable one, and
+    # the fused exp-and-sum loop at one and two native vectors per 16-lane group: softmax weights,
+    # plain and filtered draws, bf16 rows, a row's tail block.
     from runtime_helpers import run_python
 
     if llmkern.build_info()["cpu_simd_supported"] not in ("avx512", "amx"):
