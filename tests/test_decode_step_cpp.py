@@ -113,6 +113,49 @@ def test_cpp_step_bit_identical_to_python_loop(dtype, batch, variant):
     assert max(lens) > 2 * BS  # crossed block boundaries
 
 
+def test_profiled_step_times_its_phases_and_keeps_its_bits():
+    """set_profiling: the same results as an unprofiled step; steps and rows counted; every phase
+    timed, their sum within the calls' own wall time; off stops the totals, on again clears them."""
+    import time
+
+    from llmkern.ops.decoder import PHASES
+
+    model, cfg, _ = _model(torch.bfloat16)
+    plain, timed = model.decode_step(), _model(torch.bfloat16)[0].decode_step()
+    timed.impl.set_profiling(True)
+    c_plain, c_timed = _caches(cfg, torch.bfloat16), _caches(cfg, torch.bfloat16)
+    tables, lens, toks = _tables(3), [0] * 3, _tokens(3, 32)
+    wall, steps, rows_total = 0.0, 0, 0
+    for rows in _schedule(3):
+        meta = _meta([lens[b] for b in rows], [tables[b] for b in rows])
+        ids = torch.stack([toks[b, lens[b]] for b in rows])
+        outs = []
+        for step, caches in ((plain, c_plain), (timed, c_timed)):
+            residual = embed_tokens(ids, model.embed, model.lm_head)
+            hidden = torch.empty_like(residual)
+            t0 = time.perf_counter()
+            step(hidden, residual, meta, caches)
+            if step is timed:
+                wall += time.perf_counter() - t0
+            outs.append((hidden, residual))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+        steps, rows_total = steps + 1, rows_total + len(rows)
+        for b in rows:
+            lens[b] += 1
+    prof = timed.impl.profile()
+    assert (prof["steps"], prof["rows"]) == (steps, rows_total)
+    assert set(prof["seconds"]) == set(PHASES)
+    assert all(v > 0 for v in prof["seconds"].values()), prof
+    assert sum(prof["seconds"].values()) <= wall
+    timed.impl.set_profiling(False)
+    meta = _meta([lens[0]], [tables[0]])
+    residual = embed_tokens(toks[:1, lens[0]], model.embed, model.lm_head)
+    timed(torch.empty_like(residual), residual, meta, c_timed)
+    assert timed.impl.profile() == prof  # off: nothing added
+    timed.impl.set_profiling(True)
+    assert timed.impl.profile() == {"steps": 0, "rows": 0, "seconds": dict.fromkeys(PHASES, 0.0)}
+
+
 def _ref_forward(cfg, sd, tokens, dtype):
     """Plain torch, one whole sequence from position 0: the final-normed hidden states [n, hidden].
     Matmuls in `dtype` (the tolerance rule's same-dtype baseline) or fp32; norms and rotation in

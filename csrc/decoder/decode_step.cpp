@@ -1,6 +1,7 @@
 #include "decoder/decode_step.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -80,6 +81,25 @@ void run_projection(const Projection& p, const TensorView& x, const TensorView& 
 }
 
 size_t round_up(size_t n) { return (n + 63) / 64 * 64; }
+
+// Adds the time since the last lap to a phase's total; does nothing without totals (not profiling).
+class Laps {
+ public:
+  explicit Laps(double* totals) : totals_(totals) {
+    if (totals_) last_ = Clock::now();
+  }
+  void lap(StepPhase phase) {
+    if (!totals_) return;
+    const Clock::time_point now = Clock::now();
+    totals_[static_cast<int>(phase)] += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double* totals_;
+  Clock::time_point last_;
+};
 
 // An error from a kernel inside layer i, as the same Python exception with the layer named.
 template <typename Fn>
@@ -221,9 +241,36 @@ void DecodeStepCpu::step(TensorView hidden, TensorView residual, TensorView posi
              "kv_caches: not set for this model's layers (set_kv_caches)");
   if (rows == 0 || layers_.empty()) return;
   ensure_scratch(rows);
+  if (profiling_) ++prof_steps_, prof_rows_ += rows;
+  Laps laps(profiling_ ? phase_s_ : nullptr);
   in_layer(0, [&] { rms_norm(hidden, residual, layers_[0].input_norm.weight, layers_[0].input_norm.eps, 0); });
+  laps.lap(StepPhase::Norms);
   for (size_t i = 0; i < layers_.size(); ++i)
     in_layer(i, [&] { run_layer(i, hidden, residual, positions, block_table, rows); });
+}
+
+void DecodeStepCpu::set_profiling(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  profiling_ = on;
+  if (on) {
+    std::fill(std::begin(phase_s_), std::end(phase_s_), 0.0);
+    prof_steps_ = prof_rows_ = 0;
+  }
+}
+
+std::vector<double> DecodeStepCpu::phase_seconds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::vector<double>(std::begin(phase_s_), std::end(phase_s_));
+}
+
+int64_t DecodeStepCpu::profiled_steps() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return prof_steps_;
+}
+
+int64_t DecodeStepCpu::profiled_rows() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return prof_rows_;
 }
 
 namespace {
@@ -240,11 +287,14 @@ void DecodeStepCpu::run_layer(size_t i, const TensorView& hidden, const TensorVi
   const DecoderLayer& L = layers_[i];
   const DType dt = dtype_;
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  Laps laps(profiling_ ? phase_s_ : nullptr);
   if (i > 0) fused_add_rms_norm(hidden, residual, L.input_norm.weight, L.input_norm.eps, 0);
+  laps.lap(StepPhase::Norms);
 
   const int64_t qkv_w = (hq_ + 2 * hkv_) * d_;
   char* qkv = scratch_at(off_qkv_);
   run_projection(L.qkv, hidden, rows_of(qkv, dt, rows, qkv_w), TensorView{});
+  laps.lap(StepPhase::Qkv);
   // q / k / v: the heads of the fused rows as [rows, 1, heads, D] (attention.py: _as_batch).
   TensorView q = view_of(qkv, dt, {rows, 1, hq_, d_}, {qkv_w, qkv_w, d_, 1});
   TensorView k = view_of(qkv + hq_ * d_ * es, dt, {rows, 1, hkv_, d_}, {qkv_w, qkv_w, d_, 1});
@@ -271,12 +321,18 @@ void DecodeStepCpu::run_layer(size_t i, const TensorView& hidden, const TensorVi
                              std::nullopt, 0, out, std::nullopt, std::nullopt, q_rot, kv_cache_dtype_,
                              scale_at(scales_, 2 * i), scale_at(scales_, 2 * i + 1), 0);
 
+  laps.lap(StepPhase::Attention);  // q/k norms (Qwen3) count here too
+
   const TensorView o = rows_of(scratch_at(off_o_), dt, rows, hidden_);
   run_projection(L.o, rows_of(attn, dt, rows, hq_ * d_), o, TensorView{});
+  laps.lap(StepPhase::O);
   fused_add_rms_norm(o, residual, L.post_norm.weight, L.post_norm.eps, 0);
+  laps.lap(StepPhase::Norms);
   const TensorView act = rows_of(scratch_at(off_act_), dt, rows, L.gate_up.width());
   run_projection(L.gate_up, o, act, rows_of(scratch_at(off_gu_), dt, rows, L.gate_up.out_features));
+  laps.lap(StepPhase::GateUp);
   run_projection(L.down, act, hidden, TensorView{});
+  laps.lap(StepPhase::Down);
 }
 
 }  // namespace llmk

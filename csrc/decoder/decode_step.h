@@ -52,6 +52,10 @@ struct DecoderLayer {
   Projection qkv, o, gate_up, down;
 };
 
+// The phases of a layer whose time a profiled step adds up (set_profiling): the two RMSNorms, the
+// four projections, and the attention call (rotary, the KV append and the paged attention).
+enum class StepPhase : int { Norms = 0, Qkv, Attention, O, GateUp, Down, Count };
+
 class DecodeStepCpu {
  public:
   DecodeStepCpu(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
@@ -70,6 +74,14 @@ class DecodeStepCpu {
   void step(TensorView hidden, TensorView residual, TensorView positions, TensorView block_table);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // Profiling: with it on, every step adds each phase's wall time (all layers) to a total, and
+  // counts its steps and rows. set_profiling(true) clears the totals; phase_seconds() is indexed
+  // by StepPhase. Off (the default), a phase costs one predictable branch.
+  void set_profiling(bool on);
+  std::vector<double> phase_seconds();
+  int64_t profiled_steps();
+  int64_t profiled_rows();
 
  private:
   void run_layer(size_t i, const TensorView& hidden, const TensorView& residual, const TensorView& positions,
@@ -93,7 +105,10 @@ class DecodeStepCpu {
   int64_t scratch_rows_ = 0;
   size_t off_qkv_ = 0, off_attn_ = 0, off_qrot_ = 0, off_qn_ = 0, off_kn_ = 0, off_o_ = 0, off_gu_ = 0,
          off_act_ = 0;
-  std::mutex mutex_;  // one step at a time: the scratch is shared
+  bool profiling_ = false;
+  double phase_s_[static_cast<int>(StepPhase::Count)] = {};
+  int64_t prof_steps_ = 0, prof_rows_ = 0;
+  std::mutex mutex_;  // one step at a time: the scratch and the profile are shared
 };
 
 }  // namespace llmk

@@ -5,7 +5,9 @@ weight once, so its floor is weight bytes per token / read bandwidth (a sum over
 measured in the same run with the same thread count). Reported: tok/s, that bound, the fraction
 reached, and where a token's time goes: each llmkern kernel (the extension calls), torch ops, and
 the rest (Python: scheduler, sampler bookkeeping), from cProfile's per-function totals over the
-decode steps of a separate, profiled run (which the profiler's own cost slows down).
+decode steps of a separate, profiled run (which the profiler's own cost slows down); and, from
+one more run with the one-call step's own timers, where the step's time goes: the norms, each
+projection and the attention call.
 
 With `--threads 1` the times are the calling thread's CPU time, which other processes on a shared
 machine disturb far less than wall time (the bound is then the one-thread bandwidth, also in CPU
@@ -48,6 +50,22 @@ def _split(prof: cProfile.Profile, steps: int) -> list:
     rows.append(("torch ops", torch_ms))
     rows.append(("Python and the rest", total - sum(ext.values()) - torch_ms))
     return rows
+
+
+def _step_phases(model, decode) -> dict:
+    """{phase: ms per token} inside the one-call decode step over one more run, from the step's own
+    timers (ops/decoder.py: DecodeStepCpu.profile); {} where the model has no such step."""
+    step = model.decode_step()
+    if step is None:
+        return {}
+    step.impl.set_profiling(True)
+    try:
+        decode()
+        prof = step.impl.profile()
+    finally:
+        step.impl.set_profiling(False)
+    n = max(1, prof["steps"])
+    return {k: 1e3 * v / n for k, v in prof["seconds"].items()}
 
 
 def batch1_setup(name: str, device: str, threads: int, quick: bool, new_tokens: int):
@@ -99,6 +117,7 @@ def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16")
         best = min(decode()[0] for _ in range(2 if quick else 3))
         prof = cProfile.Profile(clock)  # a separate run: the profiler's own cost stays out of `best`
         prof_tok, steps = decode(prof)
+        phases = _step_phases(eng.model, decode)
         bw = _bandwidth(cpu_time)
         bound = wbytes / bw
         split = _split(prof, steps)
@@ -108,7 +127,8 @@ def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16")
                            extra={"weight_mb": round(wbytes / 1e6, 1), "read_gb_s": round(bw / 1e9, 1),
                                   "fraction_of_bound": round(bound / best, 3),
                                   "profiled_ms_per_token": round(1e3 * prof_tok, 3),
-                                  "ms_per_token_split": {k: round(v, 3) for k, v in split if v >= 0.005}}))
+                                  "ms_per_token_split": {k: round(v, 3) for k, v in split if v >= 0.005},
+                                  "step_phase_ms_per_token": {k: round(v, 3) for k, v in phases.items()}}))
         print(f"[decode-profile] {dt}: {1e3 * best:.2f} ms/token, bound {1e3 * bound:.2f} ms "
               f"({wbytes / 1e6:.0f} MB at {bw / 1e9:.1f} GB/s) = {bound / best:.2f} of the bound", file=sys.stderr)
         print(f"    per-op split of a profiled run ({1e3 * prof_tok:.2f} ms/token with the profiler's cost):",
@@ -116,6 +136,9 @@ def run(quick: bool = False, device: str = "cpu", dtypes=("float32", "bfloat16")
         for k, v in split:
             if v >= 0.005:
                 print(f"    {k:28s} {v:7.3f} ms/token", file=sys.stderr)
+        if phases:
+            print("    inside the one-call step (its own timers, another run): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()) + " ms/token", file=sys.stderr)
         del llm, eng
     return recs
 

@@ -25,6 +25,9 @@ SMALL_M = 2          # linear_small_m: the weight as it is [out, in] (+ bias), u
 QUANT = 3            # linear_quant: GGUF-quantised panels (pack_quant_weight) (+ bias)
 QUANT_SILU_MUL = 4   # linear_quant_silu_mul: quantised gate/up panel pairs (pack_quant_gate_up)
 
+# The phases a profiled step times, in csrc/decoder/decode_step.h's StepPhase order.
+PHASES = ("norms", "qkv", "attention", "o", "gate_up", "down")
+
 # (kind, weight, bias or None, in_features, out_features the kernel writes, silu_and_mul after it,
 #  the quantised kinds' layout)
 Projection = Tuple[int, torch.Tensor, Optional[torch.Tensor], int, int, bool, int]
@@ -83,6 +86,18 @@ class DecodeStepCpu:
              decode_block_table: torch.Tensor) -> None:
         self._impl.step(dl(hidden, "hidden"), dl(residual, "residual"), dl(decode_positions, "decode_positions"),
                         dl(decode_block_table, "decode_block_table"))
+
+    def set_profiling(self, on: bool) -> None:
+        """On: every step adds each phase's wall time (all layers) to a total, and counts its steps
+        and rows; switching it on clears the totals."""
+        self._impl.set_profiling(bool(on))
+
+    def profile(self) -> dict:
+        """{"steps", "rows", "seconds": {phase: total seconds}} since profiling was switched on.
+        Phases (PHASES): the RMSNorms, each projection, and the attention call (rotary, the KV
+        append and the paged attention, Qwen3's q/k norms)."""
+        return {"steps": self._impl.profiled_steps, "rows": self._impl.profiled_rows,
+                "seconds": dict(zip(PHASES, self._impl.phase_seconds()))}
 
     @property
     def num_layers(self) -> int:
