@@ -52,3 +52,27 @@ def test_is_busy_threshold():
     assert not machine_load.is_busy(None) and not machine_load.is_busy({"foreign_cpu": None})
     assert not machine_load.is_busy({"foreign_cpu": 0.1}) and machine_load.is_busy({"foreign_cpu": 0.3})
     assert not machine_load.is_busy({"foreign_cpu": 0.3}, max_foreign=0.5)
+
+
+def test_wait_idle_waits_out_a_descendant_that_burns_cpu():
+    """procs.wait_idle: returns once the whole tree (here a grandchild) stops using the CPU, not
+    before; at once for an idle tree. tree_cpu_ticks counts the grandchild's time."""
+    from llmkern.procs import tree_cpu_ticks, wait_idle
+
+    parent = ("import subprocess, sys, time\n"
+              f"subprocess.Popen([sys.executable, '-c', {BURN.format(s=1.2)!r}])\n"
+              "time.sleep(8)\n")
+    busy = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(8)"])
+    try:
+        time.sleep(0.3)  # the grandchild is spinning by now
+        t0, ticks0 = time.monotonic(), tree_cpu_ticks(busy.pid)
+        waited = wait_idle(busy.pid)
+        burnt = (tree_cpu_ticks(busy.pid) - ticks0) / os.sysconf("SC_CLK_TCK")
+        assert 0.5 < waited < 5 and time.monotonic() - t0 >= waited, waited
+        assert burnt > 0.4, burnt  # the grandchild's CPU time is the tree's
+        assert wait_idle(idle.pid) < 0.5
+    finally:
+        os.killpg(busy.pid, 9)
+        idle.kill()
+        busy.wait(10), idle.wait(10)

@@ -16,6 +16,65 @@ from typing import Iterable, List, Optional
 PR_SET_PDEATHSIG = 1
 
 
+def _proc_table():
+    """{pid: (ppid, utime+stime, cutime+cstime)} in clock ticks, of every process readable now."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                s = f.read()
+        except OSError:   # exited meanwhile
+            continue
+        rest = s[s.rfind(")") + 2:].split()   # fields after "(comm)": state is rest[0]
+        try:
+            table[int(name)] = (int(rest[1]), int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14]))
+        except (IndexError, ValueError):
+            continue
+    return table
+
+
+def tree_cpu_ticks(root: int) -> int:
+    """CPU time (clock ticks, os.sysconf("SC_CLK_TCK") a second) of root and its live descendants,
+    plus what root's reaped children used (the kernel adds a waited-for child's time to its
+    parent's cutime). Linux only: 0 where /proc is missing."""
+    try:
+        table = _proc_table()
+    except OSError:
+        return 0
+    kids = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    total, stack, seen = table.get(root, (0, 0, 0))[2], [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen or pid not in table:
+            continue
+        seen.add(pid)
+        total += table[pid][1]
+        stack += kids.get(pid, [])
+    return total
+
+
+def wait_idle(root: int, window_s: float = 0.2, busy_share: float = 0.1, timeout_s: float = 10.0) -> float:
+    """Waits until root's process tree used under busy_share of one CPU over a window_s window
+    (at most timeout_s); returns the seconds waited. For alternating benchmarks: vLLM's CPU engine
+    keeps polling a core for about a second after each request batch, which would otherwise land
+    on whatever runs next."""
+    if not os.path.isdir("/proc"):
+        return 0.0
+    hz, t0 = os.sysconf("SC_CLK_TCK"), time.monotonic()
+    before = tree_cpu_ticks(root)
+    while time.monotonic() - t0 < timeout_s:
+        time.sleep(window_s)
+        now = tree_cpu_ticks(root)
+        if (now - before) / hz < busy_share * window_s:
+            break
+        before = now
+    return time.monotonic() - t0
+
+
 def free_port() -> int:
     """A TCP port free on the loopback address now (the child binds it a moment later)."""
     with socket.socket() as s:

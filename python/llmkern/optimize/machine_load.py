@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Optional
+
+from ..procs import tree_cpu_ticks
 
 # Foreign CPU share above which a run is flagged as taken on a busy machine (a quarter of the
 # machine: on 2 cores, half a core of other work).
@@ -27,41 +29,6 @@ def _busy_jiffies() -> Optional[int]:
     return sum(xs[:8]) - xs[3] - xs[4]
 
 
-def _procs() -> Iterator[Tuple[int, int, int, int]]:
-    """(pid, ppid, utime+stime, cutime+cstime) of every process readable now."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                s = f.read()
-        except OSError:   # exited meanwhile
-            continue
-        rest = s[s.rfind(")") + 2:].split()   # fields after "(comm)": state is rest[0]
-        try:
-            yield int(name), int(rest[1]), int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14])
-        except (IndexError, ValueError):
-            continue
-
-
-def _own_jiffies(root: int) -> int:
-    """CPU time of root and its live descendants, plus what root's reaped children used (the
-    kernel adds a waited-for child's time to its parent's cutime)."""
-    table = {pid: (ppid, t, c) for pid, ppid, t, c in _procs()}
-    kids: Dict[int, list] = {}
-    for pid, (ppid, _, _) in table.items():
-        kids.setdefault(ppid, []).append(pid)
-    total, stack, seen = table.get(root, (0, 0, 0))[2], [root], set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen or pid not in table:
-            continue
-        seen.add(pid)
-        total += table[pid][1]
-        stack += kids.get(pid, [])
-    return total
-
-
 @dataclass
 class LoadMeter:
     """start() before the server starts, stop() after the run and before the server stops."""
@@ -75,7 +42,7 @@ class LoadMeter:
         self.root = self.root or os.getpid()
         self.load_before = _loadavg()
         self._busy0 = _busy_jiffies()
-        self._own0 = _own_jiffies(self.root) if self._busy0 is not None else 0
+        self._own0 = tree_cpu_ticks(self.root) if self._busy0 is not None else 0
         self._t0 = time.monotonic()
         return self
 
@@ -85,7 +52,7 @@ class LoadMeter:
         busy = _busy_jiffies()
         if self._busy0 is None or busy is None:
             return out
-        own = _own_jiffies(self.root)
+        own = tree_cpu_ticks(self.root)
         wall = time.monotonic() - self._t0
         hz = os.sysconf("SC_CLK_TCK")
         cpus = os.cpu_count() or 1

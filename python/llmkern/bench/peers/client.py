@@ -12,7 +12,7 @@ import tempfile
 import time
 from typing import Optional
 
-from ...procs import child_setup
+from ...procs import child_setup, wait_idle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -102,6 +102,11 @@ class PeerProcess:
         if len(ids) != len(prompts) or bad:
             raise PeerError(f"outputs do not have the requested lengths (requests {bad[:5]})")
         return float(r["seconds"]), ids
+
+    def wait_idle(self, timeout_s: float = 10.0) -> float:
+        """Waits until the driver and its children (vLLM's engine core) stop using the CPU, at most
+        timeout_s; the seconds waited (procs.wait_idle)."""
+        return wait_idle(self.proc.pid, timeout_s=timeout_s)
 
     def close(self) -> None:
         if self.proc.poll() is None and not self._stuck:
