@@ -1,6 +1,7 @@
 """Child processes of launchers, benchmarks and the optimiser: free loopback ports, children that
-die with their parent, health waits, and stopping with a grace period. One module, so every
-launcher reaps the same way."""
+die with their parent, health waits, stopping with a grace period, and the CPU time of a process
+tree (a benchmark waits for a peer to go idle; the optimiser tells its own load from others').
+One module, so every launcher reaps the same way."""
 from __future__ import annotations
 
 import ctypes
