@@ -34,9 +34,11 @@ void bind_decoder(pybind11::module_& m) {
       .def("set_kv_caches", &DecodeStepCpu::set_kv_caches)
       .def("step", &DecodeStepCpu::step, release_gil())
       .def("set_profiling", &DecodeStepCpu::set_profiling)
-      .def("phase_seconds", &DecodeStepCpu::phase_seconds)
-      .def_property_readonly("profiled_steps", &DecodeStepCpu::profiled_steps)
-      .def_property_readonly("profiled_rows", &DecodeStepCpu::profiled_rows)
+      .def("profile",  // (steps, rows, [seconds per StepPhase]), read under one lock
+           [](DecodeStepCpu& self) {
+             DecodeStepCpu::Profile p = self.profile();
+             return std::make_tuple(p.steps, p.rows, p.seconds);
+           })
       .def_property_readonly("num_layers", &DecodeStepCpu::num_layers);
 }
 }  // namespace llmk

@@ -258,19 +258,9 @@ void DecodeStepCpu::set_profiling(bool on) {
   }
 }
 
-std::vector<double> DecodeStepCpu::phase_seconds() {
+DecodeStepCpu::Profile DecodeStepCpu::profile() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::vector<double>(std::begin(phase_s_), std::end(phase_s_));
-}
-
-int64_t DecodeStepCpu::profiled_steps() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return prof_steps_;
-}
-
-int64_t DecodeStepCpu::profiled_rows() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return prof_rows_;
+  return Profile{prof_steps_, prof_rows_, std::vector<double>(std::begin(phase_s_), std::end(phase_s_))};
 }
 
 namespace {

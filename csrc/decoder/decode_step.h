@@ -76,12 +76,14 @@ class DecodeStepCpu {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
   // Profiling: with it on, every step adds each phase's wall time (all layers) to a total, and
-  // counts its steps and rows. set_profiling(true) clears the totals; phase_seconds() is indexed
-  // by StepPhase. Off (the default), a phase costs one predictable branch.
+  // counts its steps and rows. set_profiling(true) clears the totals; profile() reads them together
+  // (seconds indexed by StepPhase). Off (the default), a phase costs one predictable branch.
+  struct Profile {
+    int64_t steps = 0, rows = 0;
+    std::vector<double> seconds;
+  };
   void set_profiling(bool on);
-  std::vector<double> phase_seconds();
-  int64_t profiled_steps();
-  int64_t profiled_rows();
+  Profile profile();
 
  private:
   void run_layer(size_t i, const TensorView& hidden, const TensorView& residual, const TensorView& positions,

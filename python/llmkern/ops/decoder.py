@@ -96,8 +96,8 @@ class DecodeStepCpu:
         """{"steps", "rows", "seconds": {phase: total seconds}} since profiling was switched on.
         Phases (PHASES): the RMSNorms, each projection, and the attention call (rotary, the KV
         append and the paged attention, Qwen3's q/k norms)."""
-        return {"steps": self._impl.profiled_steps, "rows": self._impl.profiled_rows,
-                "seconds": dict(zip(PHASES, self._impl.phase_seconds()))}
+        steps, rows, seconds = self._impl.profile()
+        return {"steps": steps, "rows": rows, "seconds": dict(zip(PHASES, seconds))}
 
     @property
     def num_layers(self) -> int:
