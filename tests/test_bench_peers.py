@@ -114,7 +114,8 @@ def _next(ctx):
 
 class _Params(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint32) for n in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads",
-                                                "n_threads_batch")] + [("kv_unified", ctypes.c_bool)]
+                                                "n_threads_batch")] + [("flash_attn_type", ctypes.c_int32),
+                                                                       ("kv_unified", ctypes.c_bool)]
 
 
 class _Context:  # the low-level API's context: each sequence's tokens by position
@@ -164,10 +165,10 @@ def llama_free(ctx):
 
 
 class Llama:
-    def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_batch, seed, verbose):
+    def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_batch, flash_attn, seed, verbose):
         self.ctx = []
         self.model = object()
-        self.context_params = _Params(n_ctx, n_batch, n_batch, 1, n_threads, n_threads_batch, False)
+        self.context_params = _Params(n_ctx, n_batch, n_batch, 1, n_threads, n_threads_batch, int(flash_attn), False)
 
     def n_vocab(self):
         return VOCAB
@@ -247,11 +248,12 @@ def test_llamacpp_driver_feeds_back_each_token(fake_peers, tmp_path):
         return out
 
     with PeerProcess(sys.executable, "llamacpp_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
-        p.init(str(tmp_path), "float32", 2, gguf=str(tmp_path / "m.gguf"))
+        info = p.init(str(tmp_path), "float32", 2, gguf=str(tmp_path / "m.gguf"))
         _, ids = p.generate(PROMPTS, LENGTHS, timeout=60)  # several: llama.cpp's batched decoding
         _, one = p.generate(PROMPTS[:1], LENGTHS[:1], timeout=60)  # one: the high-level object
     assert ids == [greedy(pr, n) for pr, n in zip(PROMPTS, LENGTHS)]
     assert one == [greedy(PROMPTS[0], LENGTHS[0])]
+    assert "flash_attn=1" in info["config"]  # llama.cpp's faster setting on the CPU, by default
 
 
 def test_ct2_driver_rejects_a_dtype_it_lacks(fake_peers, tmp_path):

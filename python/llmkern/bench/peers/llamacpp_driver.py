@@ -6,7 +6,9 @@ norms, or the default model's file as stored (Q4_1). One prompt: the high-level 
 `batched` example): one context holding every sequence (n_seq_max, a KV stream each), the
 prompts prefilled in batches of n_batch tokens, then one batch per step with a token of every
 sequence. Greedy (argmax of the logits), EOS not consulted (each output runs to its requested
-length). Protocol: driver_io.py."""
+length). Flash attention on, its faster setting on the CPU (batch-1 and offline-32 measured 10-20%
+faster than off on a Zen 4; option flash_attn=0 turns it off); the KV cache in f16, its default.
+Protocol: driver_io.py."""
 from __future__ import annotations
 
 import sys
@@ -20,11 +22,12 @@ def init(msg):
     opts = dict(msg.get("options") or {})
     threads = int(msg.get("threads") or 1)
     n_batch = int(opts.get("n_batch", 512))
+    flash = bool(int(opts.get("flash_attn", 1)))  # its best setting: see the docstring
     llm = llama_cpp.Llama(model_path=opts["gguf"], n_ctx=int(opts.get("n_ctx", 1024)), n_threads=threads,
-                          n_threads_batch=threads, n_batch=n_batch, seed=0, verbose=False)
+                          n_threads_batch=threads, n_batch=n_batch, flash_attn=flash, seed=0, verbose=False)
     llm._bench = {"threads": threads, "n_batch": n_batch}
     return llm, {"peer": "llama.cpp", "version": llama_cpp.__version__,
-                 "config": f"n_threads={threads} n_batch={n_batch} {opts['gguf'].rsplit('/', 1)[-1]}"}
+                 "config": f"n_threads={threads} n_batch={n_batch} flash_attn={int(flash)} {opts['gguf'].rsplit('/', 1)[-1]}"}
 
 
 def _generate_batched(llm, prompts, max_tokens):
