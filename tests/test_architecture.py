@@ -38,7 +38,7 @@ LAYERS: List[Set[str]] = [
     {"layers"},
     {"compat"},
     {"ops"},
-    {"procs", "cpu_affinity", "_build", "_backend", "_args", "_errors", "_version_info", "_C", "_simt"},
+    {"procs", "machine_load", "cpu_affinity", "_build", "_backend", "_args", "_errors", "_version_info", "_C", "_simt"},
 ]
 BASE = LAYERS[-1]
 

@@ -1,5 +1,5 @@
 """The load recorded with each optimiser run: CPU time of processes outside the measured tree, as a
-share of the machine (optimize/machine_load.py), checked against processes whose CPU use is known."""
+share of the machine (machine_load.py), checked against processes whose CPU use is known."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from llmkern.optimize import machine_load
+from llmkern import machine_load
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
 
@@ -52,6 +52,19 @@ def test_is_busy_threshold():
     assert not machine_load.is_busy(None) and not machine_load.is_busy({"foreign_cpu": None})
     assert not machine_load.is_busy({"foreign_cpu": 0.1}) and machine_load.is_busy({"foreign_cpu": 0.3})
     assert not machine_load.is_busy({"foreign_cpu": 0.3}, max_foreign=0.5)
+
+
+def test_settle_waits_for_the_load_average_to_fall(monkeypatch):
+    """settle: polls until the 1-minute load is under the bound, and gives up at its timeout."""
+    loads = iter([2.0, 1.9, 1.6, 1.2, 0.5])
+    polls = []
+    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (polls.append(1) or next(loads), 0.0, 0.0))
+    machine_load.settle(1.5, timeout_s=30, poll_s=0.01)
+    assert len(polls) == 4  # 2.0, 1.9, 1.6 too high; 1.2 under the bound ends the wait
+    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    waited = machine_load.settle(1.5, timeout_s=0.3, poll_s=0.05)
+    assert 0.3 <= waited < 5
+    assert machine_load.settle(1e9) < 1  # a quiet enough machine: no wait
 
 
 def test_wait_idle_waits_out_a_descendant_that_burns_cpu():

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from llmkern.optimize import db as dbm
-from llmkern.optimize.machine_load import is_busy
+from llmkern.machine_load import is_busy
 from llmkern.optimize.grammar import Constraint, parse_constraints, parse_sweep
 from llmkern.optimize.report import best, pareto_front
 

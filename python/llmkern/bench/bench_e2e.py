@@ -68,13 +68,15 @@ def llama_cpp_decode(n_new: int = 128):
 
 
 def run(quick: bool = False, device: str = "cpu", num_requests=None, peers: bool = True,
-        peer_pythons=None, peer_options=None, peer_reps=None, peer_dtypes=None, peers_only: bool = False) -> list:
+        peer_pythons=None, peer_options=None, peer_reps=None, peer_dtypes=None, peers_only: bool = False,
+        peer_settle_load=None) -> list:
     """peer_*: see peer_e2e.run_peers; peers_only: only the rows of the peers in their own venvs."""
     recs = [] if peers_only else _in_process(quick, device, num_requests, peers)
     if peers or peers_only:
         from llmkern.bench.peer_e2e import run_peers
 
-        prs, skipped = run_peers(quick, device, num_requests, peer_pythons, peer_options, peer_reps, peer_dtypes)
+        prs, skipped = run_peers(quick, device, num_requests, peer_pythons, peer_options, peer_reps, peer_dtypes,
+                                 peer_settle_load)
         recs.extend(prs)
         if skipped and recs:  # the reasons travel with the report
             recs[0].extra.update({f"{name} skipped": "; ".join(why) for name, why in skipped.items()})
@@ -135,6 +137,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-reps", type=int, default=None, help="alternating llmkern/peer pairs per row (default 3)")
     ap.add_argument("--peer-dtypes", default=None, help="comma-separated subset of float32,bfloat16,gguf (gguf: llama.cpp on the file as stored)")
     ap.add_argument("--peers-only", action="store_true", help="only the rows of the peers in their own venvs")
+    ap.add_argument("--peer-settle-load", type=float, default=None, metavar="LOAD",
+                    help="start each peer row once the 1-minute load average is under LOAD (waits up to 3 min)")
     a = ap.parse_args(argv)
     pythons = {s.name: getattr(a, s.flag[2:].replace("-", "_")) for s in PEERS}
     try:
@@ -142,7 +146,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
     recs = run(a.quick, a.device, a.num_requests, not a.no_peers, pythons, options, a.peer_reps,
-               a.peer_dtypes.split(",") if a.peer_dtypes else None, a.peers_only)
+               a.peer_dtypes.split(",") if a.peer_dtypes else None, a.peers_only, a.peer_settle_load)
     print_records(recs)
     for r in recs:
         for k, v in r.extra.items():

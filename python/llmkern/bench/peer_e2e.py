@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from ..machine_load import LoadMeter, settle
 from .common import Record
 from .peers import PEERS, PeerSpec
 from .peers.agreement import token_agreement
@@ -66,12 +67,17 @@ def _workloads(quick: bool, num_requests: Optional[int]):
 
 
 def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _Llmkern, work, reps: int,
-             outputs: dict) -> Record:
+             outputs: dict, settle_load: Optional[float] = None) -> Record:
     """One row: reps alternating pairs. outputs: {(engine, dtype, workload): greedy ids} of the
-    rows so far, which bf16 rows read to say how far each engine's bf16 moves from its own fp32."""
+    rows so far, which bf16 rows read to say how far each engine's bf16 moves from its own fp32.
+    settle_load: the row starts once the 1-minute load average is under it (the previous row's
+    two engines leave it near the CPU count for a minute or so)."""
     name, metric, prompts, outs, axes = work
     peer.generate(prompts[:2], [4] * min(2, len(prompts)))  # warm-up (also the llmkern side's, in run())
     ours.run(dtype, prompts[:2], [4] * min(2, len(prompts)))
+    settled = settle(settle_load) if settle_load else 0.0
+    # other work's share of the machine over the row (the peer is a child: its CPU time is ours)
+    meter = LoadMeter().start()
     load0 = os.getloadavg()[0]
     t_ours, t_peer, ids_ours, ids_peer, settle = [], [], None, None, []
     for _ in range(reps):  # every run computes its prompts: no engine reads the last run's prefix cache
@@ -84,6 +90,7 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
         dt, ids_peer = peer.generate(prompts, outs, fresh=True)
         t_peer.append(dt)
     load1 = os.getloadavg()[0]
+    foreign = meter.stop()["foreign_cpu"]
     agree = token_agreement(ids_ours, ids_peer)
     outputs[(spec.name, dtype, name)] = ids_peer
     outputs[("llmkern", dtype, name)] = ids_ours
@@ -91,7 +98,8 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
     toks = sum(outs)
     short = _DTYPE_SHORT.get(dtype, dtype)
     _log(f"{name} {short}: llmkern {toks / med_ours:.1f} {metric}, {spec.name} {toks / med_peer:.1f} "
-         f"(x{med_peer / med_ours:.2f}), agreement prefix {agree['prefix']:.3f}, load {load0:.1f}-{load1:.1f}")
+         f"(x{med_peer / med_ours:.2f}), agreement prefix {agree['prefix']:.3f}, load {load0:.1f}-{load1:.1f}, "
+         f"other work {'?' if foreign is None else f'{foreign:.0%}'} of the machine")
     extra = {"dtype": short, "peer_version": info.get("version"), "peer_config": info.get("config"),
              "agreement_prefix": agree["prefix"], "agreement_positionwise": agree["positionwise"],
              "identical_sequences": f"{agree['identical']}/{agree['sequences']}",
@@ -99,7 +107,8 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
              "llmkern_s_runs": " ".join(f"{t:.2f}" for t in t_ours),
              "peer_s_runs": " ".join(f"{t:.2f}" for t in t_peer),
              "peer_idle_wait_s": " ".join(f"{t:.1f}" for t in settle),
-             "loadavg_1m": f"{load0:.2f} -> {load1:.2f}"}
+             "loadavg_1m": f"{load0:.2f} -> {load1:.2f}", "foreign_cpu": foreign,
+             "settle_wait_s": round(settled, 1) if settle_load else None}
     if dtype != "float32":  # how far each engine's own rounding moves its greedy tokens: the scale
         ref = outputs.get(("llmkern", "float32", name))  # against which to read the agreement above
         if ref is None:
@@ -116,10 +125,12 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
 
 def run_peers(quick: bool = False, device: str = "cpu", num_requests: Optional[int] = None,
               pythons: Optional[Dict[str, str]] = None, options: Optional[Dict[str, dict]] = None,
-              reps: Optional[int] = None, dtypes: Optional[List[str]] = None) -> tuple:
+              reps: Optional[int] = None, dtypes: Optional[List[str]] = None,
+              settle_load: Optional[float] = None) -> tuple:
     """(records, {peer: skip reasons}). pythons: {peer name: its python} (else its env var);
     options: {peer name: driver init options} over the defaults; reps: alternating pairs per row
-    (default 3, 1 with quick); dtypes: restrict to these."""
+    (default 3, 1 with quick); dtypes: restrict to these; settle_load: each row waits (up to 3
+    minutes) for the 1-minute load average to fall under it."""
     from ..cpu_affinity import allowed_cpus
     from .peers.model_dir import hf_model_dir
 
@@ -151,7 +162,7 @@ def run_peers(quick: bool = False, device: str = "cpu", num_requests: Optional[i
                     _log(f"{spec.name} {info.get('version')} {dtype} ready in {time.perf_counter() - t0:.0f} s "
                          f"({info.get('config')})")
                     for w in spec.workloads:
-                        records.append(_compare(spec, peer, info, dtype, ours, works[w], reps, outputs))
+                        records.append(_compare(spec, peer, info, dtype, ours, works[w], reps, outputs, settle_load))
             except (PeerError, OSError) as e:
                 why = f"{dtype}: {e}"
                 skipped.setdefault(spec.name, []).append(why)

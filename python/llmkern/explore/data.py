@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 from ..optimize import db as runs_db
 from ..optimize.grammar import parse_constraints, parse_value
-from ..optimize.machine_load import is_busy
+from ..machine_load import is_busy
 from ..optimize.report import best
 
 FAMILIES = {"ttft": "ttft", "itl": "itl", "e2e_latency": "e2e"}
@@ -181,7 +181,7 @@ def load(path: str, allow_empty: bool = False, only: Optional[Dict[str, str]] = 
                "sweep": r["sweep_id"], "constraints": ";".join(str(c) for c in cons or ()), "slo": meets,
                "best": r["id"] in best_ids, "requests": requests[r["id"]], "llmkern_version": r.get("llmkern_version"),
                "framework_version": r.get("framework_version") or "",
-               # other work on the machine during the run (optimize/machine_load.py): a filter facet
+               # other work on the machine during the run (machine_load.py): a filter facet
                "load": _load_label(load), "foreign_cpu": load.get("foreign_cpu"),
                "load_1m": load.get("load_1m_before"),
                "profile_estimates": {name: page_metrics(e) for name, e in (r.get("profile_estimates") or {}).items()}}

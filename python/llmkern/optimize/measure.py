@@ -14,7 +14,7 @@ from ..procs import ServerProcess, llmkern_serve_argv
 from ..engine.metrics import percentile
 from . import knobs as knobs_mod
 from .grammar import Constraint
-from .machine_load import LoadMeter
+from ..machine_load import LoadMeter
 
 SERVED_NAME = "llmkern-optimize"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 from .grammar import METRICS, STATS, Constraint
-from .machine_load import is_busy
+from ..machine_load import is_busy
 
 THROUGHPUT = "output_throughput"
 LATENCIES = [f"{m}_{s}" for m in METRICS for s in STATS]

@@ -14,10 +14,11 @@ import tempfile
 import time
 from typing import List, Optional
 
+from .. import machine_load
 from . import db as dbm
 from . import frameworks
 from . import knobs as knobs_mod
-from . import engine_calibration, machine_load, profiles, report, workloads
+from . import engine_calibration, profiles, report, workloads
 from .estimate import EngineKnobs, ModelShape, SimRequest, kv_cache_tokens, model_config, simulate
 from .grammar import parse_constraints, parse_sweep
 from .measure import SERVED_NAME, log, measure_offline, measure_serve

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from ..procs import tree_cpu_ticks
+from .procs import tree_cpu_ticks
 
 # Foreign CPU share above which a run is flagged as taken on a busy machine (a quarter of the
 # machine: on 2 cores, half a core of other work).
@@ -68,6 +68,19 @@ def _loadavg() -> Optional[float]:
     except OSError:
         return None
 
+
+def settle(max_load: float, timeout_s: float = 180.0, poll_s: float = 1.0) -> float:
+    """Waits until the 1-minute load average is under max_load, at most timeout_s; returns the
+    seconds waited. For benchmarks that alternate engines: the average decays with a one-minute
+    time constant, so on a 2-core box a run that kept both cores busy leaves it near 2 for a while
+    after it ends, and the next run should start once that has passed."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        load = _loadavg()
+        if load is None or load < max_load:
+            break
+        time.sleep(poll_s)
+    return time.monotonic() - t0
 
 
 def is_busy(load: Optional[Dict[str, Optional[float]]], max_foreign: float = DEFAULT_MAX_FOREIGN) -> bool:
