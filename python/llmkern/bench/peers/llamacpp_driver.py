@@ -26,8 +26,8 @@ def init(msg):
     llm = llama_cpp.Llama(model_path=opts["gguf"], n_ctx=int(opts.get("n_ctx", 1024)), n_threads=threads,
                           n_threads_batch=threads, n_batch=n_batch, flash_attn=flash, seed=0, verbose=False)
     llm._bench = {"threads": threads, "n_batch": n_batch}
-    return llm, {"peer": "llama.cpp", "version": llama_cpp.__version__,
-                 "config": f"n_threads={threads} n_batch={n_batch} flash_attn={int(flash)} {opts['gguf'].rsplit('/', 1)[-1]}"}
+    config = f"n_threads={threads} n_batch={n_batch} flash_attn={int(flash)} {opts['gguf'].rsplit('/', 1)[-1]}"
+    return llm, {"peer": "llama.cpp", "version": llama_cpp.__version__, "config": config}
 
 
 def _generate_batched(llm, prompts, max_tokens):
