@@ -6,9 +6,9 @@ norms, or the default model's file as stored (Q4_1). One prompt: the high-level 
 `batched` example): one context holding every sequence (n_seq_max, a KV stream each), the
 prompts prefilled in batches of n_batch tokens, then one batch per step with a token of every
 sequence. Greedy (argmax of the logits), EOS not consulted (each output runs to its requested
-length). Flash attention on, its faster setting on the CPU (batch-1 and offline-32 measured 10-20%
-faster than off on a Zen 4; option flash_attn=0 turns it off); the KV cache in f16, its default.
-Protocol: driver_io.py."""
+length). Flash attention on, its faster setting on the CPU (offline-32 ran 16-30% faster than with
+it off on a Zen 4, batch-1 no slower; option flash_attn=0 turns it off); the KV cache in f16, its
+default. Protocol: driver_io.py."""
 from __future__ import annotations
 
 import sys
