@@ -15,7 +15,7 @@
 #include "common/kv_quant.h"
 #include "common/vec_cpu.h"
 #include "common/parallel.h"
-#include "rotary/rotary_math.h"
+#include "rotary/rotary_head_cpu.h"
 
 LLMK_NS_BEGIN
 namespace attn {
@@ -205,19 +205,12 @@ namespace {
 // features past rotary_dim are copied. fp32 math, one rounding.
 template <DType DT, typename E = vec::elem_t<DT>>
 void rotate_row(const AppendKvParams& p, const E* src, E* dst, int64_t pos) {
-  const int half = p.rotary_dim / 2;
   if (dst != src) memcpy(dst, src, size_t(p.head_dim) * sizeof(E));
   if (pos < 0 || pos >= p.seqlen_ro) return;
   const E* cs = static_cast<const E*>(p.rotary_cos) + pos * p.cos_row_stride;
   const E* sn = static_cast<const E*>(p.rotary_sin) + pos * p.sin_row_stride;
-  for (int i = 0; i < half; ++i) {
-    int a, b;
-    rope_pair(i, p.rotary_dim, !p.rotary_interleaved, a, b);
-    float x = vec::to_f32<DT>(src[a]), y = vec::to_f32<DT>(src[b]);
-    rope_rotate(x, y, vec::to_f32<DT>(cs[i]), vec::to_f32<DT>(sn[i]));
-    dst[a] = vec::from_f32<DT>(x);
-    dst[b] = vec::from_f32<DT>(y);
-  }
+  if (p.rotary_interleaved) rotate_head<DT, false>(dst, cs, sn, p.rotary_dim / 2);
+  else rotate_head<DT, true>(dst, cs, sn, p.rotary_dim / 2);
 }
 
 // Quantised caches: a new K/V head row (K rotated and rounded to the attention dtype first, as

@@ -4,7 +4,7 @@
 #include "common/vec_cpu.h"
 #include "common/parallel.h"
 #include "rotary/rotary.h"
-#include "rotary/rotary_math.h"
+#include "rotary/rotary_head_cpu.h"
 
 LLMK_NS_BEGIN
 
@@ -12,18 +12,7 @@ namespace {
 
 template <DType DT, bool Neox, typename T = vec::elem_t<DT>>
 void rotate_heads(T* row, int heads, int64_t head_stride, const T* cos, const T* sin, int half) {
-  for (int h = 0; h < heads; ++h) {
-    T* x = row + int64_t(h) * head_stride;
-#pragma omp simd
-    for (int i = 0; i < half; ++i) {
-      int a, b;
-      rope_pair(i, 2 * half, Neox, a, b);
-      float u = vec::to_f32<DT>(x[a]), v = vec::to_f32<DT>(x[b]);
-      rope_rotate(u, v, vec::to_f32<DT>(cos[i]), vec::to_f32<DT>(sin[i]));
-      x[a] = vec::from_f32<DT>(u);
-      x[b] = vec::from_f32<DT>(v);
-    }
-  }
+  for (int h = 0; h < heads; ++h) rotate_head<DT, Neox>(row + int64_t(h) * head_stride, cos, sin, half);
 }
 
 template <DType DT, bool Neox, typename T = vec::elem_t<DT>>
