@@ -13,7 +13,6 @@ no win. A peer that is not configured or fails is skipped with its reason, which
 carries."""
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -75,10 +74,10 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
     name, metric, prompts, outs, axes = work
     peer.generate(prompts[:2], [4] * min(2, len(prompts)))  # warm-up (also the llmkern side's, in run())
     ours.run(dtype, prompts[:2], [4] * min(2, len(prompts)))
-    settled = settle(settle_load) if settle_load else 0.0
-    # other work's share of the machine over the row (the peer is a child: its CPU time is ours)
+    settled = settle(settle_load) if settle_load else None
+    # the load average, and other work's share of the machine over the row (the peer is a child:
+    # its CPU time is ours)
     meter = LoadMeter().start()
-    load0 = os.getloadavg()[0]
     t_ours, t_peer, ids_ours, ids_peer, idle_waits = [], [], None, None, []
     for _ in range(reps):  # every run computes its prompts: no engine reads the last run's prefix cache
         # Each run starts on an idle machine: vLLM's CPU engine polls a core for ~1 s after a
@@ -89,8 +88,8 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
         t_ours.append(dt)
         dt, ids_peer = peer.generate(prompts, outs, fresh=True)
         t_peer.append(dt)
-    load1 = os.getloadavg()[0]
-    foreign = meter.stop()["foreign_cpu"]
+    machine = meter.stop()
+    load0, load1, foreign = machine["load_1m_before"], machine["load_1m_after"], machine["foreign_cpu"]
     agree = token_agreement(ids_ours, ids_peer)
     outputs[(spec.name, dtype, name)] = ids_peer
     outputs[("llmkern", dtype, name)] = ids_ours
@@ -108,7 +107,7 @@ def _compare(spec: PeerSpec, peer: PeerProcess, info: dict, dtype: str, ours: _L
              "peer_s_runs": " ".join(f"{t:.2f}" for t in t_peer),
              "peer_idle_wait_s": " ".join(f"{t:.1f}" for t in idle_waits),
              "loadavg_1m": f"{load0:.2f} -> {load1:.2f}", "foreign_cpu": foreign,
-             "settle_wait_s": round(settled, 1) if settle_load else None}
+             "settle_wait_s": None if settled is None else round(settled, 1)}
     if dtype != "float32":  # how far each engine's own rounding moves its greedy tokens: the scale
         ref = outputs.get(("llmkern", "float32", name))  # against which to read the agreement above
         if ref is None:
