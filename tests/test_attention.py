@@ -459,8 +459,9 @@ def test_prefill_on_amx_tiles_emulated():
     """The AMX tile kernel of bf16 prefill (attend_gemm on tdpbf16ps), run on the tiles' software model
     so that every AVX-512 CPU tests its packing and padding: head_dim 64 / 128, GQA 4:1, rows not a
     multiple of 32, keys past one 64-key tile and a last tile of fewer than 32, causal, sliding window
-    with softcap and ALiBi, and a paged prefill over a cached prefix. head_dim 72 (not a multiple of
-    32) falls back to the vdpbf16ps kernel."""
+    with softcap and ALiBi, a paged prefill over a cached prefix, split-KV over keys packed once for
+    all tasks, and a NaN value past the rows' keys. head_dim 72 (not a multiple of 32) falls back to
+    the vdpbf16ps kernel."""
     import os
     import subprocess
     import sys
@@ -498,6 +499,26 @@ q = torch.randn(40, 8, 64).to(dt)
 cu_q = torch.tensor([0, 40], dtype=torch.int32); cu_k = torch.tensor([0, 140], dtype=torch.int32)
 out = llmkern.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 40, 140, causal=True, block_table=table)
 check(out, q, kc, vc, cu_q, cu_k, 64 ** -0.5, block_table=table, causal=True)
+# split-KV: 4 rows x 4 heads per kv head over 600 cached keys, cut into splits whose key ranges do
+# not start on a 32-key block (the packed K / V^T tiles start on one; the keys before the split
+# are masked)
+kc = torch.randn(40, 16, 2, 64).to(dt); vc = torch.randn(40, 16, 2, 64).to(dt)
+table = torch.randperm(40)[:38].view(1, 38).to(torch.int32)
+q = torch.randn(4, 8, 64).to(dt)
+cu_q = torch.tensor([0, 4], dtype=torch.int32); cu_k = torch.tensor([0, 600], dtype=torch.int32)
+for kw in ({"causal": True}, {"causal": True, "window": (150, 0)}):
+    extra = dict(window_size=kw["window"]) if "window" in kw else {}
+    out = llmkern.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 4, 600, causal=True, block_table=table, **extra)
+    check(out, q, kc, vc, cu_q, cu_k, 64 ** -0.5, block_table=table, **kw)
+# keys past a task's last visible key but inside its last 32-key block are weighted by an exact zero:
+# a NaN value there stays out of the rows before it (3 query heads per kv head: the first task's
+# 85 rows end inside the block of keys 64-95)
+q, k, v = torch.randn(120, 6, 64).to(dt), torch.randn(120, 2, 64).to(dt), torch.randn(120, 2, 64).to(dt)
+cu1 = torch.tensor([0, 120], dtype=torch.int32)
+clean = llmkern.flash_attn_varlen_func(q, k, v, cu1, cu1, 120, 120, causal=True)
+v[90] = float("nan")
+out = llmkern.flash_attn_varlen_func(q, k, v, cu1, cu1, 120, 120, causal=True)
+assert torch.equal(out[:85], clean[:85]) and out[90:].isnan().all()
 # a task's scratch keeps what the last one left (here NaN values on every thread): keys past a short
 # tile must not carry it into the next sequence
 cu8 = torch.arange(9, dtype=torch.int32) * 64

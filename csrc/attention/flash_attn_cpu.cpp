@@ -28,6 +28,7 @@ Scratch& thread_scratch() {
 namespace {
 
 constexpr int kGemmRows = 128;     // target rows (query positions x group heads) per GEMM task
+constexpr int kGemmRowsAmx = 256;  // the same on AMX tiles (fewer tasks pack the same keys; 512: slower)
 constexpr int kMinSplitKeys = 256; // a split below this many keys costs more than it balances
 constexpr int kSplitTasks = 16;    // fewer tasks than this get split (keys permitting)
 constexpr int kMaxSplits = 128;    // splits of one sequence (flash-attn's num_splits bound)
@@ -94,11 +95,12 @@ template <DType T>
 void run(const AttnParams& p) {
   const int G = p.num_heads / p.num_kv_heads;
   std::vector<Task> tasks;
+  const bool amx = amx_attention(p);
   for (int b = 0; b < p.batch; ++b) {
     const int sq = attn_seqlen_q(p, b), sk = attn_seqlen_k(p, b);
     if (sq <= 0) continue;
     const bool small = G * sq < kSmallRows;
-    const int bq = small ? sq : std::max(1, kGemmRows / G);
+    const int bq = small ? sq : std::max(1, (amx ? kGemmRowsAmx : kGemmRows) / G);
     for (int i0 = 0; i0 < sq; i0 += bq) {
       const int nq = std::min(bq, sq - i0);
       // Cost ~ rows x visible keys (+ a fixed part for rows that see none).
@@ -178,9 +180,17 @@ void run(const AttnParams& p) {
       part_lse = own_lse.data();
     }
   }
+  PackedKv packed;
+  if (amx) {
+    std::vector<int> per_pair(size_t(p.batch) * p.num_kv_heads, 0);
+    for (const Task& t : tasks)
+      if (!t.small) ++per_pair[size_t(t.b) * p.num_kv_heads + t.kvh];
+    packed = pack_kv_amx(p, per_pair);
+  }
   parallel_for_dynamic(int64_t(tasks.size()), [&](int64_t k) {
     const Task& t = tasks[k];
     Scratch& sc = thread_scratch();
+    sc.kv = packed.at.empty() ? nullptr : &packed;
     if (t.small) attend_small(p, t, sc);
     else attend_gemm(p, t, sc);
     store_task<T>(p, t, sc, rows_total, part_o, part_lse);

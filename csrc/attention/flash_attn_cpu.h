@@ -4,6 +4,7 @@
 // un-normalised fp32 output and the softmax state of every row in the thread's scratch; the
 // scheduler writes them.
 #pragma once
+#include <vector>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,12 +43,22 @@ struct Buf {
   ~Buf() { free(p); }
 };
 
+// The AMX kernel's K and V^T of a call's (sequence, kv head) pairs, packed once for all the
+// tasks that read them (flash_attn_amx_cpu.cpp): per pair, blocks of 32 keys from key 0, each K
+// [32][D] then V^T [D][32] in bf16 (keys past the sequence zero). at[b * Hkv + kvh] is the pair's
+// first block in elements of base, -1 for a pair left to its task.
+struct PackedKv {
+  const uint16_t* base = nullptr;
+  std::vector<int64_t> at;
+};
+
 // Per-thread results and scratch. Rows are ordered r = g * nq + (i - i0) with g = the query head
 // minus kvh*G (head-major); o has row stride dp (head_dim rounded up to the vector width).
 struct Scratch {
   Buf o, m, l, q, s, k, v, t, aux;
   Buf ot;  // the AMX kernel's transposed output
   int dp = 0;
+  const PackedKv* kv = nullptr;  // the call's packed K / V^T, if any (AMX kernel)
 };
 
 Scratch& thread_scratch();
@@ -61,6 +72,13 @@ void attend_gemm(const AttnParams& p, const Task& t, Scratch& sc);
 // attend_gemm on AMX tiles (flash_attn_amx_cpu.cpp) when the AMX level runs, the inputs are bf16
 // (no quantised KV) and head_dim is a multiple of 32 up to 256; returns false, doing nothing, otherwise.
 bool attend_gemm_amx(const AttnParams& p, const Task& t, Scratch& sc);
+// Whether attend_gemm_amx takes this call's GEMM tasks.
+bool amx_attention(const AttnParams& p);
+// Packs K and V^T once (in parallel) for every (sequence, kv head) that `tasks_per_pair`
+// [b * Hkv + kvh] says two or more GEMM tasks read; returns an empty PackedKv (at empty) when
+// none does or the packed copy would exceed its memory bound. The memory is the calling thread's
+// and stays valid until its next call.
+PackedKv pack_kv_amx(const AttnParams& p, const std::vector<int>& tasks_per_pair);
 void attend_small(const AttnParams& p, const Task& t, Scratch& sc);
 // The bf16 decode kernel of AVX-512 builds on AVX512_BF16 CPUs (flash_decode_cpu.cpp), head_dim a
 // multiple of 32 up to 256; returns false, doing nothing, for anything else.
@@ -88,6 +106,12 @@ Rows make_rows(const AttnParams& p, const Task& t, int G, int Mp, float* aux);
 // and output scale alpha.
 void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap, bool alibi, float* m,
                   float* l, float* alpha, float scale);
+#if defined(__AVX512F__)
+// softmax_tile that writes the probabilities as bf16 key pairs Pp [np][Mp] (zero past nk; rounded
+// by vcvtneps2bf16 when cvt, the same bits) instead of back into S: the AMX kernel's P^T operand.
+void softmax_tile_pairs(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap, bool alibi,
+                        float* m, float* l, float* alpha, float scale, uint32_t* Pp, int np, bool cvt);
+#endif
 // The task's M bf16 query rows as d pairs, Qp [head_dim / 2][Mp] (one 32-bit word per row; lanes
 // past M zero): the B operand of the bf16 kernels' K . Q^T.
 void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint32_t* Qp);

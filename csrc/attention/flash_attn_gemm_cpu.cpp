@@ -30,12 +30,20 @@ LLMK_ALWAYS_INLINE vf scaled_score(vf s, vf scale) {
 // Scores S^T [nk][Mp] of one tile, times `scale` -> probabilities exp(s * scale - m_new), with the
 // running max m, sum l and the output scale alpha of every row (lane-wise: rows are the vector
 // lanes). The scale is applied as each score is read (the same product a pass of its own stored).
-void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap,
-                  bool alibi, float* m, float* l, float* alpha, float scale) {
+// With kPairs (the AMX kernel), the probabilities are not stored back into S but written as P^T
+// in bf16 key pairs, Pp [np][Mp] (key 2i in the low half of word i, zero past nk), straight from
+// the exponential: the separate packing pass re-read every probability.
+template <bool kPairs>
+LLMK_ALWAYS_INLINE void softmax_tile_impl(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap,
+                                          bool alibi, float* m, float* l, float* alpha, float scale,
+                                          uint32_t* Pp, int np, bool cvt) {
   const float inv_cap = cap > 0.f ? 1.f / cap : 0.f;
   const vf sc = splat(scale);
   const bool plain = cap <= 0.f && !alibi && full;  // the common case: scores stay as they are
   const bool scaled = scale != 1.f;
+  // max(s) * scale is max(s * scale) to the bit for a positive scale (rounding is monotonic):
+  // one multiply per row vector instead of one per score
+  const bool scale_max = scaled && scale > 0.f;
   for (int o = 0; o < Mp; o += VL) {
     const vf lo = loadu(R.lo + o), hi = loadu(R.hi + o), pos = loadu(R.pos + o);
     const vf slope = loadu(R.slope + o);
@@ -43,8 +51,9 @@ void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, fl
     if (plain) {
       for (int jj = 0; jj < nk; ++jj) {
         const vf s = loadu(S + jj * Mp + o);
-        mt = vmax(mt, scaled ? s * sc : s);
+        mt = vmax(mt, scaled && !scale_max ? s * sc : s);
       }
+      if (scale_max) mt = mt * sc;
     } else for (int jj = 0; jj < nk; ++jj) {
       float* sp = S + jj * Mp + o;
       vf s = scaled ? scaled_score(loadu(sp), sc) : loadu(sp);
@@ -64,17 +73,60 @@ void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, fl
     const vf a = exp_nonpos(mo - base);
     vf sum = splat(0.f);
     const bool rescale = plain && scaled;  // the other path stored its transformed scores
-    for (int jj = 0; jj < nk; ++jj) {
-      float* sp = S + jj * Mp + o;
-      const vf e = exp_nonpos((rescale ? scaled_score(loadu(sp), sc) : loadu(sp)) - base);
-      storeu(sp, e);
-      sum += e;
+    auto prob = [&](int jj) {
+      const float* sp = S + jj * Mp + o;
+      return exp_nonpos((rescale ? scaled_score(loadu(sp), sc) : loadu(sp)) - base);
+    };
+    if constexpr (kPairs) {
+#if defined(__AVX512F__)
+      // exp(s * scale - base) as 2^(s * scale * log2(e) - base * log2(e)), one FMA before the
+      // exponential instead of a multiply, a subtraction and the exponential's own multiply (the
+      // probabilities move by a rounding of the argument; this kernel's sums are its own anyway)
+      const vf c = splat((rescale ? scale : 1.f) * kLog2e), nb = base * splat(-kLog2e);
+      auto prob2 = [&](int jj) { return reinterpret_cast<vf>(_mm512_fmadd_ps(loadu(S + jj * Mp + o), c, nb)); };
+      for (int jp = 0; jp < np; ++jp) {
+        vf e0 = splat(0.f), e1 = splat(0.f);
+        if (2 * jp + 1 < nk) {
+          vf x[2] = {prob2(2 * jp), prob2(2 * jp + 1)}, e[2];
+          exp2_nonpos_n<2>(x, e);
+          e0 = e[0], e1 = e[1];
+          sum += e0;
+          sum += e1;
+        } else if (2 * jp < nk) {
+          vf x[1] = {prob2(2 * jp)};
+          exp2_nonpos_n<1>(x, &e0);
+          sum += e0;
+        }
+        const vh h0 = cvt ? to_bf16_bits_cvt(e0) : to_bf16_bits(e0);
+        const vh h1 = cvt ? to_bf16_bits_cvt(e1) : to_bf16_bits(e1);
+        _mm512_storeu_si512(Pp + int64_t(jp) * Mp + o,
+                            bf16_pair_words(reinterpret_cast<__m256i>(h0), reinterpret_cast<__m256i>(h1)));
+      }
+#endif
+    } else {
+      for (int jj = 0; jj < nk; ++jj) {
+        const vf e = prob(jj);
+        storeu(S + jj * Mp + o, e);
+        sum += e;
+      }
     }
     storeu(l + o, loadu(l + o) * a + sum);
     storeu(m + o, mn);
     storeu(alpha + o, a);
   }
 }
+
+void softmax_tile(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap,
+                  bool alibi, float* m, float* l, float* alpha, float scale) {
+  softmax_tile_impl<false>(S, Mp, nk, j0, R, full, cap, alibi, m, l, alpha, scale, nullptr, 0, false);
+}
+
+#if defined(__AVX512F__)
+void softmax_tile_pairs(float* S, int Mp, int nk, int j0, const Rows& R, bool full, float cap, bool alibi,
+                        float* m, float* l, float* alpha, float scale, uint32_t* Pp, int np, bool cvt) {
+  softmax_tile_impl<true>(S, Mp, nk, j0, R, full, cap, alibi, m, l, alpha, scale, Pp, np, cvt);
+}
+#endif
 
 void pack_q_pairs(const AttnParams& p, const Task& t, int G, int M, int Mp, uint32_t* Qp) {
   const int dpairs = p.head_dim / 2;
