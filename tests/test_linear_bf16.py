@@ -223,6 +223,27 @@ def test_widening_path_and_other_simd_levels(env):
     run_python(_OTHER_PATH.format(cases=CASES[:12]), **env)
 
 
+def test_decode_rows_same_bits_with_and_without_the_next_panel_prefetch():
+    """The GEMMs of 1-4 rows prefetch the next panel group on Intel CPUs and read W as one stream
+    elsewhere (LLMKERN_GEMV_PREFETCH forces either): a prefetch moves no result, so both give the
+    same bits, plain, gated and with fp32 output, at every row count up to the stream bound."""
+    from runtime_helpers import run_python
+
+    code = ("import hashlib, torch, llmkern\n"
+            "from llmkern.ops.linear import linear_packed_into\n"
+            "torch.manual_seed(0)\n"
+            "h = hashlib.sha256()\n"
+            "for rows, k, n in [(1, 576, 3072), (2, 577, 1000), (3, 64, 48), (4, 1536, 576), (5, 576, 576)]:\n"
+            "    x = torch.randn(rows, k).bfloat16(); w = (torch.randn(n, k) / k ** 0.5).bfloat16()\n"
+            "    u = (torch.randn(n, k) / k ** 0.5).bfloat16(); p = llmkern.pack_linear_weight_bf16(w)\n"
+            "    outs = [llmkern.linear_packed(x, p, n), linear_packed_into(x, p, n, None, torch.empty(rows, n)),\n"
+            "            llmkern.linear_packed_silu_mul(x, llmkern.pack_gate_up_weight_bf16(w, u), n)]\n"
+            "    for o in outs: h.update(o.float().numpy().tobytes())\n"
+            "print(h.hexdigest())\n")
+    on, off = (run_python(code, LLMKERN_GEMV_PREFETCH=v).strip() for v in ("1", "0"))
+    assert on and on == off
+
+
 # The AMX tile GEMM (from 4 rows) through the tiles' software model, so that its blocking, padding
 # and epilogues are tested on every AVX-512 CPU: rows 4 .. 600 (a block of fewer rows than one tile,
 # partial 16- and 32-row blocks, many row groups), K a multiple of 32 (x read in place; up to 16 k

@@ -272,10 +272,11 @@ inline void gemm_bf16(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   auto store = [&](int64_t b, int64_t p, int np, const float* c, int ldc) {
     store_rows_bf16_at(cvt, c, ldc, blk.rows(b), p, np, N, bias, gated, out, out32, blk.start(b), ldo);
   };
-  // the next unit's prefetch: not for one-panel tiles of AVX512_BF16 decode rows (one stream); the
-  // widening tiles keep it (on AVX2 without it: the gate/up GEMV of one row ~7-10% slower, four rows
-  // of a plain one up to ~15%)
-  gemm_units(blk, npanels, unit, gw, gw >= NP, KH, KC2, grain, KH * 4, w, pstride, rows, tiles, store);
+  // the next unit's prefetch: not for the one-panel tiles of AVX512_BF16 decode rows (one stream)
+  // unless cpu_bf16_gemv_prefetch (Intel); the widening tiles keep it (on AVX2 without it: the
+  // gate/up GEMV of one row ~7-10% slower, four rows of a plain one up to ~15%)
+  const bool pf_next = gw >= NP || (dot && ::llmk::cpu_bf16_gemv_prefetch());
+  gemm_units(blk, npanels, unit, gw, pf_next, KH, KC2, grain, KH * 4, w, pstride, rows, tiles, store);
 }
 
 }  // namespace gemm
