@@ -3,9 +3,9 @@
 // flash_attn_gemm_cpu.cpp's bf16 kernel's; only the two products move to tdpbf16ps
 // (common/amx_tiles_cpu.h), each computed transposed so that both land in the layouts the softmax
 // and the vdpbf16ps kernel already use, rows of the task in the lanes:
-//   S^T [keys][rows]  = K . Q^T:  A = 16 keys x 32 d of K (the tile's rows packed contiguous),
+//   S^T [keys][rows]  = K . Q^T:  A = 16 keys x 32 d of K (rows packed contiguous, as V^T),
 //                                 B = Q^T in d pairs, Qp [D/2][Mp] (packed once per task);
-//   O^T [d][rows]    += V^T . P^T: A = 16 d x 32 keys of V^T (packed per key tile),
+//   O^T [d][rows]    += V^T . P^T: A = 16 d x 32 keys of V^T (packed once per call, or per key tile),
 //                                 B = P^T in key pairs, Pp [kBKA/2][Mp] (bf16, as flash-attn rounds P).
 // O^T stays in memory between key tiles (each tile rescales it by the rows' alpha), and is
 // transposed once into the [rows][d] output the task's store reads. Rows are padded to 32 (two B

@@ -193,6 +193,7 @@ void run(const AttnParams& p) {
     sc.kv = packed.at.empty() ? nullptr : &packed;
     if (t.small) attend_small(p, t, sc);
     else attend_gemm(p, t, sc);
+    sc.kv = nullptr;  // `packed` ends with this call; the thread's scratch outlives it
     store_task<T>(p, t, sc, rows_total, part_o, part_lse);
   });
   if (ns > 1) combine_splits<T>(p, seq_splits, rows_total, part_o, part_lse);

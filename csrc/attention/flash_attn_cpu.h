@@ -4,10 +4,11 @@
 // un-normalised fp32 output and the softmax state of every row in the thread's scratch; the
 // scheduler writes them.
 #pragma once
-#include <vector>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <vector>
 
 #include "attention/attention_math.h"
 #include "attention/attn_vec_cpu.h"
