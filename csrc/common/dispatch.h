@@ -39,7 +39,7 @@ bool cpu_bf16_cvt();
 bool cpu_avx512_bf16(const char* env_off);
 // The bf16 GEMMs of up to kStreamRows rows on AVX512_BF16 (decode projections, bound by reading W)
 // prefetch each work item's next panel group while they compute one, as larger GEMMs do, on Intel
-// CPUs: a 2-vCPU Xeon's batch-1 bf16 projections ran 10-20% faster with it (its fp32 ones did not
+// CPUs: a 2-vCPU Xeon's batch-1 bf16 projections ran 8-17% faster with it (its fp32 ones did not
 // change, and stay one stream). Elsewhere each thread reads W as one sequential stream.
 // LLMKERN_GEMV_PREFETCH=1 / 0 forces either; the results are the same bits either way.
 bool cpu_bf16_gemv_prefetch();
