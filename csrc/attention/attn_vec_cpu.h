@@ -27,6 +27,14 @@ LLMK_ALWAYS_INLINE __m512i bf16_pair_words(__m256i a, __m256i b) {
   return bf16_halves_to_pair_words(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
 }
 
+// Two fp32 vectors as bf16 pair words (a low, b high), both rounded to nearest even by one
+// vcvtne2ps2bf16 (AVX512_BF16 CPUs only; like vcvtneps2bf16 it flushes denormal inputs to zero).
+LLMK_ALWAYS_INLINE __m512i bf16_pairs_cvt(__m512 a, __m512 b) {
+  __m512i halves;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(halves) : "v"(b), "v"(a));  // a to the low half
+  return bf16_halves_to_pair_words(halves);
+}
+
 // unpack{lo,hi}_epi16 of two rows (and vdpbf16ps on such pairs) leave the 32-bit results of a
 // 32-wide block as lo = {0-3, 8-11, 16-19, 24-27}, hi = {4-7, 12-15, 20-23, 28-31}, a group per
 // 128-bit lane: first / second get 0-15 / 16-31 back in order.

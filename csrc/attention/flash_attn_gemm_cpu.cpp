@@ -73,10 +73,6 @@ LLMK_ALWAYS_INLINE void softmax_tile_impl(float* S, int Mp, int nk, int j0, cons
     const vf a = exp_nonpos(mo - base);
     vf sum = splat(0.f);
     const bool rescale = plain && scaled;  // the other path stored its transformed scores
-    auto prob = [&](int jj) {
-      const float* sp = S + jj * Mp + o;
-      return exp_nonpos((rescale ? scaled_score(loadu(sp), sc) : loadu(sp)) - base);
-    };
     if constexpr (kPairs) {
 #if defined(__AVX512F__)
       // exp(s * scale - base) as 2^(s * scale * log2(e) - base * log2(e)), one FMA before the
@@ -99,12 +95,9 @@ LLMK_ALWAYS_INLINE void softmax_tile_impl(float* S, int Mp, int nk, int j0, cons
         }
         __m512i words;
         if (cvt) {
-          // both rounded by one vcvtne2ps2bf16 (e0 to the low half), then interleaved. Unlike
-          // to_bf16_bits_cvt, no check for denormal inputs, which it flushes to zero: a
-          // probability below 2^-126 of its row's maximum weighs 0 in P.V (the sum l keeps it)
-          __m512i halves;
-          asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(halves) : "v"(e1), "v"(e0));
-          words = bf16_halves_to_pair_words(halves);
+          // unlike to_bf16_bits_cvt, no check for denormal inputs, which vcvtne2ps2bf16 flushes to
+          // zero: a probability below 2^-126 of its row's maximum weighs 0 in P.V (l keeps it)
+          words = bf16_pairs_cvt(e0, e1);
         } else {
           const vh h0 = to_bf16_bits(e0), h1 = to_bf16_bits(e1);
           words = bf16_pair_words(reinterpret_cast<__m256i>(h0), reinterpret_cast<__m256i>(h1));
@@ -114,8 +107,9 @@ LLMK_ALWAYS_INLINE void softmax_tile_impl(float* S, int Mp, int nk, int j0, cons
 #endif
     } else {
       for (int jj = 0; jj < nk; ++jj) {
-        const vf e = prob(jj);
-        storeu(S + jj * Mp + o, e);
+        float* sp = S + jj * Mp + o;
+        const vf e = exp_nonpos((rescale ? scaled_score(loadu(sp), sc) : loadu(sp)) - base);
+        storeu(sp, e);
         sum += e;
       }
     }
@@ -393,11 +387,6 @@ struct PVb {
   static void call(A... a) { pv_bf16_micro<MR, NV>(a...); }
 };
 
-// Two fp32 vectors -> bf16 pairs (a in the low half of each 32-bit lane), round to nearest even.
-LLMK_BF16_TARGET LLMK_ALWAYS_INLINE __m512i bf16_pairs(__m512 a, __m512 b) {
-  return bf16_pair_words((__m256i)_mm512_cvtneps_pbh(a), (__m256i)_mm512_cvtneps_pbh(b));
-}
-
 LLMK_BF16_TARGET void gemm_bf16(const AttnParams& p, const Task& t, Scratch& sc) {
   using E16 = uint16_t;
   const int D = p.head_dim, dp = round_up(D, VL), G = p.num_heads / p.num_kv_heads;
@@ -450,7 +439,7 @@ LLMK_BF16_TARGET void gemm_bf16(const AttnParams& p, const Task& t, Scratch& sc)
       for (int o = 0; o < Mp; o += VL) {
         const __m512 a = _mm512_loadu_ps(S + (2 * jp) * Mp + o);
         const __m512 b = 2 * jp + 1 < nk ? _mm512_loadu_ps(S + (2 * jp + 1) * Mp + o) : _mm512_setzero_ps();
-        _mm512_storeu_si512(Pp + int64_t(jp) * Mp + o, bf16_pairs(a, b));
+        _mm512_storeu_si512(Pp + int64_t(jp) * Mp + o, bf16_pairs_cvt(a, b));
       }
     for (int r0 = 0; r0 < M; r0 += kMR) {
       const int mr = std::min(kMR, M - r0);

@@ -160,11 +160,8 @@ bool cpu_bf16_gemv_prefetch() {
     const char* env = std::getenv("LLMKERN_GEMV_PREFETCH");
     if (env && env[0]) return env[0] != '0';
 #if LLMK_MULTI_ISA && (defined(__x86_64__) || defined(_M_X64))
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-    char vendor[13] = {};
-    std::memcpy(vendor, &b, 4), std::memcpy(vendor + 4, &d, 4), std::memcpy(vendor + 8, &c, 4);
-    return std::strcmp(vendor, "GenuineIntel") == 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;  // CPUID's vendor "GenuineIntel"
 #else
     return false;
 #endif
