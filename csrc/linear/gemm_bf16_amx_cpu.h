@@ -101,9 +101,14 @@ void amx_items(const AmxGemmArgs& g, int64_t i0, int64_t i1) {
     const int64_t un = i + 1 < i1 ? item_unit(g, i + 1) : u;
     const char* next = un != u ? reinterpret_cast<const char*>(g.w + 2 * un * g.pstride) : nullptr;
     const int npn = next ? int(std::min<int64_t>(2, g.npanels - 2 * un)) : 0;
-    for (int64_t h0 = 0; h0 < steps * 16 || h0 == 0; h0 += kChunkPairs) {
-      const int64_t s0 = h0 / 16, s1 = std::min(steps, (h0 + kChunkPairs) / 16);
-      const bool first = h0 == 0, last = h0 + kChunkPairs >= steps * 16;
+    // A group of one block (x of <= 32 rows: batched decode steps, an MoE expert's few tokens; or
+    // the last of an odd count) keeps its C tiles in the registers over all of k: its A rows are
+    // 2 KB a step, nothing to keep in L1, and parking the C tiles every chunk held such a GEMM's
+    // read of W to ~60% of the memory's rate (~75% without). Same sums, same order: same bits.
+    const int64_t chunk = b1 - b0 == 1 ? std::max<int64_t>(steps, 1) * 16 : kChunkPairs;
+    for (int64_t h0 = 0; h0 < steps * 16 || h0 == 0; h0 += chunk) {
+      const int64_t s0 = h0 / 16, s1 = std::min(steps, (h0 + chunk) / 16);
+      const bool first = h0 == 0, last = h0 + chunk >= steps * 16;
       for (int64_t b = b0; b < b1; ++b) {
         float* c = cbuf[b - b0];
         if (first) Tiles::zero_c();
