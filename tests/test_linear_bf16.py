@@ -268,6 +268,35 @@ def test_amx_tile_gemm_emulated():
                timeout=300, LLMKERN_CPU_ISA="amx-emulated")
 
 
+_ROWS_ALONE = (
+    "import torch, llmkern\n"
+    "torch.manual_seed(0)\n"
+    "for k in (1536, 577):\n"
+    "    x = torch.randn(96, k).bfloat16(); w = (torch.randn(200, k) / k ** 0.5).bfloat16()\n"
+    "    u = (torch.randn(200, k) / k ** 0.5).bfloat16()\n"
+    "    p, pg = llmkern.pack_linear_weight_bf16(w), llmkern.pack_gate_up_weight_bf16(w, u)\n"
+    "    full, gfull = llmkern.linear_packed(x, p, 200), llmkern.linear_packed_silu_mul(x, pg, 200)\n"
+    "    for m in (20, 32, 64):\n"
+    "        assert torch.equal(llmkern.linear_packed(x[:m], p, 200), full[:m]), (k, m)\n"
+    "        assert torch.equal(llmkern.linear_packed_silu_mul(x[:m], pg, 200), gfull[:m]), (k, m)\n"
+)
+
+
+def test_amx_rows_same_bits_alone_and_within_a_larger_batch():
+    """On the AMX tiles a row's result does not depend on how many rows share the call: 20 and 32
+    rows alone (one 32-row block, whose C tiles stay in the tile registers over all of k) equal the
+    same rows inside 64 and 96 (groups of two blocks park theirs in memory every 96 k pairs; 96 rows
+    end on a group of one), bit for bit, plain and gated, on the hardware tiles where the CPU has
+    them and on their software model."""
+    import llmkern
+    from runtime_helpers import amx_model_or_skip, run_python
+
+    if llmkern.build_info()["cpu_amx"] == "hardware":
+        exec(compile(_ROWS_ALONE, "rows_alone", "exec"), {})
+    amx_model_or_skip()
+    run_python(_ROWS_ALONE, timeout=300, LLMKERN_CPU_ISA="amx-emulated")
+
+
 def test_layers_use_the_bf16_gemm():
     from llmkern.layers import GateUpLinear, Linear
 

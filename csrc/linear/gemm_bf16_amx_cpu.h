@@ -13,7 +13,7 @@
 // 32 rows. Items run row super-group (~kXBlockBytes of x, which then stays in L2) by super-group and,
 // within one, unit-major; a thread takes consecutive items. k runs in chunks of kChunkPairs pairs
 // (see below: the chunk stays in L1), the fp32 blocks of the group parked in a local buffer between
-// chunks.
+// chunks; a group of one block keeps them in the tiles over all of k.
 #pragma once
 #include <algorithm>
 #include <cstdint>
