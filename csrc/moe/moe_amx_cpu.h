@@ -77,16 +77,35 @@ void wx_units(const WxArgs& g, int64_t u0, int64_t u1) {
   alignas(64) float ct[32 * 32];  // C: tokens x weight rows, the epilogue's layout
   const int64_t KH = g.K / 2, steps = g.K / 32, pairs = (g.M + 31) / 32, sw = g.K * 2, I = g.N / 2;
   Tiles::config();
+  // A unit's weight rows are two runs of 16 rows (32 KB at K = 1024), each contiguous. With few
+  // tokens (a decode step's experts: up to 2 pairs of 16) the read of W bounds the GEMM, and the
+  // first pair's steps prefetch the next unit's two runs in address order, an even share of lines
+  // per step: the tile loads alone, 32 rows a step, read W at ~65% of the memory's rate, and a
+  // prefetch of the same lines in tile order (row by row at each step's k) was slower still.
+  const int64_t run_lines = kT * g.K * 2 / 64;
+  const int64_t per_step = steps > 0 ? (run_lines + steps - 1) / steps : 0;
   for (int64_t u = u0; u < u1; ++u) {
     const uint16_t* a0 = g.w + (g.gated ? kT * u : 32 * u) * g.K;
     const uint16_t* a1 = g.gated ? g.w + (I + kT * u) * g.K : a0 + kT * g.K;
+    const char* n0 = nullptr;
+    const char* n1 = nullptr;
+    if (pairs <= 2 && u + 1 < u1) {
+      n0 = reinterpret_cast<const char*>(g.w + (g.gated ? kT * (u + 1) : 32 * (u + 1)) * g.K);
+      n1 = g.gated ? reinterpret_cast<const char*>(g.w + (I + kT * (u + 1)) * g.K) : n0 + kT * g.K * 2;
+    }
     for (int64_t tp = 0; tp < pairs; ++tp) {
       const uint32_t* b0 = g.xt + 2 * tp * KH * kT;
       const bool has_b1 = 32 * tp + kT < g.M;
       Tiles::zero_c();
-      for (int64_t s = 0; s < steps; ++s)
+      for (int64_t s = 0; s < steps; ++s) {
+        if (n0 && tp == 0)
+          for (int64_t l = s * per_step; l < std::min(run_lines, (s + 1) * per_step); ++l) {
+            __builtin_prefetch(n0 + l * 64, 0, 2);
+            __builtin_prefetch(n1 + l * 64, 0, 2);
+          }
         Tiles::step(a0 + s * 32, sw, a1 + s * 32, sw, b0 + s * kT * kT, 64,
                     has_b1 ? b0 + (KH + s * kT) * kT : amx::zero_tile(), has_b1 ? 64 : 0);
+      }
       Tiles::store_c(cw, 32);
       transpose32(cw, ct);
       gemm::store_rows_bf16(g.cvt, ct, 32, int(std::min<int64_t>(32, g.M - 32 * tp)), 2 * u, 2, g.gated ? I : g.N,
