@@ -78,10 +78,11 @@ void wx_units(const WxArgs& g, int64_t u0, int64_t u1) {
   const int64_t KH = g.K / 2, steps = g.K / 32, pairs = (g.M + 31) / 32, sw = g.K * 2, I = g.N / 2;
   Tiles::config();
   // A unit's weight rows are two runs of 16 rows (32 KB at K = 1024), each contiguous. With few
-  // tokens (a decode step's experts: up to 2 pairs of 16) the read of W bounds the GEMM, and the
-  // first pair's steps prefetch the next unit's two runs in address order, an even share of lines
-  // per step: the tile loads alone, 32 rows a step, read W at ~65% of the memory's rate, and a
-  // prefetch of the same lines in tile order (row by row at each step's k) was slower still.
+  // tokens (a decode step's experts: up to 64, two pairs of 16-token tiles) the read of W bounds
+  // the GEMM, and the first pair's steps prefetch the next unit's two runs in address order, an
+  // even share of lines per step: the tile loads alone, 32 rows a step, read W at ~65% of the
+  // memory's rate, and a prefetch of the same lines in tile order (row by row at each step's k)
+  // was slower still.
   const int64_t run_lines = kT * g.K * 2 / 64;
   const int64_t per_step = steps > 0 ? (run_lines + steps - 1) / steps : 0;
   for (int64_t u = u0; u < u1; ++u) {
