@@ -13,8 +13,6 @@ namespace attn {
 using namespace vec;  // NOLINT: attn::VL, attn::load<T>, ... as before the library moved
 
 #if defined(__AVX512F__)
-// 16 bf16 values a and 16 b as pair words (a[i] in the low half of word i, b[i] in the high): the
-// P operand of the bf16 kernels' P.V, whichever instruction rounded a and b.
 // 32 bf16 values, a in the low half and b in the high, as pair words (a[i], b[i]): one word shuffle.
 LLMK_ALWAYS_INLINE __m512i bf16_halves_to_pair_words(__m512i ab) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
@@ -22,6 +20,8 @@ LLMK_ALWAYS_INLINE __m512i bf16_halves_to_pair_words(__m512i ab) {
   return _mm512_permutexvar_epi16(idx, ab);
 }
 
+// 16 bf16 values a and 16 b as pair words (a[i] in the low half of word i, b[i] in the high): the
+// P operand of the bf16 kernels' P.V, whichever instruction rounded a and b.
 LLMK_ALWAYS_INLINE __m512i bf16_pair_words(__m256i a, __m256i b) {
   // a and b side by side, then one word shuffle interleaves them (two instructions, not four)
   return bf16_halves_to_pair_words(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
