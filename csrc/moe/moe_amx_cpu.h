@@ -85,15 +85,16 @@ void wx_units(const WxArgs& g, int64_t u0, int64_t u1) {
   // was slower still.
   const int64_t run_lines = kT * g.K * 2 / 64;
   const int64_t per_step = steps > 0 ? (run_lines + steps - 1) / steps : 0;
+  // Unit u's two runs: gate and up rows [16 u, 16 u + 16) when gated, else rows [32 u, 32 u + 32).
+  auto run = [&](int64_t u, int r) {
+    return g.w + (g.gated ? (r ? I : 0) + kT * u : 32 * u + kT * r) * g.K;
+  };
   for (int64_t u = u0; u < u1; ++u) {
-    const uint16_t* a0 = g.w + (g.gated ? kT * u : 32 * u) * g.K;
-    const uint16_t* a1 = g.gated ? g.w + (I + kT * u) * g.K : a0 + kT * g.K;
-    const char* n0 = nullptr;
-    const char* n1 = nullptr;
-    if (pairs <= 2 && u + 1 < u1) {
-      n0 = reinterpret_cast<const char*>(g.w + (g.gated ? kT * (u + 1) : 32 * (u + 1)) * g.K);
-      n1 = g.gated ? reinterpret_cast<const char*>(g.w + (I + kT * (u + 1)) * g.K) : n0 + kT * g.K * 2;
-    }
+    const uint16_t* a0 = run(u, 0);
+    const uint16_t* a1 = run(u, 1);
+    const bool pf = pairs <= 2 && u + 1 < u1;
+    const char* n0 = pf ? reinterpret_cast<const char*>(run(u + 1, 0)) : nullptr;
+    const char* n1 = pf ? reinterpret_cast<const char*>(run(u + 1, 1)) : nullptr;
     for (int64_t tp = 0; tp < pairs; ++tp) {
       const uint32_t* b0 = g.xt + 2 * tp * KH * kT;
       const bool has_b1 = 32 * tp + kT < g.M;
