@@ -264,6 +264,44 @@ def test_fused_moe_bf16_plain_on_amx_tiles_emulated():
     on_emulated_tiles("check_plain_bf16_moe_on_tiles()\n")
 
 
+# bf16 experts as stored where no AMX tiles run them: units of weight rows transposed into k pairs
+# as they are read, on the packed GEMM's tiles (moe_bf16_cpu.h). (T, E, H, I, k, skew): decode experts
+# of 1-3 rows, experts of several row blocks, odd sizes (an odd k, part-filled panels, a last unit of
+# one panel), and a wide decode row (many 16-pair steps, the next unit's prefetch).
+PLAIN_SHAPES = [(7, 4, 64, 96, 2, False), (70, 3, 32, 64, 2, True), (29, 6, 72, 40, 2, True),
+                (40, 3, 33, 17, 2, True), (2, 8, 1024, 352, 2, False)]
+
+
+def check_plain_bf16_moe_same_bits_as_packed():
+    assert llmkern.build_info()["cpu_amx"] == "off"
+    for case in PLAIN_SHAPES:
+        x, w13, w2, w, ids = _moe_case(*case)
+        plain = llmkern.fused_moe(x, w13, w2, w, ids)
+        assert_moe_close(plain, x, w13, w2, w, ids)
+        packed = llmkern.fused_moe(x, llmkern.pack_moe_weights(w13, w2), None, w, ids)
+        assert torch.equal(plain, packed), (case, (plain.float() - packed.float()).abs().max())
+
+
+@pytest.mark.parametrize("isa,dot", [("avx512", "1"), ("avx512", "0"), ("avx2", "0"), ("scalar", "0")],
+                         ids=["avx512", "avx512-widened", "avx2", "scalar"])
+def test_fused_moe_bf16_plain_same_bits_as_packed(isa, dot):
+    """Plain bf16 experts against fp64, and bit for bit against the packed experts, on each level
+    below AMX (vdpbf16ps where the CPU has AVX512_BF16, else widened to fp32)."""
+    from runtime_helpers import run_python
+
+    order = ["scalar", "avx2", "avx512"]
+    supported = llmkern.build_info()["cpu_simd_supported"]
+    if supported != "amx" and order.index(isa) > order.index(supported):
+        pytest.skip(f"this CPU's level is {supported}")
+    code = (
+        "import sys, torch, llmkern\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from test_moe_kernels import *\n"
+        "check_plain_bf16_moe_same_bits_as_packed()\n"
+    )
+    run_python(code, timeout=300, LLMKERN_CPU_ISA=isa, LLMKERN_LINEAR_BF16_DOT=dot)
+
+
 def test_opcheck_and_compile():
     T, E, H, I = 5, 4, 32, 24
     x, w13, w2 = make_moe(T, E, H, I, torch.float32, "cpu")

@@ -3,7 +3,8 @@
 // the routing-weighted add into an fp32 accumulator in token order. Experts nobody picked are never
 // touched. The GEMMs are the packed-panel GEMM of csrc/linear (weights packed at load time) or, on
 // weights as they are, a row-blocked kernel that streams each weight row once per call; bf16 weights
-// as they are run on AMX tiles where present (moe_amx_cpu.h).
+// as they are run on AMX tiles where present (moe_amx_cpu.h), else on the packed bf16 GEMM's tiles,
+// packed a unit of rows at a time as they are read (moe_bf16_cpu.h).
 #include <algorithm>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "linear/gemm_cpu.h"
 #include "moe/moe.h"
 #include "moe/moe_amx_cpu.h"
+#include "moe/moe_bf16_cpu.h"
 #include "moe/moe_math.h"
 
 LLMK_NS_BEGIN
@@ -250,6 +252,15 @@ void fused_moe(const TensorView& out, const TensorView& x, const TensorView& w13
     });
   }
 #endif
+  if (x.dtype == DType::BF16) {
+    const uint16_t* a = w13.ptr<const uint16_t>();
+    const uint16_t* b = w2.ptr<const uint16_t>();
+    return run_moe_bf16(out, x, E, I, topk_weights, topk_ids, expert_map,
+                        [&](int64_t e, const uint16_t* X, int64_t M, uint16_t* C, int which) {
+      if (which == 0) moe_bf16::gemm_stored(X, M, H, a + e * 2 * I * H, 2 * I, true, C, I);
+      else moe_bf16::gemm_stored(X, M, I, b + e * H * I, H, false, C, H);
+    });
+  }
   vec::dispatch_elem(x.dtype, [&](auto tag) {
     constexpr DType DT = decltype(tag)::value;
     using T = vec::elem_t<DT>;
