@@ -267,7 +267,8 @@ def test_fused_moe_bf16_plain_on_amx_tiles_emulated():
 # bf16 experts as stored where no AMX tiles run them: units of weight rows transposed into k pairs
 # as they are read, on the packed GEMM's tiles (moe_bf16_cpu.h). (T, E, H, I, k, skew): decode experts
 # of 1-3 rows, experts of several row blocks, odd sizes (an odd k, part-filled panels, a last unit of
-# one panel), and a wide decode row (many 16-pair steps, the next unit's prefetch).
+# one panel), and wide decode rows (many 64-pair chunks, a last one part-filled; the next unit's
+# prefetch).
 PLAIN_SHAPES = [(7, 4, 64, 96, 2, False), (70, 3, 32, 64, 2, True), (29, 6, 72, 40, 2, True),
                 (40, 3, 33, 17, 2, True), (2, 8, 1024, 352, 2, False)]
 

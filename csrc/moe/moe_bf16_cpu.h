@@ -1,11 +1,12 @@
 // The MoE experts' bf16 GEMMs over weights as fused_moe receives them ([N, K] row-major) where the
 // AMX tiles do not run them (moe_amx_cpu.h): each thread takes units of 32 weight rows (two 16-row
 // panels; gated: gate panel i with up panel i), transposes them into the packed GEMM's k-pair layout
-// 16 k pairs at a time as it reads them, and runs the packed bf16 GEMM's tiles (vdpbf16ps, or
-// widened to fp32 FMAs) and epilogue on each block while it is in L1. Every output is the packed
-// experts' sum in the same order, so plain and packed experts give the same bits, and each weight
-// is read once a call. (Before, these experts went through the fp32 pipeline: x and every weight
-// widened, fp32 FMAs; on Zen 4 that ran at 0.4-0.5x of the HF expert loop at 64 and 512 tokens.)
+// as it reads them (a decode expert's 64 k pairs at a time, into L1; with more token rows the whole
+// unit, into L2), and runs the packed bf16 GEMM's tiles (vdpbf16ps, or widened to fp32 FMAs) and
+// epilogue on them. Every output is the packed experts' sum in the same order, so plain and packed
+// experts give the same bits, and each weight is read once a call. (Before, these experts went
+// through the fp32 pipeline: x and every weight widened, fp32 FMAs; on Zen 4 that ran at 0.38-0.46x
+// of the HF expert loop at 64 and 512 tokens.)
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -19,9 +20,9 @@ LLMK_NS_BEGIN
 namespace moe_bf16 {
 
 constexpr int64_t kStep = gemm::PW;  // k pairs per transposed block: 16 x 16 pair words
-// k pairs a decode unit packs and computes at a time (see gemm_stored): on Zen 4 one token's expert
-// ran 0.78-0.87 ms at 64, 0.83-1.41 at 16, 0.81-0.87 at 128 and 0.95-0.97 at 256 (two experts of
-// 1024 x 2816, the same hour).
+// k pairs a decode unit packs and computes at a time (see gemm_stored): on Zen 4 a token's two
+// experts (1024 x 2816) took 0.78-0.90 ms at 64, 0.98-1.41 at 16, 1.00-1.15 at 32, 0.81-0.87 at 128
+// and 0.95-0.97 at 256 (two to four runs each, the same hour).
 constexpr int64_t kDecodeChunk = 64;
 
 // Pairs [h0, h0 + hs) of rows [n0, n0 + 16) of W [*, K] bf16 (rows at or past nend zero) -> k-pair
@@ -84,9 +85,9 @@ inline void gemm_stored(const uint16_t* x, int64_t M, int64_t K, const uint16_t*
     pack_x_pairs_block(x + blk.start(b) * K, K, blk.rows(b), K, xs, xpack.data() + b * MR * KH);
   const uint32_t* xp = xpack.data();  // the calling thread's (a thread_local named in the workers is theirs)
   const bool dot = bf16_dot(), cvt = ::llmk::cpu_bf16_cvt();
-  // Tiles NP panels wide with vdpbf16ps (a decode row's gate and up sums: two chains in one loop,
-  // ~1.3x the rate of two one-panel tiles); the widening tiles as gemm_bf16 takes them (AVX2's
-  // registers). Any width gives the same sums.
+  // Tiles NP panels wide with vdpbf16ps (a decode row's gate and up sums: two dependent chains in
+  // one loop; a token's two experts took 0.91 ms against 1.24 with two one-panel tiles, one run
+  // each); the widening tiles as gemm_bf16 takes them (AVX2's registers). Any width, the same sums.
   const int gw = dot ? NP : M <= kStreamRows ? (M <= kWidenPairRows ? 2 : 1) : NP;
   constexpr int unit = 2;
   const int64_t npanels = (gated ? 2 : 1) * num_panels(outs), nunits = (npanels + unit - 1) / unit;
