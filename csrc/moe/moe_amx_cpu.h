@@ -16,6 +16,7 @@
 #include "common/parallel.h"
 #include "common/vec_cpu.h"
 #include "linear/gemm_bf16_cpu.h"
+#include "moe/moe_math.h"
 
 #if LLMK_AMX_TILES
 LLMK_NS_BEGIN
@@ -85,10 +86,7 @@ void wx_units(const WxArgs& g, int64_t u0, int64_t u1) {
   // was slower still.
   const int64_t run_lines = kT * g.K * 2 / 64;
   const int64_t per_step = steps > 0 ? (run_lines + steps - 1) / steps : 0;
-  // Unit u's two runs: gate and up rows [16 u, 16 u + 16) when gated, else rows [32 u, 32 u + 32).
-  auto run = [&](int64_t u, int r) {
-    return g.w + (g.gated ? (r ? I : 0) + kT * u : 32 * u + kT * r) * g.K;
-  };
+  auto run = [&](int64_t u, int r) { return g.w + moe::stored_unit_row(g.gated, I, u, r) * g.K; };
   for (int64_t u = u0; u < u1; ++u) {
     const uint16_t* a0 = run(u, 0);
     const uint16_t* a1 = run(u, 1);

@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "common/parallel.h"
 #include "common/vec_cpu.h"
 #include "linear/gemm_bf16_cpu.h"
+#include "moe/moe_math.h"
 
 LLMK_NS_BEGIN
 namespace moe_bf16 {
@@ -94,9 +96,9 @@ inline void gemm_stored(const uint16_t* x, int64_t M, int64_t K, const uint16_t*
   const int64_t grain = task_grain(KH * PW * 4 * unit, 2 * M * KH * 2 * PW * unit);
   const int64_t chunk = std::max<int64_t>(1, blk.n == 1 ? std::min(kDecodeChunk, KH) : KH);
   parallel_for(nunits, grain, [&](int64_t u0, int64_t u1) {
-    thread_local std::vector<uint32_t> wbuf;  // the unit's two k-pair panels, `chunk` pairs of each
-    wbuf.resize(size_t(unit * chunk * PW + PW));
-    uint32_t* wb = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(wbuf.data()) + 63) & ~uintptr_t(63));
+    thread_local ::llmk::aligned_vector<uint32_t> wbuf;  // the unit's two k-pair panels, `chunk` pairs of each
+    wbuf.resize(size_t(unit * chunk * PW));
+    uint32_t* wb = wbuf.data();
     thread_local std::vector<float> cs;  // the row blocks' sums, MR x 2 panels each
     cs.resize(size_t(blk.n * MR * unit * PW));
     const int ldc = unit * PW;
@@ -104,7 +106,7 @@ inline void gemm_stored(const uint16_t* x, int64_t M, int64_t K, const uint16_t*
       const int64_t p = u * unit;
       const int np = int(std::min<int64_t>(unit, npanels - p));
       // panel j of unit v: its first weight row and the end of its matrix (gated: j 0 gate, 1 up)
-      const auto first = [&](int64_t v, int j) { return gated ? j * outs + v * PW : (v * unit + j) * PW; };
+      const auto first = [&](int64_t v, int j) { return moe::stored_unit_row(gated, outs, v, j); };
       const auto end = [&](int j) { return gated ? (j + 1) * outs : N; };
       // the next unit's two runs of up to 16 rows, each contiguous
       const char* nx[unit] = {};

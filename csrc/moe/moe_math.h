@@ -10,6 +10,14 @@ namespace moe {
 
 LLMK_HD float silu(float a) { return a / (1.0f + expf(-a)); }
 
+// The CPU kernels' units over an expert's weights as stored, 32 rows each in two runs of 16
+// contiguous rows: gated (w13: gate rows [0, I), up rows [I, 2 I)), run 0 of unit u is gate rows
+// [16 u, 16 u + 16) and run 1 the same up rows; otherwise rows [32 u, 32 u + 32). The first row of
+// run r (0 or 1) of unit u (moe_amx_cpu.h and moe_bf16_cpu.h take the same units).
+inline int64_t stored_unit_row(bool gated, int64_t I, int64_t u, int r) {
+  return gated ? r * I + 16 * u : 32 * u + 16 * r;
+}
+
 // Router top-k of one token: p = softmax(logit(0 .. E-1)) in fp32, then the k largest p in
 // descending order, ties to the lower expert id (vLLM's order); with renormalize the k weights are
 // scaled to sum 1. logit(i) returns the fp32 logit of expert i. O(k E): k is small (1 .. 8).
