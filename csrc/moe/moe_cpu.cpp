@@ -261,7 +261,8 @@ void fused_moe(const TensorView& out, const TensorView& x, const TensorView& w13
       else moe_bf16::gemm_stored(X, M, I, b + e * H * I, H, false, C, H);
     });
   }
-  vec::dispatch_elem(x.dtype, [&](auto tag) {
+  // fp32 and fp16 experts (bf16 returned above, so only these two are instantiated).
+  auto run_float = [&](auto tag) {
     constexpr DType DT = decltype(tag)::value;
     using T = vec::elem_t<DT>;
     const T* a = w13.ptr<const T>();
@@ -275,7 +276,9 @@ void fused_moe(const TensorView& out, const TensorView& x, const TensorView& w13
       pack_panels<DT>(W, N, K, panels.data());
       gemm_on_panels(X, M, K, panels.data(), N, C, xpack);
     });
-  });
+  };
+  if (x.dtype == DType::F32) run_float(vec::DTag<DType::F32>{});
+  else run_float(vec::DTag<DType::F16>{});
 }
 
 void fused_moe_packed(const TensorView& out, const TensorView& x, const TensorView& w13_packed,
